@@ -1,0 +1,58 @@
+"""Shared fixtures: a real redis-server started by the suite, and fakeredis beside it.
+
+Behaviour that depends on Redis runs against both: `redis_client` is parametrized over a real server (responses as
+bytes) and fakeredis (responses decoded), so both reply shapes are covered too. Under CI=true a missing
+redis-server is a failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+import redis
+
+from tests.redis_server import RedisServer, redis_server_available
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def _require_redis_server() -> None:
+    if redis_server_available():
+        return
+    message = "redis-server is not on PATH; install Redis 7 (apt-get install redis-server)"
+    if IN_CI:
+        pytest.fail(message + " -- CI must run the real-server tests", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One real redis-server for the session: its own port, no persistence."""
+    _require_redis_server()
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def real_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis_server.client()
+    client.flushall()
+    client.function_flush()
+    yield client
+    client.close()
+
+
+@pytest.fixture(params=["real", "fake"])
+def redis_client(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
+    """A clean Redis: the real server (bytes replies) or fakeredis (decoded replies)."""
+    if request.param == "real":
+        yield request.getfixturevalue("real_redis")
+    else:
+        client = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=7), decode_responses=True)
+        yield client
+        client.close()

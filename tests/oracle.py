@@ -1,0 +1,50 @@
+"""A brute-force model of the index: a dict of fingerprints and a linear scan. The truth the tests compare to."""
+
+from __future__ import annotations
+
+import random
+
+
+def hamming(a: int, b: int) -> int:
+    return (a ^ b).bit_count()
+
+
+class Oracle:
+    def __init__(self, max_distance: int) -> None:
+        self.max_distance = max_distance
+        self.fps: dict[str, int] = {}
+
+    def neighbours(self, fp: int, limit: int | None = None, exclude: str | None = None) -> list[tuple[str, int]]:
+        limit = self.max_distance if limit is None else limit
+        found = [(i, hamming(fp, other)) for i, other in self.fps.items() if i != exclude]
+        return sorted([(i, d) for i, d in found if d <= limit], key=lambda m: (m[1], m[0]))
+
+    def add(self, incident_id: str, fp: int) -> list[tuple[str, int]] | str:
+        if incident_id in self.fps:
+            return [] if self.fps[incident_id] == fp else "duplicate"
+        matches = self.neighbours(fp)
+        self.fps[incident_id] = fp
+        return matches
+
+    def upsert(self, incident_id: str, fp: int) -> list[tuple[str, int]]:
+        if self.fps.get(incident_id) == fp:
+            return []
+        matches = self.neighbours(fp, exclude=incident_id)
+        self.fps[incident_id] = fp
+        return matches
+
+    def delete(self, incident_id: str) -> bool:
+        return self.fps.pop(incident_id, None) is not None
+
+
+def flip(fp: int, bits: int, rng: random.Random) -> int:
+    """`fp` with `bits` distinct random bits flipped: a fingerprint at exactly that distance."""
+    for bit in rng.sample(range(64), bits):
+        fp ^= 1 << bit
+    return fp
+
+
+def clustered(rng: random.Random, count: int, max_distance: int, centers: int = 4) -> list[int]:
+    """Fingerprints around a few centers, at distances spread around max_distance from each other."""
+    middles = [rng.getrandbits(64) for _ in range(centers)]
+    return [flip(rng.choice(middles), rng.randint(0, max_distance // 2 + 2), rng) for _ in range(count)]

@@ -1,0 +1,128 @@
+"""SPEC section 2: band widths, probe values, the pigeonhole guarantee, and refused layouts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker.bands import MAX_PROBES, BandLayout, LayoutError, probe_count
+from worker.keys import IndexKeys
+
+ALLOWED_FOR_7 = [m for m in range(1, 65) if probe_count(m, 7) <= MAX_PROBES]
+
+
+@pytest.mark.parametrize("bands", range(1, 65))
+def test_widths_cover_64_bits_and_differ_by_at_most_one(bands: int) -> None:
+    layout = BandLayout(bands, 0)
+    assert sum(layout.widths) == 64
+    assert max(layout.widths) - min(layout.widths) <= 1
+    assert list(layout.widths) == sorted(layout.widths, reverse=True)  # the wider bands come first
+    assert layout.offsets[0] == 0
+    for b in range(1, bands):
+        assert layout.offsets[b] == layout.offsets[b - 1] + layout.widths[b - 1]
+
+
+@pytest.mark.parametrize("bands", [1, 2, 4, 8, 16, 32, 64])
+def test_classic_layout_when_bands_divide_64(bands: int) -> None:
+    layout = BandLayout(bands, 0)
+    width = 64 // bands
+    rng = random.Random(bands)
+    for _ in range(50):
+        fp = rng.getrandbits(64)
+        assert layout.values(fp) == [(fp >> (b * width)) & ((1 << width) - 1) for b in range(bands)]
+
+
+def test_three_bands_are_22_21_21_bits() -> None:
+    layout = BandLayout(3, 7)
+    assert layout.widths == (22, 21, 21)
+    assert layout.radius == 2
+    assert layout.probes == 254 + 232 + 232
+
+
+def test_four_bands_probe_17_values_each() -> None:
+    layout = BandLayout(4, 7)
+    assert layout.radius == 1
+    assert layout.probes == 68
+    assert [len(masks) for masks in layout.probe_masks] == [17] * 4
+
+
+@pytest.mark.parametrize(("bands", "max_distance"), [(8, 7), (4, 7), (3, 7), (5, 9), (16, 20), (2, 3), (7, 6)])
+def test_probe_values_are_exactly_the_values_within_radius(bands: int, max_distance: int) -> None:
+    layout = BandLayout(bands, max_distance)
+    rng = random.Random(bands * 100 + max_distance)
+    fp = rng.getrandbits(64)
+    for b, (value, probes) in enumerate(zip(layout.values(fp), layout.probe_values(fp))):
+        width = layout.widths[b]
+        assert probes[0] == value
+        assert len(probes) == len(set(probes))
+        if width <= 16:  # brute force over the whole band
+            expected = {v for v in range(1 << width) if (v ^ value).bit_count() <= layout.radius}
+            assert set(probes) == expected
+        else:
+            assert all((v ^ value).bit_count() <= layout.radius and v < 1 << width for v in probes)
+
+
+@settings(max_examples=500)
+@given(
+    st.integers(1, 64),
+    st.integers(0, 64),
+    st.integers(0, 2**64 - 1),
+    st.data(),
+)
+def test_pigeonhole_every_pair_within_r_shares_a_probe(bands: int, max_distance: int, a: int, data: st.DataObject) -> None:
+    if probe_count(bands, max_distance) > MAX_PROBES:
+        return
+    layout = BandLayout(bands, max_distance)
+    flips = data.draw(st.sets(st.integers(0, 63), max_size=max_distance))
+    b = a
+    for bit in flips:
+        b ^= 1 << bit
+    assert any(
+        value_b in probes for value_b, probes in zip(layout.values(b), layout.probe_values(a))
+    ), "a fingerprint within r was not probed: recall would be incomplete"
+
+
+def test_unreasonable_layouts_are_refused_with_a_way_out() -> None:
+    with pytest.raises(LayoutError) as caught:
+        BandLayout(2, 7)
+    message = str(caught.value)
+    assert "bands=2" in message and "10,978" in message
+    assert "3 (718 probes)" in message  # the smallest count of bands that works
+
+
+@pytest.mark.parametrize(
+    ("bands", "max_distance", "fragment"),
+    [(0, 7, "bands=0"), (65, 7, "bands=65"), (4, -1, "max_distance=-1"), (4, 65, "max_distance=65"),
+     ("4", 7, "bands='4'"), (4, 7.0, "max_distance=7.0"), (True, 7, "bands=True")],
+)
+def test_out_of_range_layouts_are_refused(bands: object, max_distance: object, fragment: str) -> None:
+    with pytest.raises(LayoutError, match=fragment.replace("(", r"\(")):
+        BandLayout(bands, max_distance)  # type: ignore[arg-type]
+
+
+def test_every_layout_for_distance_7_from_3_bands_up_is_usable() -> None:
+    assert ALLOWED_FOR_7 == list(range(3, 65))
+
+
+def test_key_names_follow_spec_section_3() -> None:
+    keys = IndexKeys("incidents")
+    assert keys.fingerprints == "{incidents}:fp"
+    assert keys.meta == "{incidents}:meta"
+    assert keys.events == "{incidents}:events"
+    assert keys.alerts == "{incidents}:alerts"
+    assert keys.dead == "{incidents}:dead"
+    assert keys.band(3, 0xA7, 2) == "{incidents}:band:3:a7"
+    assert keys.band(0, 0x5, 4) == "{incidents}:band:0:0005"
+    layout = BandLayout(3, 7)
+    assert layout.hex_digits == (6, 6, 6)  # ceil(22 / 4), ceil(21 / 4)
+    assert BandLayout(8, 7).hex_digits == (2,) * 8
+    assert BandLayout(5, 7).hex_digits == (4, 4, 4, 4, 3)
+
+
+@pytest.mark.parametrize("namespace", ["", "a{b", "a}b", "has space", "tab\t"])
+def test_bad_namespaces_are_refused(namespace: str) -> None:
+    with pytest.raises(ValueError, match="namespace"):
+        IndexKeys(namespace)

@@ -1,0 +1,148 @@
+"""SPEC section 1: the fingerprint, its test vectors, its validation, and the fast path against the definition."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker import fingerprint as fpmod
+from worker.fingerprint import (
+    MAX_WEIGHT,
+    InvalidFeaturesError,
+    distance,
+    fingerprint,
+    fingerprint_many,
+    fingerprint_reference,
+    format_fingerprint,
+    parse_fingerprint,
+)
+
+SPEC_VECTORS = [
+    ({"dock": 3, "scanner": 2, "timeout": 1}, "0b61171015620fa1"),
+    ({"weather": 4, "road": 2}, "d82ccc6d72fe2dbe"),
+    ({"a": 1, "b": 1}, "2542044921827000"),
+    ({"disk full": 5, "Ünïcode": 2, "": 1}, "91091bf6b0ecbe2f"),
+    ({"x": 1}, "4f586ef96743df4a"),
+    ({"tok": 1099511627776}, "6190f7b58567ad5d"),
+]
+
+
+@pytest.mark.parametrize(("bag", "expected"), SPEC_VECTORS)
+def test_spec_vectors(bag: dict[str, int], expected: str) -> None:
+    assert format_fingerprint(fingerprint(bag)) == expected
+    assert format_fingerprint(fingerprint_reference(bag)) == expected
+
+
+def test_spec_vectors_in_a_batch() -> None:
+    assert [format_fingerprint(fp) for fp in fingerprint_many(bag for bag, _ in SPEC_VECTORS)] == [
+        expected for _, expected in SPEC_VECTORS
+    ]
+
+
+weights = st.integers(min_value=1, max_value=MAX_WEIGHT)
+small_weights = st.integers(min_value=1, max_value=6)
+tokens = st.text(max_size=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(tokens, small_weights, min_size=1, max_size=40))
+def test_fast_path_equals_definition_small_weights(bag: dict[str, int]) -> None:
+    assert fingerprint(bag) == fingerprint_reference(bag)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(tokens, weights, min_size=1, max_size=25))
+def test_fast_path_equals_definition_any_weights(bag: dict[str, int]) -> None:
+    assert fingerprint(bag) == fingerprint_reference(bag)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(max_size=6), min_size=2, max_size=8, unique=True), st.integers(1, MAX_WEIGHT))
+def test_ties_give_zero_bits(token_list: list[str], weight: int) -> None:
+    # An even number of equal weights makes ties likely; pairs of tokens are the classic case (the "a", "b" vector).
+    bag = dict.fromkeys(token_list[: len(token_list) // 2 * 2], weight)
+    assert fingerprint(bag) == fingerprint_reference(bag)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(tokens, st.sampled_from([1, 2**15 - 1, 2**15, 2**31, MAX_WEIGHT]), min_size=1, max_size=30))
+def test_lane_width_boundaries(bag: dict[str, int]) -> None:
+    # total weights just under and over 2**15 switch between the cached 16-bit lanes and wider ones
+    assert fingerprint(bag) == fingerprint_reference(bag)
+
+
+def test_heaviest_bag_of_many_max_weights() -> None:
+    bag = {f"t{i}": MAX_WEIGHT - i for i in range(2000)}
+    assert fingerprint(bag) == fingerprint_reference(bag)
+
+
+def test_total_weight_at_the_16_bit_lane_limit() -> None:
+    for total in (2**15 - 2, 2**15 - 1, 2**15, 2**15 + 1):
+        bag = {"a": total // 2, "b": total - total // 2}
+        assert fingerprint(bag) == fingerprint_reference(bag), total
+
+
+def test_token_cache_bound_does_not_change_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fpmod, "_TOKEN_CACHE_SIZE", 8)
+    fpmod._spread16_cache.clear()
+    bags = [{f"w{(i * 7 + j) % 50}": j + 1 for j in range(10)} for i in range(60)]
+    assert fingerprint_many(bags) == [fingerprint_reference(bag) for bag in bags]
+    assert len(fpmod._spread16_cache) <= 8
+
+
+class Weird(str):
+    pass
+
+
+def test_str_subclass_is_a_string_token() -> None:
+    assert fingerprint({Weird("dock"): 3, "scanner": 2, "timeout": 1}) == int("0b61171015620fa1", 16)
+
+
+BAD_BAGS = [
+    ({}, "empty_bag", "empty"),
+    ([("a", 1)], "not_a_mapping", "list"),
+    ("dock", "not_a_mapping", "str"),
+    (None, "not_a_mapping", "NoneType"),
+    ({"a": True}, "bad_weight", "'a'"),
+    ({"a": False}, "bad_weight", "bool"),
+    ({"a": 2.0}, "bad_weight", "float"),
+    ({"a": "2"}, "bad_weight", "'2'"),
+    ({"a": 0}, "bad_weight", "out of range"),
+    ({"a": -3}, "bad_weight", "-3"),
+    ({"a": MAX_WEIGHT + 1}, "bad_weight", str(MAX_WEIGHT + 1)),
+    ({"a": None}, "bad_weight", "None"),
+    ({"ok": 1, "boom": 1.5}, "bad_weight", "'boom'"),
+    ({1: 1}, "bad_token", "int"),
+    ({b"a": 1}, "bad_token", "bytes"),
+    ({"\ud800": 1}, "bad_token", "surrogate"),
+]
+
+
+@pytest.mark.parametrize(("bag", "reason", "named"), BAD_BAGS)
+@pytest.mark.parametrize("function", [fingerprint, fingerprint_reference])
+def test_bad_bags_are_refused(function, bag, reason: str, named: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InvalidFeaturesError) as caught:
+        function(bag)
+    assert caught.value.reason == reason
+    assert named in str(caught.value)
+    assert isinstance(caught.value, ValueError)
+
+
+def test_bad_bag_after_a_cached_token_is_still_refused() -> None:
+    fingerprint({"cached": 1})
+    with pytest.raises(InvalidFeaturesError, match="'cached'"):
+        fingerprint({"cached": 0})
+
+
+def test_batch_raises_on_first_bad_bag() -> None:
+    with pytest.raises(InvalidFeaturesError):
+        fingerprint_many([{"a": 1}, {}])
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1))
+def test_distance_and_hex_round_trip(a: int, b: int) -> None:
+    assert parse_fingerprint(format_fingerprint(a)) == a
+    assert parse_fingerprint(format_fingerprint(a).encode()) == a
+    assert len(format_fingerprint(a)) == 16
+    assert distance(a, b) == sum(((a >> i) & 1) != ((b >> i) & 1) for i in range(64))

@@ -1,0 +1,131 @@
+"""Band layouts (SPEC section 2): how 64-bit fingerprints are cut into bands and which band values a query probes.
+
+Pure arithmetic, no Redis. The layout of m bands and a maximum distance r probes each band at radius
+p = r // m; since m * (p + 1) > r, two fingerprints within r agree within p on at least one band (pigeonhole),
+so probing every value within p of each of the query's band values finds every fingerprint within r.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import combinations
+from math import comb
+
+__all__ = ["DEFAULT_BANDS", "DEFAULT_MAX_DISTANCE", "MAX_PROBES", "BandLayout", "LayoutError", "probe_count"]
+
+DEFAULT_MAX_DISTANCE = 7
+"""SPEC: every indexed incident within Hamming distance 7 is a near duplicate."""
+
+DEFAULT_BANDS = 4
+"""4 bands of 16 bits probed at radius 1 verify ~20x fewer candidates than the classic 8 exact bands (BENCHMARKS.md)."""
+
+MAX_PROBES = 4096
+"""Probe keys per query: each is a key the client builds and sends and the server looks up (~100 bytes, ~0.2 us)."""
+
+
+class LayoutError(ValueError):
+    """A band layout that cannot be used; the message says what would work."""
+
+
+def _widths(bands: int) -> tuple[int, ...]:
+    base, extra = divmod(64, bands)
+    return tuple(base + 1 if b < extra else base for b in range(bands))
+
+
+def probe_count(bands: int, max_distance: int) -> int:
+    """How many band values one query probes under this layout (before any validation)."""
+    radius = max_distance // bands
+    return sum(sum(comb(width, i) for i in range(radius + 1)) for width in _widths(bands))
+
+
+def _usable(max_distance: int, max_probes: int) -> list[int]:
+    return [m for m in range(1, 65) if probe_count(m, max_distance) <= max_probes]
+
+
+def _masks(width: int, radius: int) -> tuple[int, ...]:
+    """Every `width`-bit XOR mask of popcount <= radius, the zero mask first."""
+    masks = [0]
+    for ones in range(1, radius + 1):
+        for positions in combinations(range(width), ones):
+            masks.append(sum(1 << p for p in positions))
+    return tuple(masks)
+
+
+@dataclass(frozen=True)
+class BandLayout:
+    """m contiguous bands over the 64 fingerprint bits, band 0 at the least significant end."""
+
+    bands: int
+    max_distance: int
+    widths: tuple[int, ...] = field(init=False, repr=False)
+    offsets: tuple[int, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        validate(self.bands, self.max_distance)
+        widths = _widths(self.bands)
+        offsets = tuple(sum(widths[:b]) for b in range(self.bands))
+        object.__setattr__(self, "widths", widths)
+        object.__setattr__(self, "offsets", offsets)
+
+    @property
+    def radius(self) -> int:
+        """The probe radius p = floor(r / m)."""
+        return self.max_distance // self.bands
+
+    @cached_property
+    def probe_masks(self) -> tuple[tuple[int, ...], ...]:
+        """Per band, the XOR masks that turn the query's band value into each probed value (zero mask first)."""
+        return tuple(_masks(width, self.radius) for width in self.widths)
+
+    @property
+    def probes(self) -> int:
+        """Band values probed per query."""
+        return probe_count(self.bands, self.max_distance)
+
+    @cached_property
+    def hex_digits(self) -> tuple[int, ...]:
+        """Digits of each band's value in key names: ceil(width / 4)."""
+        return tuple(-(-width // 4) for width in self.widths)
+
+    @property
+    def description(self) -> str:
+        """One line for logs and `stats`: '4 bands of 16 bits, radius 1, 68 probes'."""
+        widths = sorted(set(self.widths), reverse=True)
+        shown = "/".join(str(w) for w in widths)
+        return (
+            f"{self.bands} band{'s' if self.bands > 1 else ''} of {shown} bits, "
+            f"max distance {self.max_distance}, probe radius {self.radius}, {self.probes} probes per query"
+        )
+
+    def values(self, fp: int) -> list[int]:
+        """The fingerprint's value in each band."""
+        return [(fp >> offset) & ((1 << width) - 1) for offset, width in zip(self.offsets, self.widths)]
+
+    def probe_values(self, fp: int, radius: int | None = None) -> list[list[int]]:
+        """Per band, every value within `radius` (default: the layout's) of the fingerprint's own, its own first."""
+        if radius is None or radius >= self.radius:
+            masks = self.probe_masks
+        else:
+            masks = tuple(_masks(width, radius) for width in self.widths)
+        return [[value ^ mask for mask in band_masks] for value, band_masks in zip(self.values(fp), masks)]
+
+
+def validate(bands: int, max_distance: int, max_probes: int = MAX_PROBES) -> None:
+    """Raise `LayoutError` with a way out when the layout is outside SPEC section 2 or probes too many values."""
+    if type(bands) is not int or not 1 <= bands <= 64:
+        raise LayoutError(f"bands={bands!r} is not a whole number from 1 to 64; the default is {DEFAULT_BANDS}")
+    if type(max_distance) is not int or not 0 <= max_distance <= 64:
+        raise LayoutError(
+            f"max_distance={max_distance!r} is not a whole number from 0 to 64; "
+            f"the default is {DEFAULT_MAX_DISTANCE}"
+        )
+    count = probe_count(bands, max_distance)
+    if count > max_probes:
+        usable = _usable(max_distance, max_probes)
+        best = ", ".join(f"{m} ({probe_count(m, max_distance)} probes)" for m in usable[:4])
+        raise LayoutError(
+            f"bands={bands} with max_distance={max_distance} probes each band at radius {max_distance // bands}: "
+            f"{count:,} probe keys per query, over the limit of {max_probes:,}. "
+            f"Use more bands: {best} or more"
+        )

@@ -1,0 +1,440 @@
+"""The Redis-backed near-duplicate index (SPEC sections 2 to 4): every Redis access of one index goes through here.
+
+`FingerprintIndex` keeps fingerprints in `{N}:fp` and band postings in `{N}:band:<b>:<v>` sets. Each change is one
+call of a Redis Function (worker/lua/index.lua) that finds the matches, indexes, and in stream mode publishes the
+alert and acknowledges the entry, all in one atomic step on the server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import resources
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, BandLayout
+from .fingerprint import fingerprint, format_fingerprint, parse_fingerprint
+from .keys import DEFAULT_NAMESPACE, IndexKeys
+
+__all__ = [
+    "FORMAT_VERSION",
+    "SCHEME",
+    "ApplyResult",
+    "DuplicateIncidentError",
+    "FingerprintIndex",
+    "IndexError_",
+    "LayoutMismatchError",
+    "StreamTarget",
+]
+
+SCHEME = "simhash64-blake2b8le"
+"""SPEC section 1: SimHash over 64 bits of BLAKE2b-8 token hashes read little-endian."""
+
+FORMAT_VERSION = 1
+"""How the index is laid out in Redis (SPEC section 3); a reader of another version refuses the index."""
+
+_STALE_RETRIES = 32
+"""Upsert and delete retry when another client changed the incident between their read and their write."""
+
+
+def _load_library() -> tuple[str, str]:
+    """The Lua library with its name and function names made unique to this code (a hash of it)."""
+    source = resources.files(__package__).joinpath("lua/index.lua").read_text(encoding="utf-8")
+    digest = hashlib.sha1(source.encode()).hexdigest()[:10]
+    name = f"incident_index_{digest}"
+    return name, source.replace("incident_index_v1", name)
+
+
+LIBRARY_NAME, LIBRARY_SOURCE = _load_library()
+FN_APPLY = f"{LIBRARY_NAME}_apply"
+FN_NEIGHBOURS = f"{LIBRARY_NAME}_neighbours"
+FN_DEAD_LETTER = f"{LIBRARY_NAME}_dead_letter"
+FN_ENSURE_META = f"{LIBRARY_NAME}_ensure_meta"
+
+
+class IndexError_(Exception):  # noqa: N801 - `IndexError` is a builtin
+    """Base class of the index's errors."""
+
+
+class DuplicateIncidentError(IndexError_):
+    """`add` of an incident ID that is already indexed with another fingerprint."""
+
+    def __init__(self, incident_id: str, stored: int, new: int) -> None:
+        super().__init__(
+            f"incident {incident_id!r} is already indexed with fingerprint {format_fingerprint(stored)}, "
+            f"not {format_fingerprint(new)}; use upsert to replace it, or another ID"
+        )
+        self.incident_id = incident_id
+        self.stored = stored
+        self.new = new
+
+
+class LayoutMismatchError(IndexError_):
+    """The namespace was built with another layout than this index is configured with."""
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
+
+
+def _pairs(flat: Sequence[Any]) -> list[tuple[str, int]]:
+    return [(_text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTarget:
+    """Where stream-mode calls acknowledge entries and publish alerts and dead letters."""
+
+    events: str
+    alerts: str
+    dead: str
+    group: str
+    alerts_maxlen: int = 0
+    dead_maxlen: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """What one atomic index step did.
+
+    `status` is one of indexed, repeat, duplicate, stale, deleted, absent, not_pending; `matches` lists the matches
+    (at most max_matches of them when that is set), closest first, while `match_count` counts them all.
+    """
+
+    status: str
+    match_count: int = 0
+    candidates: int = 0
+    alert_id: str | None = None
+    matches: list[tuple[str, int]] = field(default_factory=list)
+    stored: int | None = None  # for a duplicate: the fingerprint already indexed
+
+
+def parse_apply(reply: Sequence[Any]) -> ApplyResult:
+    """Turn the reply of the apply function into an `ApplyResult`."""
+    status = _text(reply[0])
+    extra = _text(reply[3])
+    if status == "duplicate":
+        return ApplyResult(status, stored=parse_fingerprint(extra))
+    return ApplyResult(
+        status,
+        match_count=int(reply[1]),
+        candidates=int(reply[2]),
+        alert_id=extra or None,
+        matches=_pairs(reply[4:]),
+    )
+
+
+def _is_missing_function(error: ResponseError) -> bool:
+    return "function not found" in str(error).lower()
+
+
+class FingerprintIndex:
+    """A near-duplicate index of incidents in one Redis namespace.
+
+    `redis` is any redis-py client, standalone or cluster, decoding responses or not. The namespace's layout
+    (`bands`, `max_distance`) is written to `{N}:meta` on first use; opening the namespace later with another
+    layout raises `LayoutMismatchError`.
+    """
+
+    def __init__(
+        self,
+        redis: Any,
+        namespace: str = DEFAULT_NAMESPACE,
+        bands: int = DEFAULT_BANDS,
+        max_distance: int = DEFAULT_MAX_DISTANCE,
+    ) -> None:
+        self.redis = redis
+        self.keys = IndexKeys(namespace)
+        self.layout = BandLayout(bands, max_distance)
+        self.layout_tag = (
+            f"{SCHEME}/bands={bands}/max_distance={max_distance}/format={FORMAT_VERSION}"
+        )
+        self._opened = False
+        prefixes = [self.keys.band_prefix(b) for b in range(bands)]
+        self._band_formats = [
+            (prefix, f"0{digits}x", masks)
+            for prefix, digits, masks in zip(prefixes, self.layout.hex_digits, self.layout.probe_masks)
+        ]
+
+    # -- setting up -------------------------------------------------------------------------------------------
+
+    def meta_fields(self) -> dict[str, str]:
+        """What `{N}:meta` records about this layout, readable with `HGETALL`."""
+        return {
+            "layout": self.layout_tag,
+            "scheme": SCHEME,
+            "format_version": str(FORMAT_VERSION),
+            "bands": str(self.layout.bands),
+            "band_widths": ",".join(str(w) for w in self.layout.widths),
+            "max_distance": str(self.layout.max_distance),
+            "probe_radius": str(self.layout.radius),
+            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+
+    def load_library(self) -> None:
+        """Load (or reload) the server-side functions; on a cluster, on every primary."""
+        self.redis.function_load(LIBRARY_SOURCE, replace=True)
+
+    def open(self) -> None:
+        """Load the functions and check `{N}:meta` (writing it on first use). Called by the first operation."""
+        self.load_library()
+        fields = self.meta_fields()
+        layout = fields.pop("layout")
+        args: list[str] = [layout]
+        for name, value in fields.items():
+            args += [name, value]
+        stored = _text(self.redis.fcall(FN_ENSURE_META, 1, self.keys.meta, *args))
+        if stored != layout:
+            raise LayoutMismatchError(self._mismatch_message(stored))
+        self._opened = True
+
+    def _mismatch_message(self, stored: str) -> str:
+        if not stored:
+            return (
+                f"{self.keys.meta} exists but is not the meta of an incident index; "
+                f"choose another namespace or delete the key"
+            )
+        return (
+            f"namespace {self.keys.namespace!r} was built as {stored!r}, but this index is configured as "
+            f"{self.layout_tag!r}; use the stored layout (bands and max distance), or another namespace"
+        )
+
+    def _ensure_open(self) -> None:
+        if not self._opened:
+            self.open()
+
+    def _fcall(self, function: str, keys: Sequence[str], args: Sequence[Any], *, readonly: bool = False) -> Any:
+        self._ensure_open()
+        call = self.redis.fcall_ro if readonly else self.redis.fcall
+        try:
+            return call(function, len(keys), *keys, *args)
+        except ResponseError as error:
+            if self.handle_error(error):
+                return call(function, len(keys), *keys, *args)
+            raise
+
+    def handle_error(self, error: ResponseError) -> bool:
+        """Recover from an error reply of a call if it can be recovered: True means retry the call.
+
+        A server that restarted without persistence has lost the functions and may have lost `{N}:meta`;
+        both are put back. A layout mismatch raises `LayoutMismatchError`.
+        """
+        message = str(error)
+        if _is_missing_function(error) or message.startswith("NOMETA"):
+            self.open()
+            return True
+        if message.startswith("LAYOUT"):
+            raise LayoutMismatchError(message.removeprefix("LAYOUT ")) from None
+        return False
+
+    # -- key building (hot path) ------------------------------------------------------------------------------
+
+    def posting_keys(self, fp: int) -> list[str]:
+        """The posting keys of a fingerprint, band 0 first."""
+        return [
+            prefix + format((fp >> offset) & ((1 << width) - 1), fmt)
+            for (prefix, fmt, _), offset, width in zip(self._band_formats, self.layout.offsets, self.layout.widths)
+        ]
+
+    def probe_keys(self, fp: int, radius: int | None = None) -> tuple[list[str], list[str]]:
+        """The posting keys of the fingerprint and, apart, every other key it probes."""
+        own: list[str] = []
+        others: list[str] = []
+        values = self.layout.values(fp)
+        if radius is None or radius == self.layout.radius:
+            for (prefix, fmt, masks), value in zip(self._band_formats, values):
+                own.append(prefix + format(value, fmt))
+                others.extend([prefix + format(value ^ mask, fmt) for mask in masks[1:]])
+            return own, others
+        for (prefix, fmt, _), probes in zip(self._band_formats, self.layout.probe_values(fp, radius)):
+            own.append(prefix + format(probes[0], fmt))
+            others.extend([prefix + format(value, fmt) for value in probes[1:]])
+        return own, others
+
+    def apply_call(
+        self,
+        op: str,
+        incident_id: str,
+        fp: int | None,
+        *,
+        expected: int | None | str = "*",
+        event_ms: int | None = None,
+        stream: StreamTarget | None = None,
+        entry_id: str = "",
+        max_matches: int = 0,
+    ) -> tuple[list[str], list[Any]]:
+        """Keys and arguments of one apply call (see index.lua): for a pipeline, or for `_fcall`.
+
+        `expected` is the fingerprint the caller believes is stored (None: not indexed; "*": don't check).
+        """
+        if event_ms is None:
+            event_ms = int(time.time() * 1000)
+        if fp is None:
+            own: list[str] = []
+            others: list[str] = []
+        else:
+            own, others = self.probe_keys(fp)
+        old = [] if expected in (None, "*") or op == "add" else self.posting_keys(expected)  # type: ignore[arg-type]
+        if expected == "*":
+            expected_arg = "*"
+        elif expected is None:
+            expected_arg = "-"
+        else:
+            expected_arg = format_fingerprint(expected)  # type: ignore[arg-type]
+        keys = [
+            self.keys.meta,
+            self.keys.fingerprints,
+            self.keys.hour(event_ms),
+            stream.events if stream else self.keys.events,
+            stream.alerts if stream else self.keys.alerts,
+            *own,
+            *old,
+            *others,
+        ]
+        args = [
+            op,
+            incident_id,
+            "" if fp is None else format_fingerprint(fp),
+            expected_arg,
+            self.layout_tag,
+            self.layout.max_distance,
+            len(own),
+            len(old),
+            stream.group if stream else "",
+            entry_id,
+            stream.alerts_maxlen if stream else 0,
+            max_matches,
+        ]
+        return keys, args
+
+    def dead_letter_call(
+        self, stream: StreamTarget, entry_id: str, fields: Mapping[str, str | bytes]
+    ) -> tuple[list[str], list[Any]]:
+        """Keys and arguments of a dead-letter call: publish `fields` and acknowledge the entry, if still pending."""
+        args: list[Any] = [stream.group, entry_id, stream.dead_maxlen]
+        for name, value in fields.items():
+            args += [name, value]
+        return [stream.events, stream.dead], args
+
+    # -- the library API --------------------------------------------------------------------------------------
+
+    def _apply(self, op: str, incident_id: str, fp: int | None, **kwargs: Any) -> ApplyResult:
+        keys, args = self.apply_call(op, incident_id, fp, **kwargs)
+        return parse_apply(self._fcall(FN_APPLY, keys, args))
+
+    @staticmethod
+    def _check_id(incident_id: Any) -> str:
+        if not isinstance(incident_id, str) or not 1 <= len(incident_id) <= 256:
+            raise ValueError(f"incident_id must be a string of 1 to 256 characters, got {incident_id!r:.80}")
+        return incident_id
+
+    @staticmethod
+    def _check_fp(fp: Any) -> int:
+        if type(fp) is not int or not 0 <= fp < 1 << 64:
+            raise ValueError(f"a fingerprint is an integer from 0 to 2**64 - 1, got {fp!r:.80}")
+        return fp
+
+    def add(
+        self, incident_id: str, features: Mapping[str, int], *, event_ms: int | None = None
+    ) -> list[tuple[str, int]]:
+        """Find every indexed incident within max_distance, then index this one, in one atomic step.
+
+        Returns the matches sorted by (distance, ID). Adding an ID again with the same fingerprint changes nothing
+        and returns []; with another fingerprint it raises `DuplicateIncidentError` and changes nothing.
+        """
+        return self.add_fingerprint(incident_id, fingerprint(features), event_ms=event_ms)
+
+    def add_fingerprint(self, incident_id: str, fp: int, *, event_ms: int | None = None) -> list[tuple[str, int]]:
+        """`add` for a fingerprint computed elsewhere."""
+        self._check_id(incident_id)
+        result = self._apply("add", incident_id, self._check_fp(fp), event_ms=event_ms)
+        if result.status == "duplicate":
+            assert result.stored is not None
+            raise DuplicateIncidentError(incident_id, result.stored, fp)
+        return result.matches
+
+    def upsert(
+        self, incident_id: str, features: Mapping[str, int], *, event_ms: int | None = None
+    ) -> list[tuple[str, int]]:
+        """Replace the incident's fingerprint and postings (its old self never matches), returning the matches.
+
+        Upserting the fingerprint already stored changes nothing and returns [].
+        """
+        return self.upsert_fingerprint(incident_id, fingerprint(features), event_ms=event_ms)
+
+    def upsert_fingerprint(self, incident_id: str, fp: int, *, event_ms: int | None = None) -> list[tuple[str, int]]:
+        """`upsert` for a fingerprint computed elsewhere."""
+        self._check_id(incident_id)
+        return self._retrying("upsert", incident_id, self._check_fp(fp), event_ms).matches
+
+    def delete(self, incident_id: str) -> bool:
+        """Remove the incident's fingerprint and postings; False when it was not indexed."""
+        self._check_id(incident_id)
+        return self._retrying("delete", incident_id, None, None).status == "deleted"
+
+    def _retrying(self, op: str, incident_id: str, fp: int | None, event_ms: int | None) -> ApplyResult:
+        for _ in range(_STALE_RETRIES):
+            expected = self.get(incident_id)
+            result = self._apply(op, incident_id, fp, expected=expected, event_ms=event_ms)
+            if result.status != "stale":
+                return result
+        raise IndexError_(
+            f"incident {incident_id!r} changed under {op} {_STALE_RETRIES} times in a row; "
+            "another client is rewriting it in a loop"
+        )
+
+    def neighbours(self, features: Mapping[str, int], max_distance: int | None = None) -> list[tuple[str, int]]:
+        """Every indexed incident within `max_distance` (at most the configured one) of a bag, without indexing it."""
+        return self.neighbours_of(fingerprint(features), max_distance)
+
+    def neighbours_of(self, fp: int, max_distance: int | None = None) -> list[tuple[str, int]]:
+        """`neighbours` for a fingerprint."""
+        limit = self.layout.max_distance if max_distance is None else max_distance
+        if type(limit) is not int or not 0 <= limit <= self.layout.max_distance:
+            raise ValueError(
+                f"max_distance={max_distance!r}: this index finds neighbours up to {self.layout.max_distance}"
+            )
+        own, others = self.probe_keys(fp, limit // self.layout.bands)
+        keys = [self.keys.meta, self.keys.fingerprints, *own, *others]
+        reply = self._fcall(FN_NEIGHBOURS, keys, [format_fingerprint(fp), limit, self.layout_tag], readonly=True)
+        return _pairs(reply[2:])
+
+    def get(self, incident_id: str) -> int | None:
+        """The incident's fingerprint, or None when it is not indexed."""
+        stored = self.redis.hget(self.keys.fingerprints, incident_id)
+        return None if stored is None else parse_fingerprint(stored)
+
+    def __len__(self) -> int:
+        return int(self.redis.hlen(self.keys.fingerprints))
+
+    def stats(self) -> dict[str, Any]:
+        """Incidents indexed, the layout, and Redis memory where the server reports it."""
+        count = len(self)
+        stats: dict[str, Any] = {
+            "namespace": self.keys.namespace,
+            "incidents": count,
+            "layout": self.layout.description,
+            "bands": self.layout.bands,
+            "band_widths": list(self.layout.widths),
+            "max_distance": self.layout.max_distance,
+            "probe_radius": self.layout.radius,
+            "probes_per_query": self.layout.probes,
+            "meta": {_text(k): _text(v) for k, v in (self.redis.hgetall(self.keys.meta) or {}).items()},
+        }
+        try:
+            fp_bytes = self.redis.memory_usage(self.keys.fingerprints)
+            info = self.redis.info("memory")
+        except ResponseError:  # a server or proxy without MEMORY / INFO: report what we have
+            return stats
+        if isinstance(info, dict) and "used_memory" in info:
+            stats["used_memory"] = int(info["used_memory"])
+            if count:
+                stats["used_memory_per_incident"] = round(int(info["used_memory"]) / count, 1)
+        if fp_bytes is not None:
+            stats["fingerprint_hash_bytes"] = int(fp_bytes)
+        return stats

@@ -1,0 +1,323 @@
+#!lua name=incident_index_v1
+--
+-- The server side of one incident fingerprint index (SPEC sections 2 to 4), as a Redis Functions library.
+-- Loaded once per server by worker/index.py (FUNCTION LOAD REPLACE); the version is part of every name, so
+-- workers of two versions can share a server during a rolling upgrade.
+--
+-- Each call is one atomic step: it reads everything it needs, decides, and only then writes, so a call that
+-- refuses (stale, duplicate, not pending) changes nothing. Every key a call touches arrives in `keys`; all of
+-- them carry the index's hash tag, so a call is safe on Redis Cluster.
+--
+-- Fingerprints travel and are stored as 16 lowercase hex digits: Lua numbers cannot hold 64 bits exactly.
+-- The distance of two of them is summed from per-digit tables built here at load time, with plain arithmetic
+-- (only `redis` is visible while a library loads) and without the `bit` library, which real Redis has and
+-- fakeredis lacks: the same code runs on both.
+
+-- ASCII code of a hex digit -> its value.
+local NIBBLE = {}
+for c = 48, 57 do NIBBLE[c] = c - 48 end
+for c = 97, 102 do NIBBLE[c] = c - 87 end
+
+local function xor4(a, b)
+  local result, place = 0, 1
+  for _ = 1, 4 do
+    local x, y = a % 2, b % 2
+    if x ~= y then result = result + place end
+    a, b, place = (a - x) / 2, (b - y) / 2, place * 2
+  end
+  return result
+end
+
+local POPCOUNT4 = {[0] = 0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4}
+
+-- DIGIT_DISTANCE[q][c]: the bits in which the digit of value q and the digit with ASCII code c differ.
+-- A query picks one row per position once; each candidate then costs 16 table reads and additions.
+local DIGIT_DISTANCE = {}
+for q = 0, 15 do
+  local row = {}
+  for c = 48, 57 do row[c] = POPCOUNT4[xor4(q, c - 48)] end
+  for c = 97, 102 do row[c] = POPCOUNT4[xor4(q, c - 87)] end
+  DIGIT_DISTANCE[q] = row
+end
+
+-- Lua 5.1's `unpack` stops near 8,000 values: candidate IDs are read in chunks.
+local CHUNK = 4000
+
+local JSON_ESCAPES = {['"'] = '\\"', ['\\'] = '\\\\', ['\b'] = '\\b', ['\f'] = '\\f',
+                      ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t'}
+
+local function json_string(s)
+  if string.find(s, '[%z\1-\31\127"\\]') then
+    s = string.gsub(s, '[%z\1-\31\127"\\]', function(c)
+      return JSON_ESCAPES[c] or string.format('\\u%04x', string.byte(c))
+    end)
+  end
+  return '"' .. s .. '"'
+end
+
+-- Matches are sorted by distance, then ID in byte order, as Python sorts str. Lua compares strings with
+-- strcoll, which is byte order only under the C locale; under any other, compare bytes by hand.
+local function bytes_less(a, b)
+  local la, lb = #a, #b
+  local n = la < lb and la or lb
+  local byte = string.byte
+  for i = 1, n do
+    local x, y = byte(a, i), byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return la < lb
+end
+
+local function id_order()
+  if 'B' < 'a' and '\195\169' > 'z' and 'a' < 'aa' then return nil end
+  return bytes_less
+end
+
+local function check_layout(meta_key, layout)
+  local current = redis.call('HGET', meta_key, 'layout')
+  if current == layout then return end
+  if not current then
+    return redis.error_reply('NOMETA the index meta ' .. meta_key .. ' is missing; reopen the index to write it')
+  end
+  return redis.error_reply('LAYOUT the index ' .. meta_key .. ' was built as "' .. current ..
+    '", not "' .. layout .. '"; use its layout or a new namespace')
+end
+
+-- Every indexed incident within `limit` of `query` among the members of the posting sets `probe_keys`
+-- (a list of key names), except `self_id`. Returns the number of candidates verified, the number of matches,
+-- and the matches sorted by (distance, ID), at most `cap` of them when cap > 0, as a flat list id, d, id, d...
+local function find_matches(fp_key, probe_keys, query, limit, self_id, cap)
+  local candidates
+  if #probe_keys == 1 then
+    candidates = redis.call('SMEMBERS', probe_keys[1])
+  else
+    candidates = redis.call('SUNION', unpack(probe_keys))
+  end
+  local n = #candidates
+  if n == 0 then return 0, 0, {} end
+
+  local byte = string.byte
+  local q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, q16 = byte(query, 1, 16)
+  local T1, T2, T3, T4 = DIGIT_DISTANCE[NIBBLE[q1]], DIGIT_DISTANCE[NIBBLE[q2]],
+                         DIGIT_DISTANCE[NIBBLE[q3]], DIGIT_DISTANCE[NIBBLE[q4]]
+  local T5, T6, T7, T8 = DIGIT_DISTANCE[NIBBLE[q5]], DIGIT_DISTANCE[NIBBLE[q6]],
+                         DIGIT_DISTANCE[NIBBLE[q7]], DIGIT_DISTANCE[NIBBLE[q8]]
+  local T9, T10, T11, T12 = DIGIT_DISTANCE[NIBBLE[q9]], DIGIT_DISTANCE[NIBBLE[q10]],
+                            DIGIT_DISTANCE[NIBBLE[q11]], DIGIT_DISTANCE[NIBBLE[q12]]
+  local T13, T14, T15, T16 = DIGIT_DISTANCE[NIBBLE[q13]], DIGIT_DISTANCE[NIBBLE[q14]],
+                             DIGIT_DISTANCE[NIBBLE[q15]], DIGIT_DISTANCE[NIBBLE[q16]]
+
+  -- by_distance[d + 1] lists the IDs at distance d
+  local by_distance = {}
+  for d = 0, limit do by_distance[d + 1] = {} end
+  local matched, verified = 0, 0
+  for first = 1, n, CHUNK do
+    local last = first + CHUNK - 1
+    if last > n then last = n end
+    local stored = redis.call('HMGET', fp_key, unpack(candidates, first, last))
+    for k = 1, last - first + 1 do
+      local h = stored[k]
+      -- a posting without a fingerprint (a half-made manual edit) is not an incident: skip it
+      if h then
+        verified = verified + 1
+        local c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 = byte(h, 1, 16)
+        local d = T1[c1] + T2[c2] + T3[c3] + T4[c4] + T5[c5] + T6[c6] + T7[c7] + T8[c8]
+                + T9[c9] + T10[c10] + T11[c11] + T12[c12] + T13[c13] + T14[c14] + T15[c15] + T16[c16]
+        if d <= limit then
+          local id = candidates[first + k - 1]
+          if id ~= self_id then
+            local bucket = by_distance[d + 1]
+            bucket[#bucket + 1] = id
+            matched = matched + 1
+          end
+        end
+      end
+    end
+  end
+
+  local flat = {}
+  if matched == 0 then return verified, 0, flat end
+  local order = id_order()
+  local want = matched
+  if cap > 0 and cap < want then want = cap end
+  local taken = 0
+  for d = 0, limit do
+    local bucket = by_distance[d + 1]
+    if #bucket > 0 then
+      table.sort(bucket, order)
+      for i = 1, #bucket do
+        if taken == want then break end
+        taken = taken + 1
+        flat[2 * taken - 1] = bucket[i]
+        flat[2 * taken] = d
+      end
+      if taken == want then break end
+    end
+  end
+  return verified, matched, flat
+end
+
+local function matches_json(flat)
+  local parts = {}
+  for i = 1, #flat, 2 do
+    parts[#parts + 1] = '{"incident_id":' .. json_string(flat[i]) .. ',"distance":' .. flat[i + 1] .. '}'
+  end
+  return '[' .. table.concat(parts, ',') .. ']'
+end
+
+local function is_pending(events_key, group, entry_id)
+  local pending = redis.call('XPENDING', events_key, group, entry_id, entry_id, 1)
+  return #pending > 0
+end
+
+local function slice(list, first, last)
+  local out = {}
+  for i = first, last do out[#out + 1] = list[i] end
+  return out
+end
+
+-- Add, upsert or delete one incident; in stream mode also publish its alert and acknowledge its entry.
+--
+-- keys[1] = {N}:meta       keys[2] = {N}:fp         keys[3] = {N}:hour:<YYYYMMDDHH> of the event
+-- keys[4] = events stream  keys[5] = alerts stream
+-- keys[6 .. 5+n_new]            = the new fingerprint's posting keys, band 0 first
+-- keys[6+n_new .. 5+n_new+n_old] = the posting keys of the fingerprint the client expects to replace
+-- keys[6+n_new+n_old .. #keys]  = the other probe keys of the new fingerprint
+--
+-- args[1] = op: add | upsert | delete       args[2] = incident ID
+-- args[3] = new fingerprint (hex; '' for delete)
+-- args[4] = the fingerprint the client expects stored now: hex, '-' for none, '*' for "any" (add)
+-- args[5] = layout tag, must equal {N}:meta's `layout`
+-- args[6] = max distance   args[7] = n_new   args[8] = n_old
+-- args[9] = consumer group ('' = library mode: no acknowledgement, no alert)   args[10] = stream entry ID
+-- args[11] = approximate MAXLEN of the alerts stream (0 = no trimming)
+-- args[12] = most matches to list (0 = all)
+--
+-- Returns {status, match_count, candidates_verified, alert_entry_id_or_'', id1, d1, id2, d2, ...} where status is
+-- indexed | repeat | duplicate | stale | deleted | absent | not_pending. Only indexed, repeat, deleted and absent
+-- acknowledge the entry; duplicate, stale and not_pending change nothing.
+local function apply(keys, args)
+  local meta_key, fp_key, hour_key, events_key, alerts_key = keys[1], keys[2], keys[3], keys[4], keys[5]
+  local op, id, fp, expected = args[1], args[2], args[3], args[4]
+  local limit, n_new, n_old = tonumber(args[6]), tonumber(args[7]), tonumber(args[8])
+  local group, entry_id = args[9], args[10]
+  local alerts_maxlen, cap = tonumber(args[11]), tonumber(args[12])
+  local streaming = group ~= ''
+
+  local refused = check_layout(meta_key, args[5])
+  if refused then return refused end
+  if streaming and not is_pending(events_key, group, entry_id) then
+    return {'not_pending', 0, 0, ''}
+  end
+
+  local old = redis.call('HGET', fp_key, id)
+  if expected ~= '*' and (old or '-') ~= expected then
+    return {'stale', 0, 0, ''}
+  end
+
+  local function ack()
+    if streaming then redis.call('XACK', events_key, group, entry_id) end
+  end
+
+  if op == 'delete' then
+    if not old then
+      ack()
+      return {'absent', 0, 0, ''}
+    end
+    for i = 6 + n_new, 5 + n_new + n_old do redis.call('SREM', keys[i], id) end
+    redis.call('HDEL', fp_key, id)
+    ack()
+    return {'deleted', 0, 0, ''}
+  end
+
+  if old == fp then
+    ack()
+    return {'repeat', 0, 0, ''}
+  end
+  if old and op == 'add' then
+    return {'duplicate', 0, 0, old}
+  end
+
+  local probes = slice(keys, 6, 5 + n_new)
+  for i = 6 + n_new + n_old, #keys do probes[#probes + 1] = keys[i] end
+  local verified, matched, flat = find_matches(fp_key, probes, fp, limit, id, cap)
+
+  if old then
+    for i = 6 + n_new, 5 + n_new + n_old do redis.call('SREM', keys[i], id) end
+  end
+  for i = 6, 5 + n_new do redis.call('SADD', keys[i], id) end
+  redis.call('HSET', fp_key, id, fp)
+  redis.call('SADD', hour_key, id)
+
+  local alert_id = ''
+  if streaming then
+    if matched > 0 then
+      local fields = {'incident_id', id, 'fingerprint', fp, 'matches', matches_json(flat),
+                      'match_count', matched, 'max_distance', limit, 'source_entry', entry_id, 'op', op}
+      if alerts_maxlen > 0 then
+        alert_id = redis.call('XADD', alerts_key, 'MAXLEN', '~', alerts_maxlen, '*', unpack(fields))
+      else
+        alert_id = redis.call('XADD', alerts_key, '*', unpack(fields))
+      end
+    end
+    ack()
+  end
+  local reply = {'indexed', matched, verified, alert_id}
+  for i = 1, #flat do reply[4 + i] = flat[i] end
+  return reply
+end
+
+-- Every indexed incident within a distance of a fingerprint, without indexing anything.
+--
+-- keys[1] = {N}:meta   keys[2] = {N}:fp   keys[3 .. #keys] = the probe keys
+-- args[1] = fingerprint (hex)   args[2] = max distance   args[3] = layout tag
+--
+-- Returns {match_count, candidates_verified, id1, d1, id2, d2, ...}, every match, sorted.
+local function neighbours(keys, args)
+  local refused = check_layout(keys[1], args[3])
+  if refused then return refused end
+  local verified, matched, flat = find_matches(keys[2], slice(keys, 3, #keys), args[1], tonumber(args[2]), nil, 0)
+  local reply = {matched, verified}
+  for i = 1, #flat do reply[2 + i] = flat[i] end
+  return reply
+end
+
+-- Dead-letter a stream entry and acknowledge it, unless it is no longer pending (another consumer finished it).
+--
+-- keys[1] = events stream   keys[2] = dead-letter stream
+-- args[1] = consumer group   args[2] = entry ID   args[3] = approximate MAXLEN of the dead stream (0 = none)
+-- args[4 ..] = the dead letter's field, value pairs
+--
+-- Returns the dead letter's entry ID, or '' when the entry was not pending.
+local function dead_letter(keys, args)
+  local group, entry_id, maxlen = args[1], args[2], tonumber(args[3])
+  if not is_pending(keys[1], group, entry_id) then return '' end
+  local fields = slice(args, 4, #args)
+  local dead_id
+  if maxlen > 0 then
+    dead_id = redis.call('XADD', keys[2], 'MAXLEN', '~', maxlen, '*', unpack(fields))
+  else
+    dead_id = redis.call('XADD', keys[2], '*', unpack(fields))
+  end
+  redis.call('XACK', keys[1], group, entry_id)
+  return dead_id
+end
+
+-- Write the index's meta on first use; report what is there.
+--
+-- keys[1] = {N}:meta   args[1] = layout tag   args[2 ..] = the other meta field, value pairs
+--
+-- Returns the stored layout tag (the new one when this call wrote it), or '' when the key holds a hash
+-- without a layout (not an index of ours).
+local function ensure_meta(keys, args)
+  local current = redis.call('HGET', keys[1], 'layout')
+  if current then return current end
+  if redis.call('EXISTS', keys[1]) == 1 then return '' end
+  redis.call('HSET', keys[1], 'layout', args[1], unpack(slice(args, 2, #args)))
+  return args[1]
+end
+
+redis.register_function('incident_index_v1_apply', apply)
+redis.register_function{function_name = 'incident_index_v1_neighbours', callback = neighbours, flags = {'no-writes'}}
+redis.register_function('incident_index_v1_dead_letter', dead_letter)
+redis.register_function('incident_index_v1_ensure_meta', ensure_meta)
