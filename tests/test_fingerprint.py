@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker import fingerprint as fpmod
 from worker.fingerprint import (
     MAX_WEIGHT,
     InvalidFeaturesError,
@@ -17,6 +18,8 @@ from worker.fingerprint import (
     format_fingerprint,
     parse_fingerprint,
 )
+
+fpmod = importlib.import_module("worker.fingerprint")  # the package re-exports a function of the same name
 
 SPEC_VECTORS = [
     ({"dock": 3, "scanner": 2, "timeout": 1}, "0b61171015620fa1"),
