@@ -321,6 +321,25 @@ class FingerprintIndex:
             args += [name, value]
         return [stream.events, stream.dead], args
 
+    def queue_apply(self, pipe: Any, op: str, incident_id: str, fp: int | None, **kwargs: Any) -> None:
+        """Queue one apply call on a pipeline; parse its reply with `parse_apply`."""
+        keys, args = self.apply_call(op, incident_id, fp, **kwargs)
+        pipe.fcall(FN_APPLY, len(keys), *keys, *args)
+
+    def queue_dead_letter(
+        self, pipe: Any, stream: StreamTarget, entry_id: str, fields: Mapping[Any, Any]
+    ) -> None:
+        """Queue a dead-letter call on a pipeline; its reply is the dead letter's ID, or '' if not pending."""
+        keys, args = self.dead_letter_call(stream, entry_id, fields)
+        pipe.fcall(FN_DEAD_LETTER, len(keys), *keys, *args)
+
+    def fingerprints_of(self, incident_ids: Sequence[str]) -> dict[str, int | None]:
+        """The stored fingerprint of each ID (None when not indexed), in one round trip."""
+        if not incident_ids:
+            return {}
+        stored = self.redis.hmget(self.keys.fingerprints, list(incident_ids))
+        return {i: None if v is None else parse_fingerprint(v) for i, v in zip(incident_ids, stored)}
+
     # -- the library API --------------------------------------------------------------------------------------
 
     def _apply(self, op: str, incident_id: str, fp: int | None, **kwargs: Any) -> ApplyResult:

@@ -1,0 +1,123 @@
+"""Helpers for stream tests: publishing events, reading alerts, and the invariants every run must keep."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from worker.fingerprint import fingerprint
+from worker.formats import Alert, DeadLetter
+
+EVENTS = "{incidents}:events"
+ALERTS = "{incidents}:alerts"
+DEAD = "{incidents}:dead"
+FP = "{incidents}:fp"
+GROUP = "incident-workers"
+
+
+def publish(client: Any, events: Iterable[Mapping[str, Any]], stream: str = EVENTS) -> list[str]:
+    """XADD each event (features given as a dict are JSON-encoded); returns the entry IDs."""
+    pipe = client.pipeline(transaction=False)
+    for event in events:
+        fields = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in event.items()}
+        pipe.xadd(stream, fields)
+    return [_text(entry_id) for entry_id in pipe.execute()]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def alerts(client: Any, stream: str = ALERTS) -> list[Alert]:
+    return [Alert.from_fields(fields) for _, fields in client.xrange(stream)]
+
+
+def dead_letters(client: Any, stream: str = DEAD) -> list[DeadLetter]:
+    return [DeadLetter.from_fields(fields) for _, fields in client.xrange(stream)]
+
+
+def pending_count(client: Any, stream: str = EVENTS, group: str = GROUP) -> int:
+    return int(client.xpending(stream, group)["pending"])
+
+
+def pairs_within(fps: Mapping[str, int], r: int) -> set[tuple[str, str]]:
+    """Every unordered pair within distance r (as sorted tuples), found by exact matches on r + 1 bands."""
+    bands = r + 1
+    width = 64 // bands
+    found: set[tuple[str, str]] = set()
+    for b in range(bands):
+        shift = b * width
+        mask = (1 << (width if b < bands - 1 else 64 - shift)) - 1
+        buckets: dict[int, list[str]] = defaultdict(list)
+        for incident_id, fp in fps.items():
+            buckets[(fp >> shift) & mask].append(incident_id)
+        for members in buckets.values():
+            for i, x in enumerate(members):
+                fx = fps[x]
+                for y in members[i + 1 :]:
+                    if ((fx ^ fps[y]).bit_count()) <= r:
+                        found.add((x, y) if x < y else (y, x))
+    return found
+
+
+def assert_pairs_reported_once(fps: Mapping[str, int], published: list[Alert], r: int = 7) -> None:
+    """Every pair within r is in exactly one alert: the one of whichever of the two was indexed second."""
+    alerted = [alert.incident_id for alert in published]
+    assert len(alerted) == len(set(alerted)), "an incident was alerted twice"
+    reported: dict[tuple[str, str], int] = defaultdict(int)
+    for alert in published:
+        assert alert.match_count == len(alert.matches)
+        assert [(m.distance, m.incident_id) for m in alert.matches] == sorted(
+            (m.distance, m.incident_id) for m in alert.matches
+        )
+        for match in alert.matches:
+            x, y = alert.incident_id, match.incident_id
+            assert match.distance == (fps[x] ^ fps[y]).bit_count() <= r
+            reported[(x, y) if x < y else (y, x)] += 1
+    expected = pairs_within(fps, r)
+    missing = expected - set(reported)
+    assert not missing, f"{len(missing)} pairs within {r} never reported, e.g. {sorted(missing)[:3]}"
+    extra = set(reported) - expected
+    assert not extra, f"pairs reported that are not within {r}: {sorted(extra)[:3]}"
+    twice = [pair for pair, count in reported.items() if count > 1]
+    assert not twice, f"pairs reported more than once: {twice[:3]}"
+
+
+def fingerprints(events: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """The fingerprint each added incident should have (first add of an ID wins, as in the index)."""
+    fps: dict[str, int] = {}
+    for event in events:
+        fps.setdefault(event["incident_id"], fingerprint(event["features"]))
+    return fps
+
+
+def worker_command() -> list[str]:
+    script = Path(sys.executable).parent / "incident-worker"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "worker"]
+
+
+def clean_env(**settings: Any) -> dict[str, str]:
+    """The environment for a worker process: ours without INCIDENT_WORKER_*, plus the given settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("INCIDENT_WORKER_")}
+    for name, value in settings.items():
+        env[f"INCIDENT_WORKER_{name.upper()}"] = str(value)
+    return env
+
+
+def start_worker(url: str, *args: str, log: Path | None = None, **settings: Any) -> subprocess.Popen[bytes]:
+    """`incident-worker run` as a child process, logging JSON lines to `log` (or discarding them)."""
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the child owns it
+    env = clean_env(redis_url=url, log_format="json", **settings)
+    return subprocess.Popen([*worker_command(), "run", *args], env=env, stdout=out, stderr=out)
+
+
+def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 10) -> int:
+    process.send_signal(sig)
+    return process.wait(timeout=timeout)

@@ -1,0 +1,316 @@
+"""The stream worker in-process, on a real redis-server and on fakeredis: formats, dead letters, repeats, claims."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+
+from tests.redis_server import RedisServer
+from tests.streams import (
+    ALERTS,
+    DEAD,
+    EVENTS,
+    FP,
+    GROUP,
+    alerts,
+    assert_pairs_reported_once,
+    dead_letters,
+    fingerprints,
+    pending_count,
+    publish,
+)
+from worker.fingerprint import fingerprint, format_fingerprint
+from worker.index import FingerprintIndex, LayoutMismatchError
+from worker.settings import Settings
+from worker.stream import StreamWorker, _segments
+from worker.workload import Workload
+
+DOCK = {"dock": 3, "scanner": 2, "timeout": 1}
+ROAD = {"weather": 4, "road": 2}
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("INCIDENT_WORKER_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(params=["real", "fake"])
+def client(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
+    """A clean Redis answering in bytes, as the worker requires: the real server or fakeredis."""
+    if request.param == "real":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        real = server.client()
+        real.flushall()
+        real.function_flush()
+        yield real
+        real.close()
+    else:
+        fake = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=7))
+        yield fake
+        fake.close()
+
+
+def settings(**overrides: Any) -> Settings:
+    values: dict[str, Any] = {"consumer": "w1", "block_ms": 50, "claim_interval_ms": 100, "summary_interval_s": 60}
+    values.update(overrides)
+    return Settings(**values)
+
+
+def run_worker(client: Any, **overrides: Any) -> StreamWorker:
+    worker = StreamWorker(client, settings(**overrides))
+    worker.run(until_idle=True)
+    return worker
+
+
+def test_spec_section_4_example(client: redis.Redis) -> None:
+    publish(client, [{"incident_id": "47", "features": DOCK}, {"incident_id": "83", "features": ROAD},
+                     {"incident_id": "90", "features": DOCK}])
+    entries = [entry_id.decode() for entry_id, _ in client.xrange(EVENTS)]
+    run_worker(client)
+    [alert] = alerts(client)
+    assert alert.incident_id == "90"
+    assert [(m.incident_id, m.distance) for m in alert.matches] == [("47", 0)]
+    assert alert.match_count == 1 and alert.max_distance == 7 and alert.op == "add"
+    assert alert.fingerprint == "0b61171015620fa1"
+    assert alert.source_entry == entries[2]
+    assert client.hget(FP, "47") == b"0b61171015620fa1"
+    assert pending_count(client) == 0
+    index = FingerprintIndex(client)
+    assert index.neighbours(DOCK) == [("47", 0), ("90", 0)]
+    assert index.neighbours(ROAD) == [("83", 0)]
+
+
+def test_events_appended_before_any_worker_are_processed(client: redis.Redis) -> None:
+    publish(client, [{"incident_id": str(i), "features": {f"w{i}": 1}} for i in range(30)])
+    run_worker(client)
+    assert client.hlen(FP) == 30
+
+
+BAD_INPUT = [
+    ({"features": json.dumps(DOCK)}, "missing_field"),
+    ({"incident_id": "x"}, "missing_field"),
+    ({"incident_id": "x", "op": "upsert"}, "missing_field"),
+    ({"incident_id": "x", "features": '{"dock": 3,'}, "bad_json"),
+    ({"incident_id": "x", "features": "[1, 2]"}, "bad_features"),
+    ({"incident_id": "x", "features": "null"}, "missing_field"),
+    ({"incident_id": "x", "features": '{"dock": true}'}, "bad_weight"),
+    ({"incident_id": "x", "features": '{"dock": 2.0}'}, "bad_weight"),
+    ({"incident_id": "x", "features": '{"dock": "2"}'}, "bad_weight"),
+    ({"incident_id": "x", "features": '{"dock": 0}'}, "bad_weight"),
+    ({"incident_id": "x", "features": '{"dock": 9007199254740992}'}, "bad_weight"),
+    ({"incident_id": "x", "features": "{}"}, "empty_bag"),
+    ({"incident_id": "x", "features": '{"\\ud800": 1}'}, "bad_token"),
+    ({"incident_id": "x", "features": b'{"\xff\xfe": 1}'}, "not_utf8"),
+    ({"incident_id": b"\xc3\x28", "features": json.dumps(DOCK)}, "not_utf8"),
+    ({"incident_id": "", "features": json.dumps(DOCK)}, "bad_incident_id"),
+    ({"incident_id": "x" * 257, "features": json.dumps(DOCK)}, "bad_incident_id"),
+    ({"incident_id": "x", "features": json.dumps(DOCK), "op": "purge"}, "bad_op"),
+    ({"incident_id": "x", "features": json.dumps({f"t{i}": 1 for i in range(60)})}, "too_many_tokens"),
+    ({"incident_id": "x", "features": json.dumps({"t" * 200: 1})}, "token_too_long"),
+    ({"incident_id": "x", "features": json.dumps(DOCK), "padding": "p" * 5000}, "too_large"),
+]
+
+
+@pytest.mark.parametrize(("fields", "reason"), BAD_INPUT, ids=[f"{r}-{i}" for i, (_, r) in enumerate(BAD_INPUT)])
+def test_bad_input_is_dead_lettered_and_good_entries_around_it_are_processed(
+    client: redis.Redis, fields: dict[str, Any], reason: str
+) -> None:
+    good_before = [{"incident_id": f"g{i}", "features": {f"before{i}": 2, "x": 1}} for i in range(3)]
+    good_after = [{"incident_id": f"h{i}", "features": {f"after{i}": 2, "y": 1}} for i in range(3)]
+    publish(client, good_before)
+    [bad_entry] = publish(client, [fields])
+    publish(client, good_after)
+    run_worker(client, max_tokens=50, max_token_length=100, max_entry_bytes=4096)
+    [letter] = dead_letters(client)
+    assert letter.reason == reason
+    assert letter.detail and len(letter.detail) > 10
+    assert letter.source_entry == bad_entry and letter.source_stream == EVENTS and letter.consumer == "w1"
+    # the original fields are kept byte for byte
+    [(_, raw)] = client.xrange(DEAD)
+    for name, value in fields.items():
+        expected = value if isinstance(value, bytes) else str(value).encode()
+        assert raw[name.encode()] == expected
+    indexed = {k.decode() for k in client.hkeys(FP)}
+    assert indexed == {e["incident_id"] for e in good_before + good_after}
+    assert pending_count(client) == 0
+
+
+def test_dead_letter_keeps_an_original_field_named_like_its_own(client: redis.Redis) -> None:
+    publish(client, [{"incident_id": "x", "features": "{}", "reason": "mine", "original_note": "n"}])
+    run_worker(client)
+    [(_, raw)] = client.xrange(DEAD)
+    assert raw[b"reason"] == b"empty_bag" and raw[b"original_reason"] == b"mine"
+    [letter] = dead_letters(client)
+    assert letter.original == {"incident_id": "x", "features": "{}", "reason": "mine", "original_note": "n"}
+
+
+def test_duplicate_id_with_another_bag_is_dead_lettered(client: redis.Redis) -> None:
+    publish(client, [{"incident_id": "47", "features": DOCK}, {"incident_id": "47", "features": ROAD}])
+    run_worker(client)
+    [letter] = dead_letters(client)
+    assert letter.reason == "duplicate_id" and "upsert" in letter.detail
+    assert client.hget(FP, "47") == format_fingerprint(fingerprint(DOCK)).encode()
+    assert pending_count(client) == 0
+
+
+def test_repeated_event_gives_no_second_alert(client: redis.Redis) -> None:
+    publish(client, [{"incident_id": "47", "features": DOCK}, {"incident_id": "90", "features": DOCK},
+                     {"incident_id": "90", "features": DOCK}])
+    run_worker(client)
+    assert [a.incident_id for a in alerts(client)] == ["90"]
+    assert dead_letters(client) == []
+    publish(client, [{"incident_id": "90", "features": DOCK}])  # once more, in a later batch
+    run_worker(client)
+    assert len(alerts(client)) == 1
+
+
+def test_entry_processed_by_another_consumer_is_not_applied_twice(client: redis.Redis) -> None:
+    publish(client, [{"incident_id": "47", "features": DOCK}, {"incident_id": "90", "features": DOCK}])
+    client.xgroup_create(EVENTS, GROUP, id="0", mkstream=True)
+    slow = StreamWorker(client, settings(consumer="slow"))
+    slow.setup()
+    entries = client.xreadgroup(GROUP, "slow", {EVENTS: ">"})[0][1]
+    fast = StreamWorker(client, settings(consumer="fast", claim_idle_ms=1000))
+    time.sleep(1.1)
+    fast.setup()
+    assert fast.claim_stuck() == 2  # the slow consumer looked dead; its entries were taken over and done
+    slow.process(entries)  # the slow one wakes up and finishes its batch anyway
+    assert len(alerts(client)) == 1
+    assert slow.stats.outcomes == {"not_pending": 2}
+    assert pending_count(client) == 0
+
+
+def test_upsert_and_delete_through_the_stream(client: redis.Redis) -> None:
+    near = {"dock": 3, "scanner": 2, "timeout": 1, "z": 1}  # distance 7 from DOCK
+    publish(client, [
+        {"incident_id": "47", "features": DOCK},
+        {"incident_id": "83", "features": ROAD},
+        {"incident_id": "83", "features": near, "op": "upsert"},  # now near 47
+        {"incident_id": "47", "op": "delete"},
+        {"incident_id": "nobody", "op": "delete"},
+        {"incident_id": "90", "features": DOCK},  # 47 is gone; 83 is near
+    ])
+    run_worker(client)
+    got = [(a.incident_id, a.op, [(m.incident_id, m.distance) for m in a.matches]) for a in alerts(client)]
+    d = (fingerprint(DOCK) ^ fingerprint(near)).bit_count()
+    assert d <= 7
+    assert got == [("83", "upsert", [("47", d)]), ("90", "add", [("83", d)])]
+    assert client.hget(FP, "47") is None
+    assert {k.decode() for k in client.hkeys(FP)} == {"83", "90"}
+    assert dead_letters(client) == []
+
+
+def test_changes_of_one_incident_in_one_batch_apply_in_order(client: redis.Redis) -> None:
+    publish(client, [
+        {"incident_id": "a", "features": DOCK},
+        {"incident_id": "a", "op": "delete"},
+        {"incident_id": "a", "features": ROAD},  # a new add after the delete: no duplicate
+        {"incident_id": "a", "features": {"z": 1}, "op": "upsert"},
+        {"incident_id": "a", "features": {"z": 1}, "op": "upsert"},
+        {"incident_id": "a", "op": "delete"},
+        {"incident_id": "a", "features": DOCK, "op": "upsert"},
+    ])
+    run_worker(client, batch_size=100)
+    assert client.hget(FP, "a") == format_fingerprint(fingerprint(DOCK)).encode()
+    assert dead_letters(client) == [] and alerts(client) == []
+    assert pending_count(client) == 0
+
+
+def test_segments_cut_where_an_incident_changes_twice() -> None:
+    from worker.formats import IncidentEvent
+    from worker.stream import _Item
+
+    def item(incident_id: str, op: str) -> _Item:
+        fields = {"incident_id": incident_id, "op": op}
+        if op != "delete":
+            fields["features"] = '{"a": 1}'
+        return _Item("1-0", fields, event=IncidentEvent.from_fields(fields))
+
+    ops = [("a", "add"), ("b", "add"), ("a", "add"), ("b", "delete"), ("c", "upsert"), ("b", "add"), ("d", "add")]
+    cut = [[(i.event.incident_id, i.event.op) for i in seg] for seg in _segments([item(*o) for o in ops])]
+    assert cut == [[("a", "add"), ("b", "add"), ("a", "add")], [("b", "delete"), ("c", "upsert")],
+                   [("b", "add"), ("d", "add")]]
+
+
+def test_max_matches_caps_the_list_but_counts_all(client: redis.Redis) -> None:
+    publish(client, [{"incident_id": f"s{i:02d}", "features": DOCK} for i in range(12)])
+    run_worker(client, max_matches=3)
+    last = alerts(client)[-1]
+    assert last.incident_id == "s11" and last.match_count == 11
+    assert [m.incident_id for m in last.matches] == ["s00", "s01", "s02"]
+
+
+def test_stuck_entries_of_a_silent_consumer_are_claimed(client: redis.Redis) -> None:
+    events = [{"incident_id": str(i), "features": {f"w{i}": 1, "common": 1}} for i in range(25)]
+    publish(client, events)
+    client.xgroup_create(EVENTS, GROUP, id="0", mkstream=True)
+    client.xreadgroup(GROUP, "ghost", {EVENTS: ">"}, count=10)  # a consumer that read and died
+    worker = run_worker(client, claim_idle_ms=1000)
+    assert client.hlen(FP) == 25
+    assert pending_count(client) == 0
+    assert worker.stats.processed == 25
+
+
+def test_poison_entries_are_dead_lettered_after_max_deliveries(client: redis.Redis) -> None:
+    publish(client, [{"incident_id": "a", "features": DOCK}])
+    client.set(FP, "not a hash")  # every apply now fails with WRONGTYPE: the entry can never be processed
+    run_worker(client, max_deliveries=3)
+    [letter] = dead_letters(client)
+    assert letter.reason == "poison" and letter.deliveries == 4 and "max_deliveries=3" in letter.detail
+    assert pending_count(client) == 0
+
+
+def test_worker_refuses_an_index_of_another_layout(client: redis.Redis) -> None:
+    FingerprintIndex(client, bands=4).add("a", DOCK)
+    publish(client, [{"incident_id": "b", "features": DOCK}])
+    with pytest.raises(LayoutMismatchError, match="bands=4"):
+        StreamWorker(client, settings(bands=8)).run(until_idle=True)
+    assert client.hlen(FP) == 1
+
+
+def test_worker_refuses_a_decoding_client() -> None:
+    with pytest.raises(ValueError, match="decode_responses=False"):
+        StreamWorker(fakeredis.FakeRedis(decode_responses=True), settings())
+
+
+def test_heartbeat_while_running_and_removed_after(client: redis.Redis) -> None:
+    worker = StreamWorker(client, settings(heartbeat_ttl_ms=5000))
+    worker.setup()
+    key = "{incidents}:heartbeat:w1"
+    beat = json.loads(client.get(key))
+    assert beat["consumer"] == "w1" and 0 < client.pttl(key) <= 5000
+    worker.stop()
+    worker.run()
+    assert client.exists(key) == 0
+
+
+def test_custom_stream_names_must_carry_the_hash_tag() -> None:
+    with pytest.raises(ValueError, match="hash tag"):
+        settings(alerts_stream="alerts")
+    ok = settings(alerts_stream="{incidents}:near-duplicates")
+    assert ok.alerts == "{incidents}:near-duplicates"
+
+
+def test_synthetic_workload_every_pair_reported_once(client: redis.Redis) -> None:
+    events = [{"incident_id": i, "features": bag} for i, bag in Workload(seed=5).take(600)]
+    publish(client, events)
+    run_worker(client, batch_size=64)
+    assert_pairs_reported_once(fingerprints(events), alerts(client))
+    assert client.hlen(FP) == 600
+    assert pending_count(client) == 0
+
+
+def test_alerts_stream_is_trimmed_approximately(client: redis.Redis) -> None:
+    publish(client, [{"incident_id": f"s{i}", "features": DOCK} for i in range(400)])
+    run_worker(client, alerts_maxlen=50)
+    assert 50 <= client.xlen(ALERTS) < 399

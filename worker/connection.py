@@ -1,0 +1,35 @@
+"""Redis clients built from the settings: standalone or cluster, with timeouts and retries sized for the worker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.cluster import RedisCluster
+from redis.retry import Retry
+
+from .settings import Settings
+
+__all__ = ["connect"]
+
+
+def connect(settings: Settings, *, decode_responses: bool = False, client_name: str | None = None) -> Any:
+    """A redis-py client for `settings.redis_url` (a cluster client when `settings.cluster`).
+
+    redis-py retries a command three times on a dropped connection, with jittered exponential backoff; the worker's
+    own loop handles longer outages. The worker itself needs `decode_responses=False` (see StreamWorker).
+    """
+    options: dict[str, Any] = {
+        "decode_responses": decode_responses,
+        "socket_timeout": settings.socket_timeout_s,
+        "socket_connect_timeout": min(5.0, settings.socket_timeout_s),
+        "retry": Retry(ExponentialWithJitterBackoff(base=0.05, cap=min(2.0, settings.reconnect_max_backoff_s)), 3),
+        "health_check_interval": 30,
+        "client_name": client_name or f"incident-worker:{settings.consumer}",
+    }
+    url = settings.redis_url.get_secret_value()
+    if settings.cluster:
+        options.pop("health_check_interval")
+        return RedisCluster.from_url(url, **options)
+    return redis.Redis.from_url(url, **options)

@@ -1,0 +1,313 @@
+"""The three stream formats (SPEC section 4), each defined once: the incoming event, the alert, the dead letter.
+
+The worker, the CLI and the tests all read and write entries through these models. An event that fails validation
+becomes a dead letter whose `reason` is the machine code of the first error and whose `detail` is its message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from .fingerprint import InvalidFeaturesError, fingerprint
+
+__all__ = [
+    "DEAD_LETTER_FIELDS",
+    "Alert",
+    "DeadLetter",
+    "EventLimits",
+    "IncidentEvent",
+    "Match",
+    "decode_fields",
+    "event_error",
+]
+
+Op = Literal["add", "upsert", "delete"]
+
+DEAD_LETTER_FIELDS = ("reason", "detail", "source_entry", "source_stream", "consumer", "deliveries")
+"""The dead letter's own fields; an original field of the same name is kept as `original_<name>`."""
+
+REASONS = {
+    "missing_field": "incident_id is missing, or features is missing for add or upsert",
+    "bad_type": "a field has the wrong type",
+    "bad_incident_id": "incident_id is empty or longer than 256 characters",
+    "bad_op": "op is not add, upsert or delete",
+    "not_utf8": "a field is not valid UTF-8",
+    "bad_json": "features is not valid JSON",
+    "bad_features": "features is JSON but not an object",
+    "not_a_mapping": "features is not a mapping of token -> weight",
+    "empty_bag": "features has no token",
+    "bad_token": "a token is not a string, or not valid Unicode",
+    "bad_weight": "a weight is not an integer from 1 to 2**53 - 1 (bools, floats and strings are not)",
+    "too_large": "the entry is larger than max_entry_bytes",
+    "too_many_tokens": "the bag has more than max_tokens tokens",
+    "token_too_long": "a token is longer than max_token_length characters",
+    "duplicate_id": "add of an incident ID already indexed with another fingerprint (use op upsert to replace)",
+    "poison": "the entry was delivered more than max_deliveries times without being processed",
+    "invalid": "any other validation failure (see detail)",
+}
+"""Every dead letter `reason`, with what it means: the codes a dashboard or a replay script can rely on."""
+
+
+class EventLimits(BaseModel):
+    """Size limits on incoming events (from the settings); bigger input is dead-lettered, never processed."""
+
+    max_tokens: int = 10_000
+    max_token_length: int = 1024
+    max_entry_bytes: int = 1_048_576
+
+
+_DEFAULT_LIMITS = EventLimits()
+
+
+def _error(kind: str, message: str) -> PydanticCustomError:
+    """A validation error with a machine code; the message is passed as data, so braces in it stay literal."""
+    return PydanticCustomError(kind, "{message}", {"message": message})
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    return str(value)
+
+
+def decode_fields(raw: Mapping[Any, Any]) -> dict[str, str]:
+    """A stream entry's fields as text; bytes that are not UTF-8 keep their value through surrogate escapes."""
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
+class IncidentEvent(BaseModel):
+    """One entry of the events stream: `incident_id`, `features` (a JSON object token -> weight), `op`.
+
+    Validate raw stream fields with `IncidentEvent.from_fields(fields, limits)`; the validated event carries its
+    SimHash fingerprint (computed once, while validating).
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    incident_id: str = Field(description="1 to 256 characters")
+    op: Op = "add"
+    features: dict[str, int] | None = Field(None, description="token -> weight; required for add and upsert")
+    _fingerprint: int | None = PrivateAttr(None)
+
+    @property
+    def fingerprint(self) -> int | None:
+        """The SimHash of `features`, computed while validating (None for a delete)."""
+        return self._fingerprint
+
+    @field_validator("incident_id", mode="before")
+    @classmethod
+    def _check_id(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        if not 1 <= len(value) <= 256:
+            raise _error("bad_incident_id", f"incident_id must be 1 to 256 characters, got {len(value)}")
+        return value
+
+    @field_validator("op", mode="before")
+    @classmethod
+    def _check_op(cls, value: Any) -> Any:
+        if value not in ("add", "upsert", "delete"):
+            raise _error("bad_op", f"op {str(value)[:40]!r} is not one of add, upsert, delete")
+        return value
+
+    @field_validator("features", mode="before")
+    @classmethod
+    def _parse_features(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as error:
+                raise _error("bad_json", f"features is not valid JSON: {error}") from None
+        if value is not None and not isinstance(value, dict):
+            raise _error(
+                "bad_features", f"features must be a JSON object of token -> weight, got {type(value).__name__}"
+            )
+        return value
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _validate_bag(cls, data: Any, handler: Any, info: Any) -> IncidentEvent:
+        # The bag is checked by SPEC section 1's own rules (bools, floats and numeric strings are not weights)
+        # and fingerprinted in the same pass, before pydantic's own int handling sees it.
+        limits: EventLimits = (info.context or {}).get("limits", _DEFAULT_LIMITS)
+        fp = None
+        bag = None
+        if isinstance(data, dict) and data.get("features") is not None:
+            bag = cls._parse_features(data["features"])
+        if bag is not None:
+            _check_limits(bag, limits)
+            try:
+                fp = fingerprint(bag)
+            except InvalidFeaturesError as error:
+                raise _error(error.reason, str(error)) from None
+            data = {**data, "features": bag}
+        event: IncidentEvent = handler(data)
+        if event.op != "delete" and event.features is None:
+            raise _error("missing_field", f"features is required for op {event.op}")
+        event._fingerprint = fp
+        return event
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[Any, Any], limits: EventLimits = _DEFAULT_LIMITS) -> IncidentEvent:
+        """Validate a raw stream entry (bytes or text). Raises `ValidationError`; see `event_error`."""
+        size = sum(len(k) + len(v) for k, v in fields.items())
+        if size > limits.max_entry_bytes:
+            raise ValidationError.from_exception_data(
+                cls.__name__,
+                [_custom("too_large", f"the entry is {size} bytes, over the limit of {limits.max_entry_bytes}")],
+            )
+        data: dict[str, Any] = {}
+        for key, value in fields.items():
+            name = _text(key)
+            if isinstance(value, bytes):
+                try:
+                    value = value.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    raise ValidationError.from_exception_data(
+                        cls.__name__, [_custom("not_utf8", f"field {name!r} is not UTF-8: {error}")]
+                    ) from None
+            data[name] = value
+        for required in ("incident_id",):
+            if required not in data:
+                raise ValidationError.from_exception_data(
+                    cls.__name__, [_custom("missing_field", f"{required} is required")]
+                )
+        return cls.model_validate(data, context={"limits": limits})
+
+    def to_fields(self) -> dict[str, str]:
+        """The stream entry a producer appends for this event."""
+        fields = {"incident_id": self.incident_id}
+        if self.features is not None:
+            fields["features"] = json.dumps(self.features, ensure_ascii=False, separators=(",", ":"))
+        if self.op != "add":
+            fields["op"] = self.op
+        return fields
+
+
+def _custom(kind: str, message: str) -> Any:
+    return {"type": _error(kind, message), "loc": (), "input": None}
+
+
+def _check_limits(bag: dict[str, Any], limits: EventLimits) -> None:
+    if len(bag) > limits.max_tokens:
+        raise _error("too_many_tokens", f"the bag has {len(bag)} tokens, over the limit of {limits.max_tokens}")
+    for token in bag:
+        if isinstance(token, str) and len(token) > limits.max_token_length:
+            raise _error(
+                "token_too_long",
+                f"token {token[:30]!r}... is {len(token)} characters, over the limit of {limits.max_token_length}",
+            )
+
+
+_PYDANTIC_TYPES = {"missing": "missing_field", "string_type": "bad_type", "dict_type": "bad_type"}
+
+
+def event_error(error: ValidationError) -> tuple[str, str]:
+    """The dead letter's `reason` (a code of `REASONS`) and `detail` (for people) of a failed event validation."""
+    first = error.errors(include_url=False)[0]
+    kind = first["type"]
+    reason = kind if kind in REASONS else _PYDANTIC_TYPES.get(kind, "invalid")
+    location = ".".join(str(part) for part in first.get("loc", ()))
+    message = "is required" if kind == "missing" else first["msg"]
+    detail = f"{location} {message}" if kind == "missing" else message
+    if location and kind not in REASONS and kind != "missing":
+        detail = f"{location}: {message}"
+    extra = len(error.errors()) - 1
+    if extra:
+        detail += f" (and {extra} more problem{'s' if extra > 1 else ''})"
+    return reason, detail
+
+
+class Match(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    incident_id: str
+    distance: int = Field(ge=0, le=64)
+
+
+class Alert(BaseModel):
+    """One entry of the alerts stream: an incident and every indexed incident within max_distance of it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    incident_id: str
+    fingerprint: str = Field(pattern=r"^[0-9a-f]{16}$")
+    matches: list[Match]
+    match_count: int = Field(ge=1)
+    max_distance: int = Field(ge=0, le=64)
+    source_entry: str
+    op: Op
+
+    @field_validator("matches", mode="before")
+    @classmethod
+    def _parse_matches(cls, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str | bytes) else value
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[Any, Any]) -> Alert:
+        """Parse an alerts-stream entry as a subscriber reads it."""
+        return cls.model_validate(decode_fields(fields))
+
+    def to_fields(self) -> dict[str, str]:
+        """The stream entry (the worker's server-side function writes exactly these fields)."""
+        return {
+            "incident_id": self.incident_id,
+            "fingerprint": self.fingerprint,
+            "matches": json.dumps([m.model_dump() for m in self.matches], separators=(",", ":"), ensure_ascii=False),
+            "match_count": str(self.match_count),
+            "max_distance": str(self.max_distance),
+            "source_entry": self.source_entry,
+            "op": self.op,
+        }
+
+
+class DeadLetter(BaseModel):
+    """One entry of the dead-letter stream: why an entry was not processed, and the entry's original fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reason: str = Field(description="machine-readable code, e.g. bad_json, bad_weight, duplicate_id, poison")
+    detail: str = Field(description="what was wrong, for people")
+    source_entry: str = Field(description="the entry ID in the events stream")
+    source_stream: str
+    consumer: str
+    deliveries: int = Field(1, ge=1)
+    original: dict[str, str] = Field(default_factory=dict, description="the entry's own fields, unchanged")
+
+    def to_fields(self, original: Mapping[Any, Any] | None = None) -> dict[Any, Any]:
+        """Flat stream fields: ours first, then the original ones (renamed `original_<name>` on a clash).
+
+        `original` gives the entry's raw fields (bytes kept as they came, even when not UTF-8); by default the
+        model's own `original`.
+        """
+        fields: dict[Any, Any] = {
+            "reason": self.reason,
+            "detail": self.detail,
+            "source_entry": self.source_entry,
+            "source_stream": self.source_stream,
+            "consumer": self.consumer,
+            "deliveries": str(self.deliveries),
+        }
+        for name, value in (self.original if original is None else original).items():
+            text = _text(name)
+            if text in DEAD_LETTER_FIELDS or text.startswith("original_"):
+                name = "original_" + text
+            fields[name] = value
+        return fields
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[Any, Any]) -> DeadLetter:
+        """Parse a dead-letter entry, separating the original fields again."""
+        text = decode_fields(fields)
+        own = {name: text[name] for name in DEAD_LETTER_FIELDS if name in text}
+        original = {}
+        for name, value in text.items():
+            if name in DEAD_LETTER_FIELDS:
+                continue
+            original[name.removeprefix("original_")] = value
+        return cls.model_validate({**own, "original": original})

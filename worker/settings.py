@@ -1,0 +1,172 @@
+"""The worker's settings: one pydantic-settings object, read from `INCIDENT_WORKER_*` variables and CLI flags.
+
+Every field is also a flag of `incident-worker run` (`--batch-size` for `INCIDENT_WORKER_BATCH_SIZE`); a flag wins
+over the environment, the environment over the default. The object is built once in the CLI and passed in.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, validate
+from .keys import DEFAULT_NAMESPACE, IndexKeys, hash_tag, validate_namespace
+
+__all__ = ["ENV_PREFIX", "Settings", "redact_url"]
+
+ENV_PREFIX = "INCIDENT_WORKER_"
+
+
+def _default_consumer() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by `***`: the only form of a Redis URL that may reach a log or an error."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable Redis URL>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+class Settings(BaseSettings):
+    """Configuration of `incident-worker run` (and of the other subcommands that talk to the index)."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+
+    redis_url: SecretStr = Field(
+        SecretStr("redis://localhost:6379/0"),
+        description="Redis to connect to: redis://[user:password@]host:port/db, rediss:// for TLS. "
+        "The password never reaches a log.",
+    )
+    cluster: bool = Field(False, description="Connect to a Redis Cluster (redis-py's cluster client) at redis_url.")
+    namespace: str = Field(DEFAULT_NAMESPACE, description="Index namespace N: every key is {N}:...")
+    consumer: str = Field(
+        default_factory=_default_consumer,
+        description="This worker's name in the consumer group (default: host name and PID).",
+    )
+    group: str = Field("incident-workers", description="Consumer group shared by all workers of the namespace.")
+    events_stream: str | None = Field(None, description="Stream of incoming events (default {N}:events).")
+    alerts_stream: str | None = Field(None, description="Stream the alerts are published to (default {N}:alerts).")
+    dead_stream: str | None = Field(None, description="Stream of dead letters (default {N}:dead).")
+    bands: int = Field(DEFAULT_BANDS, description="Bands the 64 fingerprint bits are cut into (SPEC section 2).")
+    max_distance: int = Field(DEFAULT_MAX_DISTANCE, description="Largest Hamming distance reported as a match.")
+    batch_size: int = Field(100, ge=1, le=10_000, description="Entries read per XREADGROUP and pipelined together.")
+    block_ms: int = Field(
+        2000, ge=1, le=60_000, description="How long one XREADGROUP waits for new entries; also the stop latency."
+    )
+    claim_idle_ms: int = Field(
+        60_000,
+        ge=1000,
+        description="How long an entry may sit pending with a silent consumer before another worker takes it over.",
+    )
+    claim_interval_ms: int = Field(
+        5000, ge=100, description="How often a worker looks for stuck pending entries (XAUTOCLAIM) and its own."
+    )
+    max_deliveries: int = Field(
+        5, ge=1, description="An entry delivered more times than this is dead-lettered as poison."
+    )
+    alerts_maxlen: int = Field(
+        1_000_000, ge=0, description="Approximate length the alerts stream is trimmed to (0 = never trim)."
+    )
+    dead_maxlen: int = Field(
+        100_000, ge=0, description="Approximate length the dead-letter stream is trimmed to (0 = never trim)."
+    )
+    max_matches: int = Field(
+        0, ge=0, description="Most matches listed in one alert, closest first (0 = all); match_count counts all."
+    )
+    max_tokens: int = Field(10_000, ge=1, description="Most tokens in one bag; a larger bag is dead-lettered.")
+    max_token_length: int = Field(1024, ge=1, description="Longest token, in characters.")
+    max_entry_bytes: int = Field(
+        1_048_576, ge=64, description="Largest stream entry (field names and values), in bytes."
+    )
+    heartbeat_ttl_ms: int = Field(
+        30_000, ge=1000, description="TTL of the worker's heartbeat key; `check` fails once it has expired."
+    )
+    summary_interval_s: float = Field(30.0, gt=0, description="Seconds between summary log lines.")
+    socket_timeout_s: float = Field(
+        30.0, gt=0, description="Redis socket timeout; must exceed the server time of one batch."
+    )
+    reconnect_max_backoff_s: float = Field(
+        30.0, gt=0, description="Cap of the exponential backoff between reconnection attempts."
+    )
+    metrics_port: int = Field(0, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint (0 = off).")
+    log_format: Literal["auto", "json", "console"] = Field(
+        "auto", description="json lines, or console for people; auto picks console on a terminal."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Lowest level logged.")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_url(cls, value: SecretStr) -> SecretStr:
+        url = value.get_secret_value()
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        if scheme not in {"redis", "rediss", "unix"}:
+            raise ValueError(
+                f"redis_url {redact_url(url)!r} must start with redis://, rediss:// or unix://, "
+                "as in redis://localhost:6379/0"
+            )
+        return value
+
+    @field_validator("namespace")
+    @classmethod
+    def _check_namespace(cls, value: str) -> str:
+        return validate_namespace(value)
+
+    @field_validator("consumer", "group")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not value or any(c.isspace() for c in value):
+            raise ValueError(f"{value!r} must be a non-empty name without spaces")
+        return value
+
+    @model_validator(mode="after")
+    def _check_layout_and_streams(self) -> Settings:
+        validate(self.bands, self.max_distance)
+        keys = IndexKeys(self.namespace)
+        for name in ("events_stream", "alerts_stream", "dead_stream"):
+            stream = getattr(self, name)
+            if stream is not None and not keys.owns(stream):
+                raise ValueError(
+                    f"{name}={stream!r} must carry the namespace's hash tag {keys.tag} (it hashes by "
+                    f"{hash_tag(stream)!r}), so that one atomic call can reach it on Redis Cluster; "
+                    f"for example {keys.tag}:{stream.replace('{', '').replace('}', '')}"
+                )
+        names = [self.events, self.alerts, self.dead]
+        if len(set(names)) != 3:
+            raise ValueError(f"the events, alerts and dead-letter streams must differ, got {names}")
+        return self
+
+    @property
+    def keys(self) -> IndexKeys:
+        return IndexKeys(self.namespace)
+
+    @property
+    def events(self) -> str:
+        return self.events_stream or self.keys.events
+
+    @property
+    def alerts(self) -> str:
+        return self.alerts_stream or self.keys.alerts
+
+    @property
+    def dead(self) -> str:
+        return self.dead_stream or self.keys.dead
+
+    @property
+    def safe_redis_url(self) -> str:
+        """The Redis URL for logs and messages: password redacted."""
+        return redact_url(self.redis_url.get_secret_value())

@@ -1,0 +1,555 @@
+"""The stream worker (SPEC section 4): reads the events stream through a consumer group and applies each entry.
+
+One loop, one thread:
+
+* start: create the group at the beginning of the stream (tolerating only BUSYGROUP), load the index's functions,
+  and first finish this consumer's own pending entries;
+* read a batch with XREADGROUP (BLOCK), validate and fingerprint it, and pipeline one atomic server-side call per
+  entry (check, index, alert, acknowledge; or dead-letter and acknowledge);
+* every `claim_interval_ms`: re-read its own pending entries (replies lost to a dropped connection end up there),
+  take over entries idle longer than `claim_idle_ms` with XAUTOCLAIM, and dead-letter entries delivered more than
+  `max_deliveries` times as poison;
+* keep a heartbeat key alive, log a summary now and then, and reconnect with capped exponential backoff when Redis
+  goes away. Nothing is acknowledged that was not done: every acknowledgement is part of the atomic call.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis as redis_lib
+from pydantic import ValidationError
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ResponseError
+
+from .fingerprint import format_fingerprint
+from .formats import DeadLetter, EventLimits, IncidentEvent, event_error
+from .index import DuplicateIncidentError, FingerprintIndex, LayoutMismatchError, StreamTarget, parse_apply
+from .logs import get_logger
+from .metrics import Metrics
+from .settings import Settings
+
+__all__ = ["StreamWorker", "WorkerStats", "entry_time_ms"]
+
+_STALE_RETRIES = 32
+_DEAD_CONSUMER_IDLE_MS = 3_600_000
+"""A consumer with nothing pending and silent for an hour has gone; its name is removed from the group."""
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
+
+
+def entry_time_ms(entry_id: str) -> int:
+    """The millisecond timestamp in a stream entry ID (the Redis server's clock at XADD)."""
+    return int(entry_id.split("-", 1)[0])
+
+
+@dataclass
+class _Item:
+    """One stream entry on its way through a batch."""
+
+    entry_id: str
+    fields: Mapping[Any, Any]
+    deliveries: int = 1
+    event: IncidentEvent | None = None
+    dead: tuple[str, str] | None = None  # (reason, detail)
+
+
+@dataclass
+class WorkerStats:
+    """Counters since start, for the summary line and for tests."""
+
+    processed: int = 0
+    alerts: int = 0
+    dead_letters: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    batches: int = 0
+    reconnects: int = 0
+
+    def count(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+
+class StreamWorker:
+    """Consumes `settings.events` as `settings.consumer` of `settings.group` until `stop()` is called."""
+
+    def __init__(
+        self,
+        redis: Any,
+        settings: Settings,
+        *,
+        index: FingerprintIndex | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        encoder = getattr(redis, "get_encoder", None)
+        if encoder is not None and encoder().decode_responses:
+            raise ValueError(
+                "the worker needs a Redis client with decode_responses=False: with decoding on, one entry that is "
+                "not UTF-8 would make every read of the stream fail"
+            )
+        self.redis = redis
+        self.settings = settings
+        self.index = index or FingerprintIndex(redis, settings.namespace, settings.bands, settings.max_distance)
+        self.metrics = metrics or Metrics()
+        self.target = StreamTarget(
+            events=settings.events,
+            alerts=settings.alerts,
+            dead=settings.dead,
+            group=settings.group,
+            alerts_maxlen=settings.alerts_maxlen,
+            dead_maxlen=settings.dead_maxlen,
+        )
+        self.limits = EventLimits(
+            max_tokens=settings.max_tokens,
+            max_token_length=settings.max_token_length,
+            max_entry_bytes=settings.max_entry_bytes,
+        )
+        self.stats = WorkerStats()
+        self.log = get_logger(consumer=settings.consumer, stream=settings.events)
+        self._stop = threading.Event()
+        self._backoff = ExponentialBackoff(cap=settings.reconnect_max_backoff_s, base=0.05)
+        self._heartbeat_key = settings.keys.heartbeat(settings.consumer)
+        self._next_heartbeat = 0.0
+        self._next_claim = 0.0
+        self._next_summary = time.monotonic() + settings.summary_interval_s
+        self._started = time.time()
+
+    # -- control ----------------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Finish the current batch, then return from `run`."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self, *, until_idle: bool = False) -> WorkerStats:
+        """Process entries until `stop()`; with `until_idle`, also return once the stream has nothing left for us."""
+        self.log.info(
+            "worker starting",
+            group=self.settings.group,
+            redis=self.settings.safe_redis_url,
+            layout=self.index.layout.description,
+            alerts=self.target.alerts,
+            dead=self.target.dead,
+        )
+        failures = 0
+        ready = False
+        while not self.stopping:
+            try:
+                if not ready:
+                    self.setup()
+                    ready = True
+                    self.recover_own_pending()
+                self.maintain()
+                read = self.read_and_process()
+                failures = 0
+                if until_idle and read == 0 and self._idle():
+                    break
+            except LayoutMismatchError:
+                raise
+            except (redis_lib.ConnectionError, redis_lib.TimeoutError, redis_lib.BusyLoadingError) as error:
+                failures += 1
+                ready = False
+                self._reconnect_pause(error, failures)
+            except ResponseError as error:
+                if "NOGROUP" in str(error) or self.index_error(error):
+                    ready = False  # the group or the functions went away (a restarted server): set up again
+                    self.log.warning("redis lost state; setting up again", error=str(error))
+                    continue
+                raise
+        self._shutdown()
+        return self.stats
+
+    def _idle(self) -> bool:
+        pending = self.redis.xpending(self.target.events, self.target.group)
+        return int(pending["pending"]) == 0 and self._group_lag() == 0
+
+    def _reconnect_pause(self, error: Exception, failures: int) -> None:
+        delay = self._backoff.compute(failures)
+        self.stats.reconnects += 1
+        self.metrics.reconnects.inc()
+        self.log.warning(
+            "redis unavailable; retrying",
+            error=f"{type(error).__name__}: {error}",
+            attempt=failures,
+            retry_in_s=round(delay, 2),
+            redis=self.settings.safe_redis_url,
+        )
+        self._stop.wait(delay)
+
+    def _shutdown(self) -> None:
+        try:
+            self.redis.delete(self._heartbeat_key)
+        except redis_lib.RedisError:
+            pass
+        self.log.info(
+            "worker stopped",
+            processed=self.stats.processed,
+            alerts=self.stats.alerts,
+            dead_letters=self.stats.dead_letters,
+        )
+
+    def index_error(self, error: ResponseError) -> bool:
+        """Whether an error reply was the index's recoverable kind (functions or meta lost); re-raise a mismatch."""
+        try:
+            return self.index.handle_error(error)
+        except LayoutMismatchError:
+            raise
+
+    # -- setup and maintenance --------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """Create the consumer group at the start of the stream, and load and check the index."""
+        try:
+            self.redis.xgroup_create(self.target.events, self.target.group, id="0", mkstream=True)
+            self.log.info("consumer group created", group=self.target.group)
+        except ResponseError as error:
+            if "BUSYGROUP" not in str(error):
+                raise
+        self.index.open()
+        self.heartbeat()
+
+    def maintain(self) -> None:
+        """The periodic work: heartbeat, pending recovery and claims, the summary line."""
+        now = time.monotonic()
+        if now >= self._next_heartbeat:
+            self.heartbeat()
+        if now >= self._next_claim:
+            self._next_claim = now + self.settings.claim_interval_ms / 1000
+            self.recover_own_pending()
+            self.claim_stuck()
+            self.forget_gone_consumers()
+        if now >= self._next_summary:
+            self._next_summary = now + self.settings.summary_interval_s
+            self.summary()
+
+    def heartbeat(self) -> None:
+        """Refresh the heartbeat key (a JSON value with a TTL) that `incident-worker check` reads."""
+        ttl = self.settings.heartbeat_ttl_ms
+        value = json.dumps(
+            {
+                "consumer": self.settings.consumer,
+                "at": round(time.time(), 3),
+                "started": round(self._started, 3),
+                "processed": self.stats.processed,
+            }
+        )
+        self.redis.set(self._heartbeat_key, value, px=ttl)
+        self._next_heartbeat = time.monotonic() + ttl / 3000
+
+    def _group_lag(self) -> int:
+        for group in self.redis.xinfo_groups(self.target.events):
+            if _text(group.get("name", group.get(b"name"))) == self.target.group:
+                lag = group.get("lag", group.get(b"lag"))
+                if lag is None:  # Redis cannot tell after some deletions; count from the stream's end
+                    return -1
+                return int(lag)
+        return 0
+
+    def summary(self) -> None:
+        """One log line with what this worker did and where the group stands."""
+        try:
+            lag = self._group_lag()
+            pending = int(self.redis.xpending(self.target.events, self.target.group)["pending"])
+            size = len(self.index)
+        except ResponseError:
+            return
+        self.metrics.group_lag.set(max(lag, 0))
+        self.metrics.group_pending.set(pending)
+        self.metrics.index_size.set(size)
+        self.log.info(
+            "summary",
+            processed=self.stats.processed,
+            alerts=self.stats.alerts,
+            dead_letters=self.stats.dead_letters,
+            lag=lag,
+            pending=pending,
+            indexed=size,
+            outcomes=dict(self.stats.outcomes),
+        )
+
+    # -- reading ----------------------------------------------------------------------------------------------
+
+    def _read(self, entry_id: str, block: int | None) -> list[tuple[Any, Any]]:
+        reply = self.redis.xreadgroup(
+            self.target.group,
+            self.settings.consumer,
+            {self.target.events: entry_id},
+            count=self.settings.batch_size,
+            block=block,
+        )
+        if not reply:
+            return []
+        if isinstance(reply, dict):  # RESP3
+            return [entry for entries in reply.values() for entry in entries[0]]
+        return list(reply[0][1])
+
+    def read_and_process(self) -> int:
+        """Read one batch of new entries (blocking up to block_ms) and process it; returns how many were read."""
+        entries = self._read(">", self.settings.block_ms)
+        if entries:
+            self.process(entries)
+        return len(entries)
+
+    def recover_own_pending(self) -> int:
+        """Process this consumer's own pending entries (from a crash, a lost reply, a failed call)."""
+        total = 0
+        after = "0"
+        while not self.stopping:
+            entries = self._read(after, None)
+            if not entries:
+                break
+            after = _text(entries[-1][0])
+            self.process(entries, history=True)
+            total += len(entries)
+        if total:
+            self.log.info("recovered own pending entries", count=total)
+        return total
+
+    def claim_stuck(self) -> int:
+        """Take over entries pending longer than claim_idle_ms with any consumer (XAUTOCLAIM to 0-0)."""
+        total = 0
+        cursor = "0-0"
+        while not self.stopping:
+            reply = self.redis.xautoclaim(
+                self.target.events,
+                self.target.group,
+                self.settings.consumer,
+                self.settings.claim_idle_ms,
+                start_id=cursor,
+                count=self.settings.batch_size,
+            )
+            cursor = _text(reply[0])
+            entries = [(entry_id, fields) for entry_id, fields in reply[1] if entry_id is not None]
+            if entries:
+                total += len(entries)
+                self.metrics.claimed.inc(len(entries))
+                self.process(entries, history=True)
+            if cursor == "0-0":
+                break
+        if total:
+            self.log.info("claimed entries of silent consumers", count=total, idle_ms=self.settings.claim_idle_ms)
+        return total
+
+    def forget_gone_consumers(self) -> None:
+        """Remove consumers that have nothing pending and have been silent for an hour (crashed workers' names)."""
+        for consumer in self.redis.xinfo_consumers(self.target.events, self.target.group):
+            name = _text(consumer.get("name", consumer.get(b"name")))
+            pending = int(consumer.get("pending", consumer.get(b"pending", 0)))
+            idle = int(consumer.get("idle", consumer.get(b"idle", 0)))
+            if name != self.settings.consumer and pending == 0 and idle > _DEAD_CONSUMER_IDLE_MS:
+                self.redis.xgroup_delconsumer(self.target.events, self.target.group, name)
+                self.log.info("removed gone consumer", gone=name, idle_ms=idle)
+
+    def _deliveries(self, entry_ids: Sequence[str]) -> dict[str, int]:
+        """Delivery counts of entries pending with this consumer."""
+        if not entry_ids:
+            return {}
+        rows = self.redis.xpending_range(
+            self.target.events,
+            self.target.group,
+            min=entry_ids[0],
+            max=entry_ids[-1],
+            count=len(entry_ids) + 1,
+            consumername=self.settings.consumer,
+        )
+        return {_text(row["message_id"]): int(row["times_delivered"]) for row in rows}
+
+    # -- processing -------------------------------------------------------------------------------------------
+
+    def process(self, entries: Sequence[tuple[Any, Any]], *, history: bool = False) -> None:
+        """Validate, fingerprint and apply a batch of entries in stream order."""
+        started = time.perf_counter()
+        ids = [_text(entry_id) for entry_id, _ in entries]
+        deliveries = self._deliveries(ids) if history else {}
+        items: list[_Item] = []
+        for entry_id, (_, fields) in zip(ids, entries):
+            item = _Item(entry_id, fields or {}, deliveries.get(entry_id, 1))
+            if fields is None:  # deleted from the stream while pending: nothing left to process
+                item.dead = ("missing_entry", "the entry was deleted from the stream before it was processed")
+            elif item.deliveries > self.settings.max_deliveries:
+                item.dead = (
+                    "poison",
+                    f"delivered {item.deliveries} times, more than max_deliveries={self.settings.max_deliveries}; "
+                    "the workers' logs say why each attempt failed",
+                )
+            else:
+                try:
+                    item.event = IncidentEvent.from_fields(fields, self.limits)
+                except ValidationError as error:
+                    item.dead = event_error(error)
+            items.append(item)
+        for segment in _segments(items):
+            self._apply_segment(segment)
+        self.stats.batches += 1
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
+
+    def _apply_segment(self, items: list[_Item], *, attempt: int = 0) -> None:
+        changing = [item.event.incident_id for item in items if item.event and item.event.op != "add"]
+        expected = self.index.fingerprints_of(changing)
+        pipe = self.redis.pipeline(transaction=False)
+        for item in items:
+            self._queue(pipe, item, expected)
+        replies = pipe.execute(raise_on_error=False)
+        retry: list[_Item] = []
+        for item, reply in zip(items, replies):
+            if isinstance(reply, ResponseError):
+                if self.index_error(reply) and attempt == 0:
+                    retry.append(item)
+                else:
+                    self._failed(item, reply)
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            self._handle(item, reply)
+        if retry:
+            self._apply_segment(retry, attempt=attempt + 1)
+
+    def _queue(self, pipe: Any, item: _Item, expected: Mapping[str, int | None]) -> None:
+        if item.dead is not None:
+            self._queue_dead(pipe, item, *item.dead)
+            return
+        event = item.event
+        assert event is not None
+        self.index.queue_apply(
+            pipe,
+            event.op,
+            event.incident_id,
+            event.fingerprint,
+            expected="*" if event.op == "add" else expected.get(event.incident_id),
+            event_ms=entry_time_ms(item.entry_id),
+            stream=self.target,
+            entry_id=item.entry_id,
+            max_matches=self.settings.max_matches,
+        )
+
+    def _queue_dead(self, pipe: Any, item: _Item, reason: str, detail: str) -> None:
+        letter = DeadLetter(
+            reason=reason,
+            detail=detail,
+            source_entry=item.entry_id,
+            source_stream=self.target.events,
+            consumer=self.settings.consumer,
+            deliveries=item.deliveries,
+        )
+        self.index.queue_dead_letter(pipe, self.target, item.entry_id, letter.to_fields(original=item.fields))
+
+    def _handle(self, item: _Item, reply: Any) -> None:
+        if item.dead is not None:
+            self._dead_lettered(item, reply)
+            return
+        event = item.event
+        assert event is not None
+        result = parse_apply(reply)
+        log = self.log.bind(entry_id=item.entry_id, incident_id=event.incident_id)
+        if result.status == "stale":
+            self._retry_stale(item)
+            return
+        if result.status == "duplicate":
+            assert result.stored is not None and event.fingerprint is not None
+            error = DuplicateIncidentError(event.incident_id, result.stored, event.fingerprint)
+            item.dead = ("duplicate_id", str(error))
+            pipe = self.redis.pipeline(transaction=False)
+            self._queue_dead(pipe, item, *item.dead)
+            self._dead_lettered(item, pipe.execute()[0])
+            return
+        if result.status == "not_pending":
+            log.debug("entry already processed by another consumer")
+            self.stats.count("not_pending")
+            self.metrics.events.labels("not_pending").inc()
+            return
+        self.stats.processed += 1
+        self.stats.count(result.status)
+        self.metrics.events.labels(result.status).inc()
+        self.metrics.candidates.observe(result.candidates)
+        self.metrics.end_to_end_seconds.observe(max(0.0, time.time() - entry_time_ms(item.entry_id) / 1000))
+        if result.alert_id:
+            self.stats.alerts += 1
+            self.metrics.alerts.inc()
+            log.info(
+                "alert",
+                op=event.op,
+                fingerprint=format_fingerprint(event.fingerprint or 0),
+                match_count=result.match_count,
+                closest=[f"{i}@{d}" for i, d in result.matches[:5]],
+                alert_entry=result.alert_id,
+            )
+        else:
+            log.debug(result.status, op=event.op, candidates=result.candidates)
+
+    def _retry_stale(self, item: _Item) -> None:
+        """An upsert or delete raced with another consumer changing the same incident: read again, apply again."""
+        event = item.event
+        assert event is not None
+        for _ in range(_STALE_RETRIES):
+            expected = self.index.fingerprints_of([event.incident_id])
+            pipe = self.redis.pipeline(transaction=False)
+            self._queue(pipe, item, expected)
+            reply = pipe.execute()[0]
+            if _text(reply[0]) != "stale":
+                self._handle(item, reply)
+                return
+        self.log.error(
+            "incident keeps changing under this entry; leaving it pending",
+            entry_id=item.entry_id,
+            incident_id=event.incident_id,
+        )
+
+    def _dead_lettered(self, item: _Item, reply: Any) -> None:
+        assert item.dead is not None
+        reason, detail = item.dead
+        if not _text(reply):
+            self.metrics.events.labels("not_pending").inc()
+            return
+        self.stats.processed += 1
+        self.stats.dead_letters += 1
+        self.stats.count("dead")
+        self.metrics.events.labels("dead").inc()
+        self.metrics.dead_letters.labels(reason).inc()
+        incident_id = item.fields.get(b"incident_id", item.fields.get("incident_id"))
+        self.log.warning(
+            "dead letter",
+            entry_id=item.entry_id,
+            incident_id=_text(incident_id)[:256] if incident_id is not None else None,
+            reason=reason,
+            detail=detail,
+            dead_entry=_text(reply),
+        )
+
+    def _failed(self, item: _Item, error: ResponseError) -> None:
+        self.stats.count("failed")
+        self.metrics.events.labels("failed").inc()
+        self.log.error(
+            "entry failed; it stays pending and will be retried",
+            entry_id=item.entry_id,
+            error=str(error),
+            deliveries=item.deliveries,
+        )
+
+
+def _segments(items: Iterable[_Item]) -> list[list[_Item]]:
+    """Cut a batch where an incident ID comes back after an upsert or delete of it, or before one.
+
+    Upserts and deletes carry the fingerprint they expect to replace, read before their segment is sent; two changes
+    of one incident in one pipelined segment would both expect the old one. Adds need no expectation.
+    """
+    segments: list[list[_Item]] = [[]]
+    ops: dict[str, str] = {}
+    for item in items:
+        event = item.event
+        if event is not None:
+            previous = ops.get(event.incident_id)
+            if previous is not None and (previous != "add" or event.op != "add"):
+                segments.append([])
+                ops = {}
+            ops[event.incident_id] = event.op
+        segments[-1].append(item)
+    return [segment for segment in segments if segment]

@@ -1,0 +1,109 @@
+"""Feature bags from plain text: a log line, an incident title or description (SPEC section 1 bags).
+
+`features_from_text` lowercases the text, masks its variable parts, cuts it into words and counts them.
+Near-identical incidents (the same problem on another host, at another time, with another ID) get the same
+tokens, so their fingerprints land close together. The rules, applied in this order:
+
+1. Lowercase the whole text (``str.lower``).
+2. Mask, left to right, each match that does not touch a letter or digit on either side:
+
+   * a UUID (8-4-4-4-12 hex digits) becomes ``<uuid>``;
+   * an IPv4 address (four dotted numbers 0..255), with an optional ``:port``, becomes ``<ip>``;
+   * ``0x`` followed by hex digits becomes ``<hex>``, and so does a run of 8 or more hex digits holding at
+     least one digit and one letter (a hash, a request ID: ``54fadb412c4e40cd``);
+   * a number becomes ``<num>``: a run of digits, with any further digit runs joined to it by ``. , : - /``
+     (``3.14``, ``1,000``, ``2015-07-29``, ``17:41:44,747``, ``1.2.3``, ``3/4``), and a leading ``-`` or
+     ``+`` sign when the sign does not follow a letter or digit. Unlike the patterns above, a number is masked
+     inside a word too: ``inc0012345`` -> ``inc<num>``, ``500ms`` -> ``<num>ms``, ``workers2`` -> ``workers<num>``.
+
+3. Cut into words. A word is a run of letters, digits (any script) and placeholders, and may hold the joiners
+   ``. _ - / : @ =`` between two such runs: ``job-4711`` -> ``job-<num>``, ``blk_-6952295868487656571`` ->
+   ``blk_<num>``, ``/var/log/app-3/out.log`` -> ``var/log/app-<num>/out.log``, ``uid=0`` -> ``uid=<num>``,
+   ``req-38101a0b-2096-447d-96ea-a692162415ae`` -> ``req-<uuid>``, ``web-03.prod`` -> ``web-<num>.prod``.
+   So an identifier keeps its shape (its letters and joiners) and loses its variable digits, and a path or host
+   name stays one token. Joiners at the ends of a word, and every other character (spaces, brackets, quotes,
+   commas, ``; ! ? # % * ( )``...), only separate words: punctuation never becomes a token.
+4. The weight of a token is the number of times it occurs. With ``bigrams=True`` each pair of consecutive words
+   (``"disk full"``, joined by one space) is counted as a token too.
+
+Bigrams are off by default: on the Loghub samples (``benchmarks/text_quality.py``) they hardly change how often
+lines of one template land within distance 7, and let more lines of different templates do so.
+
+Text that yields no word (empty, blank, punctuation only) raises `ValueError`: it has no fingerprint.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+__all__ = ["PLACEHOLDERS", "features_from_text"]
+
+PLACEHOLDERS = ("<num>", "<hex>", "<uuid>", "<ip>", "<date>")
+"""The tokens (or parts of tokens) that stand for masked variable parts."""
+
+_NOT_ALNUM_BEFORE = r"(?<![^\W_])"  # not preceded by a letter or digit: `_` and punctuation are boundaries
+_NOT_ALNUM_AFTER = r"(?![^\W_])"
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_WEEKDAY = r"(?:mon(?:day)?|tue(?:s|sday)?|wed(?:nesday)?|thu(?:rs?|rsday)?|fri(?:day)?|sat(?:urday)?|sun(?:day)?)"
+_MONTH = (
+    r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sept?(?:ember)?|oct(?:ober)?"
+    r"|nov(?:ember)?|dec(?:ember)?)"
+)
+_DAY = r"(?:[12][0-9]|3[01]|0?[1-9])(?:st|nd|rd|th)?"
+
+# One pass for the patterns that must win over plain numbers: each alternative is tried at a position before
+# the scanner moves on, so an IP address is never half-read as a decimal number.
+_MASK_RE = re.compile(
+    _NOT_ALNUM_BEFORE
+    + r"(?:"
+    + r"(?P<uuid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
+    + rf"|(?P<ip>{_OCTET}(?:\.{_OCTET}){{3}}(?::[0-9]{{1,5}})?)(?!\.[0-9])"
+    + r"|(?P<hex>0x[0-9a-f]+|(?=[0-9]*[a-f])(?=[a-f]*[0-9])[0-9a-f]{8,})"
+    + rf"|(?P<date>(?:{_WEEKDAY},?\s+)?{_MONTH}\.?\s+{_DAY}|{_DAY}\s+{_MONTH})"
+    + r")"
+    + _NOT_ALNUM_AFTER
+)
+_MASK_NAMES = {"uuid": "<uuid>", "ip": "<ip>", "hex": "<hex>", "date": "<date>"}
+
+# Digits (\d: any script) with the runs joined to them, and a sign that is not a hyphen inside a word. Both branches
+# start with a character class, which lets the regex engine skip ahead to the next candidate in C.
+_NUMBER_RE = re.compile(r"[-+](?<![^\W_][-+])\d+(?:[.,:/-]\d+)*|\d+(?:[.,:/-]\d+)*")
+
+_ATOM = r"(?:[^\W_]+|<(?:num|hex|uuid|ip|date)>)+"
+_WORD_RE = re.compile(rf"{_ATOM}(?:[-._/:@=]+{_ATOM})*")
+
+_HAS_DIGIT_RE = re.compile(r"\d")
+
+
+def _mask_match(match: re.Match[str]) -> str:
+    return _MASK_NAMES[match.lastgroup or "hex"]
+
+
+def words(text: str) -> list[str]:
+    """The words of `text` after lowercasing and masking, in order (rules 1 to 3 of the module docstring)."""
+    text = text.lower()
+    if _HAS_DIGIT_RE.search(text) is not None:  # every masked pattern holds a digit; most titles hold none
+        text = _MASK_RE.sub(_mask_match, text)
+        text = _NUMBER_RE.sub("<num>", text)
+    return _WORD_RE.findall(text)
+
+
+def features_from_text(text: str, *, bigrams: bool = False) -> dict[str, int]:
+    """The feature bag of `text`: each masked word counted (and each pair of consecutive words, with `bigrams`).
+
+    Raises `ValueError` when the text yields no word, since an empty bag has no fingerprint.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    tokens = words(text)
+    if not tokens:
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        raise ValueError(
+            f"text {shown!r} yields no token (it is empty or holds only punctuation and spaces); "
+            "give it at least one word or number"
+        )
+    bag = Counter(tokens)
+    if bigrams:
+        bag.update(f"{a} {b}" for a, b in zip(tokens, tokens[1:], strict=False))
+    return dict(bag)
