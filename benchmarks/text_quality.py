@@ -27,12 +27,12 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without installing the package
 
-from worker.fingerprint import distance, fingerprint  # noqa: E402
+from worker.fingerprint import distance, fingerprint  # noqa: E402 (after the sys.path line)
 from worker.text import features_from_text  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_LOGHUB = REPO_ROOT.parent / "shared" / "data" / "loghub"
 
 Tokenizer = Callable[[str], dict[str, int]]
@@ -98,11 +98,14 @@ def sample_pairs(
 
 def within(fingerprints: list[int | None], pairs: list[tuple[int, int]], radius: int) -> str:
     """The fraction of pairs (both lines tokenized) within `radius`, as a percentage."""
-    judged = [(a, b) for a, b in pairs if fingerprints[a] is not None and fingerprints[b] is not None]
-    if not judged:
-        return "-"
-    hits = sum(1 for a, b in judged if distance(fingerprints[a], fingerprints[b]) <= radius)  # type: ignore[arg-type]
-    return f"{100 * hits / len(judged):.1f}%"
+    judged = 0
+    hits = 0
+    for a, b in pairs:
+        first, second = fingerprints[a], fingerprints[b]
+        if first is not None and second is not None:
+            judged += 1
+            hits += distance(first, second) <= radius
+    return f"{100 * hits / judged:.1f}%" if judged else "-"
 
 
 def fingerprints_of(lines: list[tuple[str, str]], tokenizer: Tokenizer) -> tuple[list[int | None], float]:

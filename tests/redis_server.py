@@ -59,9 +59,9 @@ class RedisServer:
                 with redis.Redis(port=self.port, socket_timeout=1) as probe:
                     if probe.ping():
                         return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-            except redis.BusyLoadingError:
+            except (redis.AuthenticationError, redis.ResponseError):
+                return  # it answers; it wants a password (NOAUTH)
+            except (redis.ConnectionError, redis.BusyLoadingError):
                 time.sleep(0.05)
         raise RuntimeError(f"redis-server on port {self.port} did not answer within {timeout}s")
 
@@ -81,9 +81,14 @@ class RedisServer:
 
     def kill(self) -> None:
         """SIGKILL: the server dies as in a crash."""
-        if self.process is not None and self.process.poll() is None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        if self.process.stderr:
+            self.process.stderr.close()
+        self.process = None
 
     def client(self, **kwargs: object) -> redis.Redis:
         return redis.Redis(port=self.port, **kwargs)  # type: ignore[arg-type]

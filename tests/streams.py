@@ -113,9 +113,12 @@ def clean_env(**settings: Any) -> dict[str, str]:
 
 def start_worker(url: str, *args: str, log: Path | None = None, **settings: Any) -> subprocess.Popen[bytes]:
     """`incident-worker run` as a child process, logging JSON lines to `log` (or discarding them)."""
-    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the child owns it
     env = clean_env(redis_url=url, log_format="json", **settings)
-    return subprocess.Popen([*worker_command(), "run", *args], env=env, stdout=out, stderr=out)
+    if log is None:
+        return subprocess.Popen([*worker_command(), "run", *args], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([*worker_command(), "run", *args], env=env, stdout=out, stderr=out)
 
 
 def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 10) -> int:

@@ -1,0 +1,200 @@
+"""`incident-worker run` as a real process against a real redis-server: crashes, signals, restarts, scale-out."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.redis_server import RedisServer
+from tests.streams import (
+    EVENTS,
+    FP,
+    GROUP,
+    alerts,
+    assert_pairs_reported_once,
+    dead_letters,
+    fingerprints,
+    pending_count,
+    publish,
+    start_worker,
+    stop,
+)
+from worker.fingerprint import fingerprint, format_fingerprint
+from worker.workload import Workload
+
+FAST = {"block_ms": 100, "claim_idle_ms": 1000, "claim_interval_ms": 200, "summary_interval_s": 1}
+
+
+@pytest.fixture
+def server(redis_server: RedisServer) -> Iterator[RedisServer]:
+    with redis_server.client() as client:
+        client.flushall()
+        client.function_flush()
+    yield redis_server
+
+
+def _workload(count: int, seed: int, bad_every: int = 0) -> tuple[list[dict[str, object]], int]:
+    events: list[dict[str, object]] = []
+    bad = 0
+    for n, (incident_id, bag) in enumerate(Workload(seed=seed).take(count)):
+        events.append({"incident_id": incident_id, "features": bag})
+        if bad_every and n % bad_every == 0:
+            events.append({"incident_id": f"bad-{n}", "features": "{not json"})
+            bad += 1
+    return events, bad
+
+
+def _check_run(client: redis.Redis, events: list[dict[str, object]], bad: int) -> None:
+    good = [e for e in events if isinstance(e["features"], dict)]
+    fps = fingerprints(good)
+    stored = {k.decode(): int(v, 16) for k, v in client.hgetall(FP).items()}
+    assert stored == fps, "every valid incident is indexed once, with its own fingerprint"
+    assert_pairs_reported_once(fps, alerts(client))
+    letters = dead_letters(client)
+    assert len(letters) == bad and {d.reason for d in letters} <= {"bad_json"}
+    assert len({d.source_entry for d in letters}) == bad, "a bad entry was dead-lettered twice"
+    assert pending_count(client) == 0
+
+
+def _wait(process: subprocess.Popen[bytes], timeout: float) -> int:
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise
+
+
+def test_spec_example_through_the_real_process(server: RedisServer, tmp_path: Path) -> None:
+    client = server.client()
+    publish(client, [
+        {"incident_id": "47", "features": {"dock": 3, "scanner": 2, "timeout": 1}},
+        {"incident_id": "83", "features": {"weather": 4, "road": 2}},
+        {"incident_id": "90", "features": {"dock": 3, "scanner": 2, "timeout": 1}},
+    ])
+    log = tmp_path / "worker.log"
+    assert _wait(start_worker(server.url, "--until-idle", log=log, **FAST), 30) == 0
+    [alert] = alerts(client)
+    assert alert.incident_id == "90" and [(m.incident_id, m.distance) for m in alert.matches] == [("47", 0)]
+    assert client.hget(FP, "90") == format_fingerprint(fingerprint({"dock": 3, "scanner": 2, "timeout": 1})).encode()
+    lines = log.read_text().splitlines()
+    assert sum('"event": "alert"' in line for line in lines) == 1
+
+
+def test_sigterm_finishes_the_batch_and_exits_0(server: RedisServer, tmp_path: Path) -> None:
+    client = server.client()
+    events, _ = _workload(3000, seed=2)
+    publish(client, events)
+    worker = start_worker(server.url, log=tmp_path / "w.log", consumer="term", batch_size=50, **FAST)
+    deadline = time.monotonic() + 30
+    while client.hlen(FP) < 300 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    started = time.monotonic()
+    assert stop(worker, signal.SIGTERM) == 0
+    assert time.monotonic() - started < 5
+    consumers = {c["name"].decode(): c for c in client.xinfo_consumers(EVENTS, GROUP)}
+    assert consumers["term"]["pending"] == 0, "the stopped consumer left entries pending"
+    assert client.get("{incidents}:heartbeat:term") is None
+
+
+def test_second_signal_exits_at_once(server: RedisServer, tmp_path: Path) -> None:
+    worker = start_worker(server.url, log=tmp_path / "w.log", consumer="twice", block_ms=60_000)
+    client = server.client()
+    deadline = time.monotonic() + 20
+    while not client.exists("{incidents}:heartbeat:twice") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker.send_signal(signal.SIGTERM)  # the worker is blocked in a 60 s XREADGROUP: the first signal waits for it
+    time.sleep(0.3)
+    assert worker.poll() is None
+    worker.send_signal(signal.SIGTERM)
+    assert _wait(worker, 5) == 128 + signal.SIGTERM
+
+
+def test_sigkill_at_random_moments_loses_and_duplicates_nothing(server: RedisServer, tmp_path: Path) -> None:
+    client = server.client()
+    events, bad = _workload(10_000, seed=3, bad_every=97)
+    publish(client, events)
+    rng = random.Random(3)
+    kills = 0
+    # Kill each worker at a random moment once the index has grown past a random mark, so every kill lands mid-run.
+    for round_, mark in enumerate(sorted(rng.sample(range(500, 9000), 5))):
+        worker = start_worker(server.url, log=tmp_path / f"w{round_}.log", batch_size=rng.choice([20, 50, 100]),
+                              **FAST)
+        deadline = time.monotonic() + 60
+        while client.hlen(FP) < mark and worker.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0, 0.05))
+        if worker.poll() is None:
+            worker.kill()
+            kills += 1
+        worker.wait()
+    assert kills == 5
+    assert client.hlen(FP) < len(events) - bad, "the run finished before the last kill"
+    final = start_worker(server.url, "--until-idle", log=tmp_path / "final.log", **FAST)
+    assert _wait(final, 240) == 0
+    _check_run(client, events, bad)
+
+
+def test_three_workers_at_once(server: RedisServer, tmp_path: Path) -> None:
+    client = server.client()
+    events, bad = _workload(6000, seed=4, bad_every=211)
+    publish(client, events)
+    workers = [
+        start_worker(server.url, "--until-idle", log=tmp_path / f"w{k}.log", consumer=f"w{k}", batch_size=25, **FAST)
+        for k in range(3)
+    ]
+    assert [_wait(w, 240) for w in workers] == [0, 0, 0]
+    consumers = {c["name"].decode(): c for c in client.xinfo_consumers(EVENTS, GROUP)}
+    assert set(consumers) == {"w0", "w1", "w2"}
+    _check_run(client, events, bad)
+    assert sum(1 for k in range(3) if '"event": "alert"' in (tmp_path / f"w{k}.log").read_text()) >= 2
+
+
+def test_redis_restart_mid_run(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path, appendonly=True)
+    server.start()
+    try:
+        client = server.client()
+        events, bad = _workload(5000, seed=6, bad_every=101)
+        publish(client, events)
+        worker = start_worker(server.url, "--until-idle", log=tmp_path / "w.log", batch_size=50,
+                              reconnect_max_backoff_s=1, **FAST)
+        deadline = time.monotonic() + 30
+        while client.hlen(FP) < 1000 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        server.kill()  # a crash: only the AOF (fsync always) survives
+        time.sleep(1.5)
+        server.start()
+        client = server.client()
+        assert _wait(worker, 240) == 0
+        _check_run(client, events, bad)
+        log = (tmp_path / "w.log").read_text()
+        assert "redis unavailable; retrying" in log
+    finally:
+        server.stop()
+
+
+def test_password_never_reaches_the_logs(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path, extra=["--requirepass", "s3cret-pa55"])
+    server.start()
+    try:
+        url = f"redis://:s3cret-pa55@127.0.0.1:{server.port}/0"
+        log = tmp_path / "w.log"
+        client = redis.Redis(port=server.port, password="s3cret-pa55")
+        publish(client, [{"incident_id": "1", "features": {"a": 1}}, {"incident_id": "2", "features": "{"}])
+        assert _wait(start_worker(url, "--until-idle", log=log, log_level="debug", **FAST), 30) == 0
+        wrong = f"redis://:wrong-pa55@127.0.0.1:{server.port}/0"
+        failing = start_worker(wrong, log=log, reconnect_max_backoff_s=0.2)
+        time.sleep(2)
+        stop(failing, signal.SIGTERM)
+        text = log.read_text()
+        assert "s3cret-pa55" not in text and "wrong-pa55" not in text
+        assert "redis://:***@127.0.0.1" in text
+    finally:
+        server.stop()
