@@ -129,3 +129,33 @@ def validate(bands: int, max_distance: int, max_probes: int = MAX_PROBES) -> Non
             f"{count:,} probe keys per query, over the limit of {max_probes:,}. "
             f"Use more bands: {best} or more"
         )
+
+
+# Server cost of one query, in microseconds of Redis time, as measured by `incident-worker bench` (BENCHMARKS.md):
+# a probe key costs a lookup, a candidate a set-union entry, a hash read and a comparison in Lua.
+_US_PER_PROBE = 0.15
+_US_PER_CANDIDATE = 1.0
+
+
+def expected_candidates(bands: int, max_distance: int, indexed: int) -> float:
+    """Candidates one query verifies among `indexed` uniformly random fingerprints (real data clusters: ~1-2x more)."""
+    radius = max_distance // bands
+    share = sum(sum(comb(w, i) for i in range(radius + 1)) / 2**w for w in _widths(bands))
+    return indexed * min(1.0, share)
+
+
+def recommend_bands(indexed: int, max_distance: int = DEFAULT_MAX_DISTANCE) -> int:
+    """The band count with the least expected server time per query at this index size (SPEC section 2's m).
+
+    Fewer, wider bands mean fewer candidates but more probes and more, smaller posting sets (more memory per
+    incident); `incident-worker bench` measures both sides.
+    """
+    best, best_cost = DEFAULT_BANDS, float("inf")
+    for bands in range(1, 65):
+        probes = probe_count(bands, max_distance)
+        if probes > MAX_PROBES:
+            continue
+        cost = probes * _US_PER_PROBE + expected_candidates(bands, max_distance, indexed) * _US_PER_CANDIDATE
+        if cost < best_cost:
+            best, best_cost = bands, cost
+    return best

@@ -123,6 +123,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 # -- the parser -----------------------------------------------------------------------------------------------
 
 
+SUBCOMMAND_MODULES = ("worker.ops", "worker.demo", "worker.bench")
+"""Modules that add subcommands: each has `register(commands)` adding its parsers with `set_defaults(handler=...)`."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="incident-worker",
@@ -143,6 +147,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="exit 0 once nothing is left to read or pending (for batch jobs and tests)")
     add_settings_flags(run)
     run.set_defaults(handler=cmd_run)
+
+    import importlib
+
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name != name:
+                raise
+            continue
+        module.register(commands)
     return parser
 
 

@@ -9,8 +9,8 @@ tokens, so their fingerprints land close together. The rules, applied in this or
    letter or digit on either side (``_`` and punctuation are not letters):
 
    * a UUID (8-4-4-4-12 hex digits) becomes ``<uuid>``;
-   * an IPv4 address (four dotted numbers 0..255), with an optional ``:port``, becomes ``<ip>``
-     (IPv6 is not recognised: its digit runs become ``<num>`` by the next rule);
+   * an IPv4 address (four dotted numbers 0..255, not part of a longer dotted run like ``1.2.3.4.5``), with an
+     optional ``:port``, becomes ``<ip>`` (IPv6 is not recognised: its digit runs become ``<num>``);
    * ``0x`` followed by hex digits becomes ``<hex>``, and so does a run of 8 or more hex digits holding at
      least one digit and one letter a-f (a hash, a request ID: ``54fadb412c4e40cd``; ``deadbeef`` stays a word);
    * a date with an English month name, a day number and an optional weekday before it becomes ``<date>``:
@@ -71,7 +71,7 @@ _MASK_RE = re.compile(
     _NOT_ALNUM_BEFORE
     + r"(?:"
     + r"(?P<uuid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
-    + rf"|(?P<ip>{_OCTET}(?:\.{_OCTET}){{3}}(?::[0-9]{{1,5}})?)(?!\.[0-9])"
+    + rf"|(?<![0-9]\.)(?P<ip>{_OCTET}(?:\.{_OCTET}){{3}}(?::[0-9]{{1,5}})?)(?!\.[0-9])"  # not in 1.2.3.4.5
     + r"|(?P<hex>0x[0-9a-f]+|(?=[0-9]*[a-f])(?=[a-f]*[0-9])[0-9a-f]{8,})"
     + rf"|(?P<date>(?:{_WEEKDAY},?\s+)?{_MONTH}\.?\s+{_DAY}|{_DAY}\s+{_MONTH})"
     + r")"

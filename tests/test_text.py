@@ -1,0 +1,453 @@
+"""worker.text: the tokenizer's masking rules, its bags as SPEC section 1 wants them, and the demo's sample file."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import random
+from collections import defaultdict
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from worker.fingerprint import MAX_WEIGHT, distance, fingerprint, fingerprint_reference, format_fingerprint
+from worker.text import PLACEHOLDERS, features_from_text, words
+
+LOGHUB = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "loghub"
+ALERT_DISTANCE = 7
+
+
+# --- masking rules, one pinned example (or a few) each ---
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Disk FULL", ["disk", "full"]),
+        ("ÜNÏCODE Straße", ["ünïcode", "straße"]),
+    ],
+)
+def test_text_is_lowercased(text: str, expected: list[str]) -> None:
+    assert words(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("42", ["<num>"]),
+        ("took 3.14 s", ["took", "<num>", "s"]),
+        ("1,000 rows", ["<num>", "rows"]),
+        ("on 2015-07-29 at 17:41:44,747", ["on", "<num>", "at", "<num>"]),
+        ("version 1.2.3", ["version", "<num>"]),
+        ("3/4 done", ["<num>", "done"]),
+        ("boot = -103", ["boot", "<num>"]),
+        ("delta +5", ["delta", "<num>"]),
+        ("arabic ٣٤", ["arabic", "<num>"]),
+    ],
+)
+def test_numbers_become_num(text: str, expected: list[str]) -> None:
+    assert words(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("INC0012345", ["inc<num>"]),
+        ("timeout after 500ms", ["timeout", "after", "<num>ms"]),
+        ("workers2.properties", ["workers<num>.properties"]),
+        ("ssh2", ["ssh<num>"]),
+    ],
+)
+def test_numbers_inside_words_are_masked(text: str, expected: list[str]) -> None:
+    assert words(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("job-4711", ["job-<num>"]),
+        ("blk_-6952295868487656571", ["blk_<num>"]),
+        ("blk_38865049064139660", ["blk_<num>"]),
+        ("appattempt_1445144423722_0020_000001", ["appattempt_<num>_<num>_<num>"]),
+        ("/var/log/app-3/out.log", ["var/log/app-<num>/out.log"]),
+        ("uid=0", ["uid=<num>"]),
+        ("web-03.prod:8080", ["web-<num>.prod:<num>"]),
+        ("ops@example.com", ["ops@example.com"]),
+    ],
+)
+def test_identifiers_keep_their_shape_and_lose_their_digits(text: str, expected: list[str]) -> None:
+    assert words(text) == expected
+
+
+def test_a_hyphen_inside_a_word_is_a_joiner_not_a_sign() -> None:
+    assert words("job-4711") == ["job-<num>"]
+    assert words("job -4711") == ["job", "<num>"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("38101a0b-2096-447d-96ea-a692162415ae", ["<uuid>"]),
+        ("req-38101A0B-2096-447D-96EA-A692162415AE done", ["req-<uuid>", "done"]),
+        ("[instance: 70c1714b-c11b-4c88-b300-239afe1f5ff8]", ["instance", "<uuid>"]),
+    ],
+)
+def test_uuids_become_uuid(text: str, expected: list[str]) -> None:
+    assert words(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("from 10.20.3.14", ["from", "<ip>"]),
+        ("to 10.251.71.240:50010 now", ["to", "<ip>", "now"]),
+        ("[173.234.31.186]", ["<ip>"]),
+        ("rhost=218.188.2.4", ["rhost=<ip>"]),
+        ("request /10.10.34.11:45307", ["request", "<ip>"]),
+        ("from 183.62.140.253: 11: bye", ["from", "<ip>", "<num>", "bye"]),
+    ],
+)
+def test_ipv4_addresses_with_optional_port_become_ip(text: str, expected: list[str]) -> None:
+    assert words(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("999.1.1.1", ["<num>"]),  # 999 is no octet
+        ("1.2.3.4.5", ["<num>"]),  # five parts: a version, not an address
+    ],
+)
+def test_things_that_are_not_ipv4_addresses_are_numbers(text: str, expected: list[str]) -> None:
+    assert words(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("err 0xDEADBEEF", ["err", "<hex>"]),
+        ("0x1f", ["<hex>"]),
+        ("54fadb412c4e40cdbaed9335e4c35a9e", ["<hex>"]),
+        ("/v2/54fadb412c4e40cd/servers", ["v<num>/<hex>/servers"]),
+        ("commit a3f9c2e1 reverted", ["commit", "<hex>", "reverted"]),
+    ],
+)
+def test_hex_strings_become_hex(text: str, expected: list[str]) -> None:
+    assert words(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("deadbeef", ["deadbeef"]),  # no digit: a word
+        ("12345678", ["<num>"]),  # no letter: a number
+        ("a3f9c2e", ["a<num>f<num>c<num>e"]),  # 7 hex digits: too short, masked as an identifier
+        ("x54fadb412c4e40cd", ["x<num>fadb<num>c<num>e<num>cd"]),  # glued to a letter: not a hex string
+    ],
+)
+def test_short_or_single_kind_hex_strings_are_not_hex(text: str, expected: list[str]) -> None:
+    assert words(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("at Sat Jul  9 12:59:44 2005", ["at", "<date>", "<num>", "<num>"]),
+        ("since July 9th", ["since", "<date>"]),
+        ("since 9 Jul", ["since", "<date>"]),
+        ("Tuesday, March 3rd", ["<date>"]),
+        ("in Jul 2005", ["in", "jul", "<num>"]),  # no day number: not a date
+    ],
+)
+def test_dates_with_a_month_name_become_date(text: str, expected: list[str]) -> None:
+    assert words(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("disk full!!! (again) -- see #ops; ok?", ["disk", "full", "again", "see", "ops", "ok"]),
+        ("__init__ --verbose a-b- ..x..", ["init", "verbose", "a-b", "x"]),
+        ('"quoted", [bracketed], {braced}', ["quoted", "bracketed", "braced"]),
+    ],
+)
+def test_punctuation_only_separates_words(text: str, expected: list[str]) -> None:
+    assert words(text) == expected
+
+
+def test_a_placeholder_already_in_the_text_reads_as_one() -> None:
+    assert words("got <num> and <ip>") == ["got", "<num>", "and", "<ip>"]
+
+
+# --- bags ---
+
+
+def test_counts_are_the_weights() -> None:
+    assert features_from_text("Bye bye BYE, disk full on disk 3 and disk 7") == {
+        "bye": 3,
+        "disk": 3,
+        "full": 1,
+        "on": 1,
+        "<num>": 2,
+        "and": 1,
+    }
+
+
+def test_bigrams_add_consecutive_word_pairs() -> None:
+    assert features_from_text("Disk full, disk full", bigrams=True) == {
+        "disk": 2,
+        "full": 2,
+        "disk full": 2,
+        "full disk": 1,
+    }
+
+
+def test_bigrams_are_off_by_default() -> None:
+    assert "disk full" not in features_from_text("disk full")
+
+
+def test_one_word_gives_a_bag_of_one_token() -> None:
+    assert features_from_text("x", bigrams=True) == {"x": 1}
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t", "!!!", "-- ... ;;", "()[]{}<>", "_"])
+def test_text_without_a_word_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="yields no token"):
+        features_from_text(text)
+
+
+def test_text_with_a_lone_surrogate_is_refused() -> None:
+    with pytest.raises(ValueError, match="lone surrogate"):
+        features_from_text("disk \ud800 full")
+
+
+def test_a_non_string_is_refused() -> None:
+    with pytest.raises(TypeError, match="must be a str"):
+        features_from_text(b"disk full")  # type: ignore[arg-type]
+
+
+def test_near_identical_incidents_get_identical_bags() -> None:
+    first = features_from_text(
+        "Disk full on db-07 (10.0.3.17:5432): /var/lib/pg at 98%, request 38101a0b-2096-447d-96ea-a692162415ae, "
+        "trace 0x7f3a22c1, since Mon Jan 5 03:14:00 UTC, ticket INC0012345"
+    )
+    second = features_from_text(
+        "disk full on DB-12 (10.0.9.201:5433): /var/lib/pg at 99%, request 9bc36dd9-91c5-4314-898a-47625eb93b09, "
+        "trace 0x0000beef, since Fri Feb 13 22:40:59 UTC, ticket INC0099871"
+    )
+    assert first == second
+    assert fingerprint(first) == fingerprint(second)
+
+
+def test_different_problems_get_distant_fingerprints() -> None:
+    disk = fingerprint(features_from_text("Disk full on db-07: writes failing since 03:14 UTC"))
+    cert = fingerprint(features_from_text("TLS certificate for api.example.com expires in 7 days"))
+    assert distance(disk, cert) > ALERT_DISTANCE
+
+
+# --- every bag is one the fingerprint accepts ---
+
+log_fragments = st.one_of(
+    st.text(max_size=12),
+    st.integers(min_value=-(10**20), max_value=10**20).map(str),
+    st.uuids().map(str),
+    st.ip_addresses(v=4).map(str),
+    st.integers(min_value=0, max_value=2**64).map(hex),
+    st.sampled_from(["job-4711", "blk_-12", "Sat Jul  9", "<num>", "a-", "--", "=", "/var/log/x-1", "ü", "٣"]),
+)
+separators = st.sampled_from([" ", "", ":", ".", "-", ", ", "\n"])
+log_like_text = st.lists(st.tuples(log_fragments, separators), max_size=12).map(
+    lambda parts: "".join(fragment + separator for fragment, separator in parts)
+)
+any_text = st.text(alphabet=st.characters(exclude_categories=()), max_size=80)  # surrogates included
+
+
+def _assert_valid_bag_or_refused(text: str, bigrams: bool) -> None:
+    try:
+        bag = features_from_text(text, bigrams=bigrams)
+    except ValueError:
+        assert not words(text) or any(0xD800 <= ord(char) <= 0xDFFF for char in text)
+        return
+    assert bag
+    assert all(type(token) is str for token in bag)
+    assert all(type(weight) is int and 1 <= weight <= MAX_WEIGHT for weight in bag.values())
+    assert fingerprint(bag) == fingerprint_reference(bag)
+    # words never hold whitespace, so the tokens without a space are the words, counted
+    assert sum(weight for token, weight in bag.items() if " " not in token) == len(words(text))
+
+
+@settings(max_examples=300, deadline=None)
+@given(any_text, st.booleans())
+@example("", False)
+@example("\ud800", False)
+@example("x\ud800", True)
+def test_any_text_gives_a_valid_bag_or_a_value_error(text: str, bigrams: bool) -> None:
+    _assert_valid_bag_or_refused(text, bigrams)
+
+
+@settings(max_examples=300, deadline=None)
+@given(log_like_text, st.booleans())
+def test_log_like_text_gives_a_valid_bag_or_a_value_error(text: str, bigrams: bool) -> None:
+    _assert_valid_bag_or_refused(text, bigrams)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(log_like_text, st.text(max_size=60)))
+def test_tokenizing_the_words_again_changes_nothing(text: str) -> None:
+    tokens = words(text)
+    assert words(" ".join(tokens)) == tokens
+
+
+@settings(max_examples=200, deadline=None)
+@given(log_like_text)
+def test_weights_count_the_words(text: str) -> None:
+    tokens = words(text)
+    if tokens:
+        bag = features_from_text(text)
+        assert sum(bag.values()) == len(tokens)
+        assert set(bag) == set(tokens)
+
+
+def test_placeholders_are_the_documented_ones() -> None:
+    masked = words("1 0xff 38101a0b-2096-447d-96ea-a692162415ae 10.0.0.1 Jul 9")
+    assert masked == ["<num>", "<hex>", "<uuid>", "<ip>", "<date>"]
+    assert tuple(masked) == PLACEHOLDERS
+
+
+# --- the demo's built-in sample ---
+
+
+def _sample_lines() -> list[dict[str, Any]]:
+    text = resources.files("worker").joinpath("data/sample_incidents.jsonl").read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_sample_file_starts_with_the_spec_example() -> None:
+    lines = _sample_lines()
+    assert lines[:3] == [
+        {"incident_id": "47", "features": {"dock": 3, "scanner": 2, "timeout": 1}},
+        {"incident_id": "83", "features": {"weather": 4, "road": 2}},
+        {"incident_id": "90", "features": {"dock": 3, "scanner": 2, "timeout": 1}},
+    ]
+    assert format_fingerprint(fingerprint(lines[0]["features"])) == "0b61171015620fa1"
+    assert format_fingerprint(fingerprint(lines[1]["features"])) == "d82ccc6d72fe2dbe"
+
+
+def test_every_sample_line_is_a_valid_incident() -> None:
+    lines = _sample_lines()
+    ids = [line["incident_id"] for line in lines]
+    assert len(ids) == len(set(ids)), "incident IDs must be unique"
+    texts = 0
+    for line in lines:
+        assert isinstance(line["incident_id"], str)
+        assert 1 <= len(line["incident_id"]) <= 256
+        assert set(line) in ({"incident_id", "features"}, {"incident_id", "text"}, {"incident_id", "text", "group"})
+        if "features" in line:
+            fingerprint(line["features"])
+        else:
+            texts += 1
+            assert isinstance(line["text"], str)
+            fingerprint(features_from_text(line["text"]))
+            assert isinstance(line.get("group", ""), str)
+    assert 40 <= texts <= 60
+
+
+def _sample_groups() -> tuple[dict[str, list[int]], list[tuple[str | None, int]]]:
+    texts = [line for line in _sample_lines() if "text" in line]
+    fingerprints = [(line.get("group"), fingerprint(features_from_text(line["text"]))) for line in texts]
+    groups: dict[str, list[int]] = defaultdict(list)
+    for group, fp in fingerprints:
+        if group is not None:
+            groups[group].append(fp)
+    return groups, fingerprints
+
+
+def test_each_sample_group_has_a_pair_within_the_alert_distance() -> None:
+    groups, _ = _sample_groups()
+    assert len(groups) >= 5
+    for group, fps in groups.items():
+        assert len(fps) >= 2, f"group {group} has one incident"
+        closest = min(distance(a, b) for a, b in itertools.combinations(fps, 2))
+        assert closest <= ALERT_DISTANCE, f"group {group}: closest pair at distance {closest}"
+
+
+def test_most_sample_group_pairs_are_within_the_alert_distance() -> None:
+    groups, _ = _sample_groups()
+    pairs = [distance(a, b) for fps in groups.values() for a, b in itertools.combinations(fps, 2)]
+    assert sum(d <= ALERT_DISTANCE for d in pairs) >= 0.75 * len(pairs)
+
+
+def test_sample_texts_of_different_groups_are_apart() -> None:
+    groups, fingerprints = _sample_groups()
+    for (name_a, fps_a), (name_b, fps_b) in itertools.combinations(groups.items(), 2):
+        assert any(distance(a, b) > ALERT_DISTANCE for a in fps_a for b in fps_b), (name_a, name_b)
+    unrelated = [
+        distance(fp_a, fp_b)
+        for (group_a, fp_a), (group_b, fp_b) in itertools.combinations(fingerprints, 2)
+        if group_a is None or group_a != group_b
+    ]
+    assert sum(d <= ALERT_DISTANCE for d in unrelated) <= 0.02 * len(unrelated)
+    assert sum(d > ALERT_DISTANCE for d in unrelated) > 0
+
+
+# --- real log lines (Loghub), when the shared data is there ---
+
+loghub = pytest.mark.skipif(not LOGHUB.is_dir(), reason=f"Loghub samples not found at {LOGHUB}")
+
+
+def _loghub(system: str) -> list[tuple[str, str]]:
+    path = LOGHUB / f"{system}_2k.log_structured.csv"
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    with path.open(newline="", encoding="utf-8") as handle:
+        return [(row["Content"], row["EventId"]) for row in csv.DictReader(handle)]
+
+
+def _template_pair_rates(lines: list[tuple[str, str]], pairs: int = 2000) -> tuple[float, float]:
+    """Fractions of same-template and of different-template pairs within the alert distance."""
+    fps = [fingerprint(features_from_text(content)) for content, _ in lines]
+    by_template: dict[str, list[int]] = defaultdict(list)
+    for index, (_, template) in enumerate(lines):
+        by_template[template].append(index)
+    rng = random.Random(7)
+    paired = [index for index, (_, template) in enumerate(lines) if len(by_template[template]) > 1]
+    same = diff = 0
+    for _ in range(pairs):
+        first = rng.choice(paired)
+        second = rng.choice([i for i in by_template[lines[first][1]] if i != first])
+        same += distance(fps[first], fps[second]) <= ALERT_DISTANCE
+        first, second = rng.randrange(len(lines)), rng.randrange(len(lines))
+        while lines[first][1] == lines[second][1]:
+            second = rng.randrange(len(lines))
+        diff += distance(fps[first], fps[second]) <= ALERT_DISTANCE
+    return same / pairs, diff / pairs
+
+
+@loghub
+@pytest.mark.parametrize("system", ["Apache", "HDFS", "Hadoop", "OpenStack", "Spark", "Zookeeper"])
+def test_loghub_lines_of_one_template_land_together(system: str) -> None:
+    same, diff = _template_pair_rates(_loghub(system))
+    assert same >= 0.9, f"{system}: only {same:.1%} of same-template pairs within {ALERT_DISTANCE}"
+    assert diff <= 0.02, f"{system}: {diff:.1%} of different-template pairs within {ALERT_DISTANCE}"
+
+
+@loghub
+@pytest.mark.parametrize("system", ["Linux", "OpenSSH"])
+def test_loghub_lines_with_free_text_parameters_still_beat_whitespace_split(system: str) -> None:
+    # user and host names are template parameters here, and no rule can mask a word
+    same, diff = _template_pair_rates(_loghub(system))
+    assert same >= 0.5
+    assert diff <= 0.05
+
+
+@loghub
+def test_every_loghub_line_gives_a_bag() -> None:
+    for path in sorted(LOGHUB.glob("*_structured.csv")):
+        with path.open(newline="", encoding="utf-8") as handle:
+            for row in csv.DictReader(handle):
+                assert features_from_text(row["Content"]), row["Content"]
