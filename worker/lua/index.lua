@@ -31,7 +31,9 @@ end
 local POPCOUNT4 = {[0] = 0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4}
 
 -- DIGIT_DISTANCE[q][c]: the bits in which the digit of value q and the digit with ASCII code c differ.
--- A query picks one row per position once; each candidate then costs 16 table reads and additions.
+-- A query picks one row per position once; each candidate then costs at most 16 table reads and additions.
+-- (Measured on Redis 7.0: this beats the `bit` library, whose tonumber(string.sub(...)) creates strings; and
+-- it is the same code on fakeredis, which has no `bit`.)
 local DIGIT_DISTANCE = {}
 for q = 0, 15 do
   local row = {}
@@ -120,9 +122,13 @@ local function find_matches(fp_key, probe_keys, query, limit, self_id, cap)
       -- a posting without a fingerprint (a half-made manual edit) is not an incident: skip it
       if h then
         verified = verified + 1
-        local c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 = byte(h, 1, 16)
+        -- the first 8 digits (32 bits) already rule out nearly every candidate; only survivors read the rest
+        local c1, c2, c3, c4, c5, c6, c7, c8 = byte(h, 1, 8)
         local d = T1[c1] + T2[c2] + T3[c3] + T4[c4] + T5[c5] + T6[c6] + T7[c7] + T8[c8]
-                + T9[c9] + T10[c10] + T11[c11] + T12[c12] + T13[c13] + T14[c14] + T15[c15] + T16[c16]
+        if d <= limit then
+          local c9, c10, c11, c12, c13, c14, c15, c16 = byte(h, 9, 16)
+          d = d + T9[c9] + T10[c10] + T11[c11] + T12[c12] + T13[c13] + T14[c14] + T15[c15] + T16[c16]
+        end
         if d <= limit then
           local id = candidates[first + k - 1]
           if id ~= self_id then
