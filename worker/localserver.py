@@ -1,0 +1,99 @@
+"""Start and stop local redis-server processes: for the test suite and the benchmark, each on a free port.
+
+No persistence unless asked for (`appendonly=True`). Needs the redis-server binary of Redis 7 on PATH.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+
+def redis_server_available() -> bool:
+    return shutil.which("redis-server") is not None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """A redis-server child process. `appendonly=True` gives it an AOF in its directory, for persistence tests."""
+
+    def __init__(
+        self, directory: Path, *, port: int | None = None, appendonly: bool = False, extra: list[str] | None = None
+    ) -> None:
+        self.directory = directory
+        self.port = port or free_port()
+        self.appendonly = appendonly
+        self.extra = extra or []
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def command(self) -> list[str]:
+        return [
+            "redis-server",
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.directory),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "always",
+            "--logfile", str(self.directory / f"redis-{self.port}.log"),
+            *self.extra,
+        ]
+
+    def start(self, timeout: float = 10.0) -> None:
+        self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                stderr = self.process.stderr.read().decode() if self.process.stderr else ""
+                raise RuntimeError(f"redis-server on port {self.port} exited at start: {stderr}")
+            try:
+                with redis.Redis(port=self.port, socket_timeout=1) as probe:
+                    if probe.ping():
+                        return
+            except (redis.AuthenticationError, redis.ResponseError):
+                return  # it answers; it wants a password (NOAUTH)
+            except (redis.ConnectionError, redis.BusyLoadingError):
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not answer within {timeout}s")
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stderr:
+            self.process.stderr.close()
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL: the server dies as in a crash."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stderr:
+            self.process.stderr.close()
+        self.process = None
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        return redis.Redis(port=self.port, **kwargs)  # type: ignore[arg-type]
