@@ -1,0 +1,68 @@
+"""`incident-worker demo`: the README's first command, on its embedded Redis, from a clean environment."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import IN_CI
+from tests.redis_server import free_port
+from tests.streams import clean_env, worker_command
+
+
+def _demo(*args: str) -> subprocess.Popen[str]:
+    # A Redis URL that points nowhere: the demo must not need (or touch) any Redis of the machine.
+    env = clean_env(redis_url="redis://127.0.0.1:9/0")
+    return subprocess.Popen([*worker_command(), "demo", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_demo_runs_the_sample_and_prints_the_alerts() -> None:
+    demo = _demo()
+    out, _ = demo.communicate(timeout=120)
+    assert demo.returncode == 0, out
+    assert "ALERT  90 matches 47 (distance 0)" in out
+    assert "Done: 55 incidents indexed" in out
+    assert out.count("ALERT ") >= 10  # the near-duplicate groups of the sample
+    assert "0 dead letters" in out
+    assert "redis-cli -p " in out and "HGET '{incidents}:fp' 47" in out
+
+
+def test_demo_keep_serves_redis_cli_and_alerts_new_events() -> None:
+    if shutil.which("redis-cli") is None:
+        message = "redis-cli is not installed (apt-get install redis-tools)"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    port = free_port()
+    demo = _demo("--keep", "--port", str(port))
+    assert demo.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = demo.stdout.readline()
+        lines.append(line)
+        if "Waiting for more events" in line:
+            break
+    else:
+        demo.kill()
+        pytest.fail("the demo never got ready:\n" + "".join(lines))
+
+    def cli(*args: str) -> str:
+        return subprocess.run(["redis-cli", "-p", str(port), *args], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+
+    assert cli("HGET", "{incidents}:fp", "47") == "0b61171015620fa1"
+    assert "bands" in cli("HGETALL", "{incidents}:meta")
+    cli("XADD", "{incidents}:events", "*", "incident_id", "91", "features", '{"dock":3,"scanner":2,"timeout":1}')
+    alert = ""
+    while time.monotonic() < deadline and "ALERT  91" not in alert:
+        alert = demo.stdout.readline()
+    assert alert.startswith("ALERT  91 matches 47 (distance 0), 90 (distance 0)")
+    demo.send_signal(signal.SIGINT)
+    demo.communicate(timeout=30)
+    assert demo.returncode == 0
