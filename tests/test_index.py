@@ -349,3 +349,15 @@ class IndexMachine(RuleBasedStateMachine):
 def test_state_machine(redis_client: redis.Redis) -> None:
     IndexMachine.client = redis_client
     IndexMachine.TestCase().runTest()
+
+
+def test_changes_stream_keeps_each_change_with_its_event_time(redis_client: redis.Redis) -> None:
+    index = FingerprintIndex(redis_client)
+    index.add("a", {"x": 1}, event_ms=1_700_000_000_000)
+    index.add("a", {"x": 1}, event_ms=1_700_000_000_500)  # a repeat changes nothing, so records nothing
+    index.upsert("a", {"y": 1}, event_ms=1_700_000_001_000)
+    index.delete("a")
+    index.delete("a")  # unknown by now: nothing recorded
+    entries = [{_text(k): _text(v) for k, v in fields.items()} for _, fields in redis_client.xrange("{incidents}:changes")]
+    assert [(e["incident_id"], e["op"]) for e in entries] == [("a", "add"), ("a", "upsert"), ("a", "delete")]
+    assert [e["event_ms"] for e in entries[:2]] == ["1700000000000", "1700000001000"]

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import resources
+from itertools import islice
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -127,6 +129,13 @@ def parse_apply(reply: Sequence[Any]) -> ApplyResult:
         alert_id=extra or None,
         matches=_pairs(reply[4:]),
     )
+
+
+def batched(items: Iterable[Any], size: int) -> Iterable[list[Any]]:
+    """Lists of `size` items (the last one shorter); itertools.batched arrives only with Python 3.12."""
+    iterator = iter(items)
+    while part := list(islice(iterator, size)):
+        yield part
 
 
 def _is_missing_function(error: ResponseError) -> bool:
@@ -289,7 +298,7 @@ class FingerprintIndex:
         keys = [
             self.keys.meta,
             self.keys.fingerprints,
-            self.keys.hour(event_ms),
+            self.keys.changes,
             stream.events if stream else self.keys.events,
             stream.alerts if stream else self.keys.alerts,
             *own,
@@ -309,6 +318,7 @@ class FingerprintIndex:
             entry_id,
             stream.alerts_maxlen if stream else 0,
             max_matches,
+            event_ms,
         ]
         return keys, args
 
@@ -339,6 +349,33 @@ class FingerprintIndex:
             return {}
         stored = self.redis.hmget(self.keys.fingerprints, list(incident_ids))
         return {i: None if v is None else parse_fingerprint(v) for i, v in zip(incident_ids, stored)}
+
+    def bulk_load(self, items: Iterable[tuple[str, int]], *, chunk: int = 5000, event_ms: int | None = None) -> int:
+        """Index many (incident ID, fingerprint) pairs without looking for matches; returns how many.
+
+        For loading a new index (a benchmark's pre-load, a migration, a rebuild from another store): pipelined
+        HSET and SADD, not atomic per incident, and blind to IDs already indexed with another fingerprint, so use
+        it only for IDs the index does not hold yet and while no worker writes to the namespace.
+        """
+        self._ensure_open()
+        event_ms = int(time.time() * 1000) if event_ms is None else event_ms
+        total = 0
+        for part in batched(items, chunk):
+            fingerprints: dict[str, str] = {}
+            postings: dict[str, list[str]] = defaultdict(list)
+            for incident_id, fp in part:
+                fingerprints[incident_id] = format_fingerprint(self._check_fp(fp))
+                for key in self.posting_keys(fp):
+                    postings[key].append(incident_id)
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.hset(self.keys.fingerprints, mapping=fingerprints)  # type: ignore[arg-type]
+            for key, members in postings.items():
+                pipe.sadd(key, *members)
+            for incident_id in fingerprints:
+                pipe.xadd(self.keys.changes, {"incident_id": incident_id, "op": "add", "event_ms": event_ms})
+            pipe.execute()
+            total += len(fingerprints)
+        return total
 
     # -- the library API --------------------------------------------------------------------------------------
 

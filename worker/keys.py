@@ -6,7 +6,6 @@ one server-side call can touch all of them.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 __all__ = ["DEFAULT_NAMESPACE", "IndexKeys", "hash_tag", "validate_namespace"]
@@ -64,14 +63,14 @@ class IndexKeys:
         """Set: incident IDs whose band `band` has value `value`."""
         return f"{self.tag}:band:{band}:{value:0{digits}x}"
 
-    def hour(self, epoch_ms: int) -> str:
-        """Set: incidents indexed from events of that UTC hour; kept so a retention window can expire them."""
-        return f"{self.tag}:hour:{time.strftime('%Y%m%d%H', time.gmtime(epoch_ms // 1000))}"
-
     @property
-    def hour_pattern(self) -> str:
-        """SCAN pattern matching every hour bucket of the index."""
-        return f"{self.tag}:hour:*"
+    def changes(self) -> str:
+        """Stream: one entry per index change (incident_id, op, event_ms), its ID the time of the change.
+
+        Kept so that a retention window can expire incidents by time (XRANGE, then XTRIM MINID) and postings can be
+        audited; about 20 bytes an entry, where a set of IDs per time bucket would cost 60.
+        """
+        return f"{self.tag}:changes"
 
     @property
     def events(self) -> str:

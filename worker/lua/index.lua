@@ -184,7 +184,7 @@ end
 
 -- Add, upsert or delete one incident; in stream mode also publish its alert and acknowledge its entry.
 --
--- keys[1] = {N}:meta       keys[2] = {N}:fp         keys[3] = {N}:hour:<YYYYMMDDHH> of the event
+-- keys[1] = {N}:meta       keys[2] = {N}:fp         keys[3] = {N}:changes (a stream)
 -- keys[4] = events stream  keys[5] = alerts stream
 -- keys[6 .. 5+n_new]            = the new fingerprint's posting keys, band 0 first
 -- keys[6+n_new .. 5+n_new+n_old] = the posting keys of the fingerprint the client expects to replace
@@ -198,16 +198,17 @@ end
 -- args[9] = consumer group ('' = library mode: no acknowledgement, no alert)   args[10] = stream entry ID
 -- args[11] = approximate MAXLEN of the alerts stream (0 = no trimming)
 -- args[12] = most matches to list (0 = all)
+-- args[13] = the event's time, ms since the epoch (recorded in the changes stream)
 --
 -- Returns {status, match_count, candidates_verified, alert_entry_id_or_'', id1, d1, id2, d2, ...} where status is
 -- indexed | repeat | duplicate | stale | deleted | absent | not_pending. Only indexed, repeat, deleted and absent
 -- acknowledge the entry; duplicate, stale and not_pending change nothing.
 local function apply(keys, args)
-  local meta_key, fp_key, hour_key, events_key, alerts_key = keys[1], keys[2], keys[3], keys[4], keys[5]
+  local meta_key, fp_key, changes_key, events_key, alerts_key = keys[1], keys[2], keys[3], keys[4], keys[5]
   local op, id, fp, expected = args[1], args[2], args[3], args[4]
   local limit, n_new, n_old = tonumber(args[6]), tonumber(args[7]), tonumber(args[8])
   local group, entry_id = args[9], args[10]
-  local alerts_maxlen, cap = tonumber(args[11]), tonumber(args[12])
+  local alerts_maxlen, cap, event_ms = tonumber(args[11]), tonumber(args[12]), args[13]
   local streaming = group ~= ''
 
   local refused = check_layout(meta_key, args[5])
@@ -232,6 +233,7 @@ local function apply(keys, args)
     end
     for i = 6 + n_new, 5 + n_new + n_old do redis.call('SREM', keys[i], id) end
     redis.call('HDEL', fp_key, id)
+    redis.call('XADD', changes_key, '*', 'incident_id', id, 'op', op, 'event_ms', event_ms)
     ack()
     return {'deleted', 0, 0, ''}
   end
@@ -253,7 +255,7 @@ local function apply(keys, args)
   end
   for i = 6, 5 + n_new do redis.call('SADD', keys[i], id) end
   redis.call('HSET', fp_key, id, fp)
-  redis.call('SADD', hour_key, id)
+  redis.call('XADD', changes_key, '*', 'incident_id', id, 'op', op, 'event_ms', event_ms)
 
   local alert_id = ''
   if streaming then
