@@ -1,0 +1,591 @@
+"""`incident-worker bench`: the benchmark anyone can run, on a real Redis, through the real worker pipeline.
+
+What it measures, in one run, so that ratios compare like with like on a noisy machine:
+
+* fingerprinting: the straightforward 64-steps-per-token loop against `fingerprint`, warm and on unique tokens;
+* full ingest: events/s of one worker process indexing a backlog into an empty index, default layout against the
+  classic 8 bands;
+* for each index size N: pre-load N incidents (bulk, no matching), then on the events that follow measure sustained
+  events/s with one and with two worker processes, p50/p99 end-to-end latency (XADD to acknowledgement) at a steady
+  half of the measured maximum, candidates verified per event, Redis CPU per event (INFO commandstats and the
+  server's own CPU clock), and Redis memory per indexed incident; for the default layout, the classic 8 bands and
+  the layout `recommend_bands` picks for N, beside an in-process baseline (the straightforward fingerprint loop and
+  a Python dict of band sets) on the same events.
+
+Workers are separate processes running `StreamWorker`, the code of `incident-worker run`; they report what they
+measured through a queue.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from .bands import DEFAULT_BANDS, BandLayout, recommend_bands
+from .fingerprint import fingerprint, fingerprint_reference
+from .formats import IncidentEvent
+from .index import FingerprintIndex
+from .keys import IndexKeys
+from .metrics import Metrics
+from .workload import Workload
+
+__all__ = ["register", "run_benchmark"]
+
+CLASSIC_BANDS = 8
+
+
+# -- the worker processes -------------------------------------------------------------------------------------
+
+
+class _Recorder:
+    """Stands in for a histogram: keeps every observation (and when the first and last one came)."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+        self.first = 0.0
+        self.last = 0.0
+
+    def observe(self, value: float) -> None:
+        now = time.time()
+        if not self.values:
+            self.first = now
+        self.last = now
+        self.values.append(value)
+
+
+def _worker_process(url: str, options: dict[str, Any], stop: Any, results: Any) -> None:
+    """One benchmark worker: StreamWorker with recording metrics, until `stop` is set."""
+    from .connection import connect
+    from .logs import configure_logging
+    from .settings import Settings
+    from .stream import StreamWorker
+
+    configure_logging("json", "error")
+    settings = Settings(redis_url=url, **options)
+    metrics = Metrics()
+    latency, candidates = _Recorder(), _Recorder()
+    metrics.end_to_end_seconds = latency  # type: ignore[assignment]
+    metrics.candidates = candidates  # type: ignore[assignment]
+    worker = StreamWorker(connect(settings), settings, metrics=metrics)
+    threading.Thread(target=lambda: (stop.wait(), worker.stop()), daemon=True).start()
+    worker.run()
+    results.put(
+        {
+            "consumer": settings.consumer,
+            "count": len(latency.values),
+            "first": latency.first,
+            "last": latency.last,
+            "latency": latency.values,
+            "candidates": candidates.values,
+        }
+    )
+
+
+@dataclass
+class _Run:
+    """Worker processes consuming the events stream of one namespace."""
+
+    url: str
+    namespace: str
+    bands: int
+    count: int
+    batch_size: int = 100
+
+    def __post_init__(self) -> None:
+        context = mp.get_context("spawn")
+        self.stop = context.Event()
+        self.results = context.Queue()
+        self.processes = [
+            context.Process(
+                target=_worker_process,
+                args=(
+                    self.url,
+                    {
+                        "namespace": self.namespace,
+                        "bands": self.bands,
+                        "consumer": f"bench-{k}",
+                        "batch_size": self.batch_size,
+                        "block_ms": 50,
+                        "claim_idle_ms": 600_000,
+                        "summary_interval_s": 3600,
+                        "alerts_maxlen": 10_000,
+                        "socket_timeout_s": 120,
+                    },
+                    self.stop,
+                    self.results,
+                ),
+                daemon=True,
+            )
+            for k in range(self.count)
+        ]
+        for process in self.processes:
+            process.start()
+
+    def finish(self) -> list[dict[str, Any]]:
+        self.stop.set()
+        reports = [self.results.get(timeout=300) for _ in self.processes]
+        for process in self.processes:
+            process.join(timeout=30)
+        return reports
+
+
+# -- helpers --------------------------------------------------------------------------------------------------
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _server_usec(client: redis.Redis) -> float:
+    """Total microseconds Redis spent executing commands (INFO commandstats)."""
+    return float(sum(v["usec"] for k, v in client.info("commandstats").items() if k.startswith("cmdstat_")))
+
+
+def _server_cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def _backlog_done(client: redis.Redis, events: str, group: str) -> bool:
+    try:
+        groups = client.xinfo_groups(events)
+    except redis.ResponseError:
+        return False
+    for entry in groups:
+        if entry["name"] in (group, group.encode()):
+            return int(entry["pending"]) == 0 and int(entry.get("lag") or 0) == 0
+    return False
+
+
+def _publish(client: redis.Redis, stream: str, events: list[dict[str, str]]) -> None:
+    for start in range(0, len(events), 2000):
+        pipe = client.pipeline(transaction=False)
+        for fields in events[start : start + 2000]:
+            pipe.xadd(stream, fields)  # type: ignore[arg-type]
+        pipe.execute()
+
+
+class _Events:
+    """The benchmark's incidents: synthetic (a seeded Zipf workload) or real log lines turned into bags."""
+
+    def __init__(self, seed: int, real_data: Path | None) -> None:
+        self.real: list[dict[str, int]] | None = None
+        self.next_id = 1
+        if real_data is not None:
+            from .text import features_from_text
+
+            bags = []
+            for path in sorted(real_data.glob("*.csv")):
+                with path.open(newline="", encoding="utf-8", errors="replace") as handle:
+                    for row in csv.DictReader(handle):
+                        try:
+                            bags.append(features_from_text(row.get("Content") or ""))
+                        except ValueError:
+                            continue
+            if not bags:
+                raise SystemExit(f"no log lines with a Content column under {real_data}")
+            self.real = bags
+        self.workload = Workload(seed=seed)
+
+    def take(self, count: int) -> list[tuple[str, dict[str, int]]]:
+        if self.real is None:
+            return self.workload.take(count)
+        out = []
+        for _ in range(count):
+            bag = self.real[(self.next_id - 1) % len(self.real)]
+            out.append((str(self.next_id), bag))
+            self.next_id += 1
+        return out
+
+    @property
+    def available(self) -> int | None:
+        return None if self.real is None else len(self.real)
+
+
+def _stream_fields(items: list[tuple[str, dict[str, int]]]) -> list[dict[str, str]]:
+    return [IncidentEvent(incident_id=i, features=bag).to_fields() for i, bag in items]
+
+
+# -- measurements ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    client: redis.Redis
+    url: str
+    events: _Events
+    measure: int
+    cap_s: float
+    latency_s: float
+    log: Any
+
+    def fresh(self, namespace: str) -> None:
+        self.client.flushall()
+        self.client.function_flush()
+
+    def throughput(self, namespace: str, bands: int, items: list[tuple[str, dict[str, int]]], workers: int) -> dict[str, Any]:
+        """Events/s of `workers` processes on a backlog of `items`, capped at cap_s; candidates and server time."""
+        keys = IndexKeys(namespace)
+        run = _Run(self.url, namespace, bands, workers)
+        time.sleep(0.5)  # let the processes import and connect before the clock starts
+        usec0, cpu0 = _server_usec(self.client), _server_cpu(self.client)
+        started = time.time()
+        _publish(self.client, keys.events, _stream_fields(items))
+        deadline = time.monotonic() + self.cap_s
+        while time.monotonic() < deadline and not _backlog_done(self.client, keys.events, "incident-workers"):
+            time.sleep(0.02)
+        reports = run.finish()
+        usec1, cpu1 = _server_usec(self.client), _server_cpu(self.client)
+        done = sum(r["count"] for r in reports)
+        last = max((r["last"] for r in reports if r["count"]), default=started)
+        candidates = [c for r in reports for c in r["candidates"]]
+        self.client.delete(keys.events)  # what was not processed within the cap is not measured again
+        elapsed = max(last - started, 1e-9)
+        return {
+            "workers": workers,
+            "events": done,
+            "offered": len(items),
+            "capped": done < len(items),
+            "seconds": round(elapsed, 2),
+            "events_per_s": round(done / elapsed, 1),
+            "candidates_mean": round(statistics.fmean(candidates), 1) if candidates else 0.0,
+            "candidates_p99": _percentile(candidates, 0.99),
+            "server_usec_per_event": round((usec1 - usec0) / max(done, 1), 1),
+            "redis_cpu_usec_per_event": round((cpu1 - cpu0) * 1e6 / max(done, 1), 1),
+        }
+
+    def latency(self, namespace: str, bands: int, rate: float) -> dict[str, Any]:
+        """p50/p99 from XADD to acknowledgement with one worker fed at a steady `rate` events/s."""
+        keys = IndexKeys(namespace)
+        count = max(200, min(int(rate * self.latency_s), 20_000))
+        items = _stream_fields(self.events.take(count))
+        run = _Run(self.url, namespace, bands, 1)
+        time.sleep(0.5)
+        tick = 0.01
+        per_tick = max(rate * tick, 0.01)
+        started = time.monotonic()
+        sent = 0.0
+        while int(sent) < count:
+            due = min(count, int((time.monotonic() - started) / tick * per_tick) + 1)
+            if due > int(sent):
+                _publish(self.client, keys.events, items[int(sent) : due])
+                sent = float(due)
+            time.sleep(tick / 2)
+        deadline = time.monotonic() + self.cap_s
+        while time.monotonic() < deadline and not _backlog_done(self.client, keys.events, "incident-workers"):
+            time.sleep(0.02)
+        [report] = run.finish()
+        self.client.delete(keys.events)
+        values = [v * 1000 for v in report["latency"]]
+        return {
+            "rate": round(rate, 1),
+            "events": len(values),
+            "p50_ms": round(_percentile(values, 0.50), 2),
+            "p99_ms": round(_percentile(values, 0.99), 2),
+        }
+
+    def memory_per_incident(self, before: int, count: int) -> float:
+        return round((int(self.client.info("memory")["used_memory"]) - before) / max(count, 1), 1)
+
+
+def _fingerprint_speed(events: _Events, bags: int = 2000) -> dict[str, Any]:
+    sample = [bag for _, bag in events.take(bags)]
+    started = time.perf_counter()
+    for bag in sample[:300]:
+        fingerprint_reference(bag)
+    reference = (time.perf_counter() - started) / 300
+    for bag in sample:
+        fingerprint(bag)  # warm the token cache, as a running worker has it
+    started = time.perf_counter()
+    for bag in sample:
+        fingerprint(bag)
+    warm = (time.perf_counter() - started) / len(sample)
+    unique = [{f"u{n}-{token}": w for token, w in bag.items()} for n, bag in enumerate(sample)]
+    started = time.perf_counter()
+    for bag in unique:
+        fingerprint(bag)
+    cold = (time.perf_counter() - started) / len(unique)
+    tokens = statistics.fmean(len(bag) for bag in sample)
+    return {
+        "tokens_per_bag": round(tokens, 1),
+        "reference_us": round(reference * 1e6, 1),
+        "fast_repeating_us": round(warm * 1e6, 1),
+        "fast_unique_us": round(cold * 1e6, 1),
+        "speedup_repeating": round(reference / warm, 1),
+        "speedup_unique": round(reference / cold, 1),
+    }
+
+
+class _Baseline:
+    """A single-process library: the straightforward fingerprint loop and a dict of band sets (classic 8 bands)."""
+
+    def __init__(self, max_distance: int = 7) -> None:
+        self.layout = BandLayout(CLASSIC_BANDS, max_distance)
+        self.bands: list[dict[int, set[str]]] = [defaultdict(set) for _ in range(CLASSIC_BANDS)]
+        self.fps: dict[str, int] = {}
+
+    def load(self, items: list[tuple[str, int]]) -> None:
+        for incident_id, fp in items:
+            self.fps[incident_id] = fp
+            for band, value in zip(self.bands, self.layout.values(fp)):
+                band[value].add(incident_id)
+
+    def add(self, incident_id: str, bag: dict[str, int]) -> int:
+        fp = fingerprint_reference(bag)
+        candidates: set[str] = set()
+        for band, value in zip(self.bands, self.layout.values(fp)):
+            candidates |= band.get(value, set())
+        sorted((d, c) for c in candidates if (d := (self.fps[c] ^ fp).bit_count()) <= self.layout.max_distance)
+        self.load([(incident_id, fp)])
+        return len(candidates)
+
+    def throughput(self, items: list[tuple[str, dict[str, int]]], cap_s: float) -> dict[str, Any]:
+        started = time.perf_counter()
+        seen: list[int] = []
+        for incident_id, bag in items:
+            seen.append(self.add(incident_id, bag))
+            if time.perf_counter() - started > cap_s:
+                break
+        elapsed = time.perf_counter() - started
+        return {
+            "events": len(seen),
+            "events_per_s": round(len(seen) / elapsed, 1),
+            "candidates_mean": round(statistics.fmean(seen), 1) if seen else 0.0,
+        }
+
+
+# -- the run --------------------------------------------------------------------------------------------------
+
+
+def _layouts(size: int, max_distance: int = 7) -> list[tuple[str, int]]:
+    recommended = recommend_bands(size, max_distance)
+    layouts = [("default", DEFAULT_BANDS), ("classic", CLASSIC_BANDS)]
+    if recommended not in (DEFAULT_BANDS, CLASSIC_BANDS):
+        layouts.append(("recommended", recommended))
+    return layouts
+
+
+def run_benchmark(
+    *,
+    url: str,
+    sizes: list[int],
+    ingest: int,
+    measure: int,
+    cap_s: float,
+    latency_s: float,
+    seed: int,
+    real_data: Path | None,
+    log: Any,
+) -> dict[str, Any]:
+    client = redis.Redis.from_url(url, socket_timeout=300)
+    events = _Events(seed, real_data)
+    bench = Bench(client, url, events, measure, cap_s, latency_s, log)
+    server = client.info("server")
+    results: dict[str, Any] = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": "incident-worker bench " + " ".join(sys.argv[2:]),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "redis": server.get("redis_version"),
+        },
+        "workload": "real log lines" if real_data else f"Zipf vocabulary, seed {seed}",
+    }
+    log("fingerprinting ...")
+    results["fingerprint"] = _fingerprint_speed(events)
+
+    if ingest:
+        results["ingest"] = {}
+        items = events.take(ingest)
+        for name, bands in (("default", DEFAULT_BANDS), ("classic", CLASSIC_BANDS)):
+            log(f"full ingest of {ingest:,} events, {name} layout ({bands} bands) ...")
+            bench.fresh(name)
+            FingerprintIndex(client, "ingest", bands=bands).open()
+            results["ingest"][name] = {"bands": bands, **bench.throughput("ingest", bands, items, 1)}
+        default, classic = results["ingest"]["default"], results["ingest"]["classic"]
+        results["ingest"]["ratio"] = round(default["events_per_s"] / max(classic["events_per_s"], 1e-9), 1)
+
+    results["sizes"] = []
+    for size in sizes:
+        preload = events.take(size)
+        fps = [(incident_id, fingerprint(bag)) for incident_id, bag in preload]
+        follow = events.take(measure * 3)
+        row: dict[str, Any] = {"indexed": size, "layouts": {}}
+        for name, bands in _layouts(size):
+            layout = BandLayout(bands, 7)
+            log(f"N={size:,}: {name} layout, {layout.description} ...")
+            bench.fresh("bench")
+            before = int(client.info("memory")["used_memory"])
+            index = FingerprintIndex(client, "bench", bands=bands)
+            started = time.perf_counter()
+            index.bulk_load(fps)
+            loaded = time.perf_counter() - started
+            result: dict[str, Any] = {
+                "bands": bands,
+                "layout": layout.description,
+                "probes": layout.probes,
+                "preload_s": round(loaded, 1),
+                "memory_per_incident": bench.memory_per_incident(before, size),
+            }
+            one = bench.throughput("bench", bands, follow[:measure], 1)
+            two = bench.throughput("bench", bands, follow[measure : 2 * measure], 2)
+            result["one_worker"], result["two_workers"] = one, two
+            result["latency_half_load"] = bench.latency("bench", bands, one["events_per_s"] / 2)
+            row["layouts"][name] = result
+        log(f"N={size:,}: in-process baseline ...")
+        baseline = _Baseline()
+        baseline.load(fps)
+        row["baseline"] = baseline.throughput(follow[:measure], cap_s)
+        results["sizes"].append(row)
+    client.close()
+    return results
+
+
+# -- report ---------------------------------------------------------------------------------------------------
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The results as the Markdown tables of BENCHMARKS.md."""
+    out = []
+    machine = results["machine"]
+    out.append(f"Run {results['date']}: `{results['command'].strip()}`")
+    out.append(
+        f"Machine: {machine['cpus']} CPUs, {machine['platform']}, Python {machine['python']}, "
+        f"Redis {machine['redis']}. Workload: {results['workload']}."
+    )
+    fp = results["fingerprint"]
+    out.append("")
+    out.append("| fingerprint per bag | straightforward loop | fast, repeating vocabulary | fast, unique tokens |")
+    out.append("|---|---|---|---|")
+    out.append(
+        f"| {fp['tokens_per_bag']} tokens | {fp['reference_us']} us | {fp['fast_repeating_us']} us "
+        f"({fp['speedup_repeating']}x) | {fp['fast_unique_us']} us ({fp['speedup_unique']}x) |"
+    )
+    if "ingest" in results:
+        ingest = results["ingest"]
+        out.append("")
+        out.append("| full ingest, one worker | events | events/s | candidates/event (mean, p99) | server us/event |")
+        out.append("|---|---|---|---|---|")
+        for name in ("default", "classic"):
+            r = ingest[name]
+            capped = " (capped)" if r["capped"] else ""
+            out.append(
+                f"| {name}, {r['bands']} bands | {r['events']:,} of {r['offered']:,}{capped} | {r['events_per_s']:,} "
+                f"| {r['candidates_mean']}, {r['candidates_p99']} | {r['server_usec_per_event']} |"
+            )
+        out.append(f"\nDefault layout / classic 8 bands, events/s: **{ingest['ratio']}x**.")
+    for row in results["sizes"]:
+        out.append("")
+        out.append(f"**N = {row['indexed']:,} indexed**")
+        out.append("")
+        out.append(
+            "| layout | events/s, 1 worker | 2 workers | p50 / p99 ms at half load | candidates/event "
+            "(mean, p99) | Redis us/event (commands, CPU) | bytes/incident |"
+        )
+        out.append("|---|---|---|---|---|---|---|")
+        for name, r in row["layouts"].items():
+            one, two, lat = r["one_worker"], r["two_workers"], r["latency_half_load"]
+            capped = "*" if one["capped"] else ""
+            out.append(
+                f"| {name}: {r['bands']} bands, {r['probes']} probes | {one['events_per_s']:,}{capped} | "
+                f"{two['events_per_s']:,} | {lat['p50_ms']} / {lat['p99_ms']} | {one['candidates_mean']}, "
+                f"{one['candidates_p99']} | {one['server_usec_per_event']}, {one['redis_cpu_usec_per_event']} | "
+                f"{r['memory_per_incident']} |"
+            )
+        base = row["baseline"]
+        out.append(
+            f"| in-process baseline (reference loop, dict of 8 band sets) | {base['events_per_s']:,} | - | - | "
+            f"{base['candidates_mean']}, - | - | - |"
+        )
+        default = row["layouts"]["default"]["one_worker"]["events_per_s"]
+        ratios = [f"default / classic {default / max(row['layouts']['classic']['one_worker']['events_per_s'], 1e-9):.1f}x"]
+        ratios.append(f"default / baseline {default / max(base['events_per_s'], 1e-9):.1f}x")
+        two = row["layouts"]["default"]["two_workers"]["events_per_s"]
+        ratios.append(f"two workers / one {two / max(default, 1e-9):.2f}x")
+        out.append(f"\nRatios: {', '.join(ratios)}. (* capped at the time limit.)")
+    return "\n".join(out)
+
+
+def register(commands: Any) -> None:
+    bench = commands.add_parser(
+        "bench",
+        help="measure throughput, latency, candidates and memory on a real Redis",
+        description="Benchmark the real pipeline (worker processes, Redis Functions) on a real redis-server it "
+        "starts on a free port (or --redis-url). Prints Markdown tables for BENCHMARKS.md; --json for the numbers.",
+        epilog="Examples: incident-worker bench; incident-worker bench --large (adds N = 1,000,000); "
+        "incident-worker bench --sizes 10000 --ingest 0 --json",
+    )
+    bench.add_argument("--redis-url", help="use this Redis instead of starting one (it must be empty, or --force)")
+    bench.add_argument("--force", action="store_true", help="with --redis-url: allow a non-empty database (FLUSHED)")
+    bench.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[10_000, 100_000],
+                       help="index sizes N, comma-separated (default 10000,100000)")
+    bench.add_argument("--large", action="store_true", help="add N = 1,000,000 (takes a few minutes more)")
+    bench.add_argument("--ingest", type=int, default=100_000, help="events of the full-ingest test (0 = skip)")
+    bench.add_argument("--events", type=int, default=5000, help="events per throughput measurement")
+    bench.add_argument("--cap", type=float, default=60.0, help="seconds a single measurement may take at most")
+    bench.add_argument("--latency-seconds", type=float, default=8.0, help="length of the half-load latency run")
+    bench.add_argument("--seed", type=int, default=1, help="seed of the synthetic workload")
+    bench.add_argument("--real-data", type=Path, help="a directory of Loghub *_structured.csv files to use instead")
+    bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    bench.set_defaults(handler=_cmd_bench)
+
+
+def _cmd_bench(args: Any) -> int:
+    from .cli import UsageError
+    from .localserver import RedisServer, redis_server_available
+
+    sizes = sorted(set(args.sizes + ([1_000_000] if args.large else [])))
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    server = None
+    url = args.redis_url
+    with tempfile.TemporaryDirectory(prefix="incident-bench-") as directory:
+        if url is None:
+            if not redis_server_available():
+                raise UsageError("redis-server is not on PATH: install Redis 7, or pass --redis-url")
+            server = RedisServer(Path(directory))
+            server.start()
+            url = server.url
+            log(f"redis-server {server.port} started for the benchmark")
+        else:
+            with redis.Redis.from_url(url) as probe:
+                if probe.dbsize() and not args.force:
+                    raise UsageError("the Redis at --redis-url is not empty; the benchmark flushes it: add --force")
+        try:
+            results = run_benchmark(
+                url=url,
+                sizes=sizes,
+                ingest=args.ingest,
+                measure=args.events,
+                cap_s=args.cap,
+                latency_s=args.latency_seconds,
+                seed=args.seed,
+                real_data=args.real_data,
+                log=log,
+            )
+        finally:
+            if server is not None:
+                server.stop()
+    print(json.dumps(results, indent=2) if args.json else markdown(results))
+    return 0
