@@ -48,6 +48,7 @@ REASONS = {
     "token_too_long": "a token is longer than max_token_length characters",
     "duplicate_id": "add of an incident ID already indexed with another fingerprint (use op upsert to replace)",
     "poison": "the entry was delivered more than max_deliveries times without being processed",
+    "missing_entry": "the entry was deleted from the events stream (XDEL, trimming) while it was pending",
     "invalid": "any other validation failure (see detail)",
 }
 """Every dead letter `reason`, with what it means: the codes a dashboard or a replay script can rely on."""

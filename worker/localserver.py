@@ -5,6 +5,7 @@ No persistence unless asked for (`appendonly=True`). Needs the redis-server bina
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -18,10 +19,27 @@ def redis_server_available() -> bool:
     return shutil.which("redis-server") is not None
 
 
-def free_port() -> int:
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(*, cluster: bool = False) -> int:
+    """A free local port; with `cluster`, one whose cluster bus port (port + 10000) is free and valid too."""
+    if not cluster:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(20_000, 50_000)
+        if _bindable(port) and _bindable(port + 10_000):
+            return port
+    raise RuntimeError("no free pair of ports (port, port + 10000) for a cluster node")
 
 
 class RedisServer:
@@ -59,7 +77,10 @@ class RedisServer:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 stderr = self.process.stderr.read().decode() if self.process.stderr else ""
-                raise RuntimeError(f"redis-server on port {self.port} exited at start: {stderr}")
+                log = self.directory / f"redis-{self.port}.log"
+                tail = log.read_text()[-1000:] if log.exists() else ""
+                self.stop()
+                raise RuntimeError(f"redis-server on port {self.port} exited at start: {stderr}{tail}")
             try:
                 with redis.Redis(port=self.port, socket_timeout=1) as probe:
                     if probe.ping():

@@ -170,3 +170,21 @@ class Settings(BaseSettings):
     def safe_redis_url(self) -> str:
         """The Redis URL for logs and messages: password redacted."""
         return redact_url(self.redis_url.get_secret_value())
+
+
+def settings_table() -> str:
+    """The README's configuration table, generated from the fields above (a test keeps the two equal)."""
+    rows = ["| variable | flag of `run` | default | meaning |", "|---|---|---|---|"]
+    for name, info in Settings.model_fields.items():
+        default = info.get_default(call_default_factory=False)
+        if name == "consumer":
+            shown = "host name and PID"
+        elif isinstance(default, SecretStr):
+            shown = default.get_secret_value()
+        elif default is None:
+            shown = "{N}:" + name.removesuffix("_stream")
+        else:
+            shown = str(default).lower() if isinstance(default, bool) else str(default)
+        flag = "--" + name.replace("_", "-")
+        rows.append(f"| `{ENV_PREFIX}{name.upper()}` | `{flag}` | `{shown}` | {info.description} |")
+    return "\n".join(rows)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,6 +114,7 @@ class StreamWorker:
         self.stats = WorkerStats()
         self.log = get_logger(consumer=settings.consumer, stream=settings.events)
         self._stop = threading.Event()
+        self._reader = _reader()
         self._backoff = ExponentialBackoff(cap=settings.reconnect_max_backoff_s, base=0.05)
         self._heartbeat_key = settings.keys.heartbeat(settings.consumer)
         self._next_heartbeat = 0.0
@@ -186,6 +188,8 @@ class StreamWorker:
         self._stop.wait(delay)
 
     def _shutdown(self) -> None:
+        self._reader.shutdown(wait=True)
+        self._reader = _reader()  # a worker can be run again (tests do)
         try:
             self.redis.delete(self._heartbeat_key)
         except redis_lib.RedisError:
@@ -293,11 +297,31 @@ class StreamWorker:
         return list(reply[0][1])
 
     def read_and_process(self) -> int:
-        """Read one batch of new entries (blocking up to block_ms) and process it; returns how many were read."""
+        """Read new entries (blocking up to block_ms) and process them; returns how many were read.
+
+        While one batch runs on the server, the next is read and validated in a helper thread, so the client's
+        share of the work (parsing, JSON, fingerprints) overlaps the server's. It stops reading ahead when the
+        stream has nothing more, after a second (to let the periodic work run), or when asked to stop; whatever
+        it read is processed before it returns, so a stopping worker leaves nothing pending.
+        """
         entries = self._read(">", self.settings.block_ms)
-        if entries:
-            self.process(entries)
-        return len(entries)
+        if not entries:
+            return 0
+        items = self._prepare(entries)
+        total = 0
+        until = time.monotonic() + 1.0
+        while items:
+            ahead = None
+            if not self.stopping and time.monotonic() < until:
+                ahead = self._reader.submit(self._read_ahead)
+            self._apply(items)
+            total += len(items)
+            items = ahead.result() if ahead is not None else []
+        return total
+
+    def _read_ahead(self) -> list[_Item]:
+        entries = self._read(">", None)
+        return self._prepare(entries) if entries else []
 
     def recover_own_pending(self) -> int:
         """Process this consumer's own pending entries (from a crash, a lost reply, a failed call)."""
@@ -367,7 +391,10 @@ class StreamWorker:
 
     def process(self, entries: Sequence[tuple[Any, Any]], *, history: bool = False) -> None:
         """Validate, fingerprint and apply a batch of entries in stream order."""
-        started = time.perf_counter()
+        self._apply(self._prepare(entries, history=history))
+
+    def _prepare(self, entries: Sequence[tuple[Any, Any]], *, history: bool = False) -> list[_Item]:
+        """Validate and fingerprint entries; entries read again from the pending list get their delivery count."""
         ids = [_text(entry_id) for entry_id, _ in entries]
         deliveries = self._deliveries(ids) if history else {}
         items: list[_Item] = []
@@ -387,6 +414,10 @@ class StreamWorker:
                 except ValidationError as error:
                     item.dead = event_error(error)
             items.append(item)
+        return items
+
+    def _apply(self, items: list[_Item]) -> None:
+        started = time.perf_counter()
         for segment in _segments(items):
             self._apply_segment(segment)
         self.stats.batches += 1
@@ -533,6 +564,10 @@ class StreamWorker:
             error=str(error),
             deliveries=item.deliveries,
         )
+
+
+def _reader() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead")
 
 
 def _segments(items: Iterable[_Item]) -> list[list[_Item]]:

@@ -1,0 +1,122 @@
+"""Redis Cluster: a real local cluster of three masters, two namespaces, workers for each, the usual invariants."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from redis.cluster import RedisCluster
+
+from tests.conftest import IN_CI
+from tests.redis_server import RedisServer, free_port
+from tests.streams import assert_pairs_reported_once, fingerprints, start_worker
+from worker.formats import Alert, DeadLetter
+from worker.index import FingerprintIndex
+from worker.workload import Workload
+
+FAST = {"block_ms": 100, "claim_idle_ms": 1000, "claim_interval_ms": 200, "summary_interval_s": 1}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RedisServer]]:
+    if shutil.which("redis-cli") is None or shutil.which("redis-server") is None:
+        message = "redis-server and redis-cli are needed for the cluster test"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    base = tmp_path_factory.mktemp("cluster")
+    servers = []
+    for k in range(3):
+        directory = base / f"node{k}"
+        directory.mkdir()
+        server = RedisServer(
+            directory,
+            port=free_port(cluster=True),
+            extra=["--cluster-enabled", "yes", "--cluster-config-file", str(directory / "nodes.conf"),
+                   "--cluster-node-timeout", "5000"],
+        )
+        server.start()
+        servers.append(server)
+    try:
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{s.port}" for s in servers],
+             "--cluster-replicas", "0", "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            states = [s.client().cluster("info")["cluster_state"] for s in servers]
+            if all(state == "ok" for state in states):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the cluster did not become ok: {states}")
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def _namespaces_on_different_masters(client: RedisCluster) -> tuple[str, str]:
+    """Two namespace names whose hash tags live on different masters."""
+    first = "incidents"
+    home = client.get_node_from_key("{incidents}:fp").name
+    for n in range(100):
+        other = f"tenant{n}"
+        if client.get_node_from_key(f"{{{other}}}:fp").name != home:
+            return first, other
+    raise AssertionError("no namespace on another master")
+
+
+def test_two_namespaces_on_a_three_master_cluster(cluster: list[RedisServer], tmp_path: Path) -> None:
+    url = cluster[0].url
+    client = RedisCluster.from_url(url)
+    first, second = _namespaces_on_different_masters(client)
+    workloads = {first: Workload(seed=21).take(1500), second: Workload(seed=22).take(1500)}
+    for namespace, items in workloads.items():
+        pipe = client.pipeline(transaction=False)
+        for n, (incident_id, bag) in enumerate(items):
+            pipe.xadd(f"{{{namespace}}}:events", {"incident_id": incident_id, "features": _json(bag)})
+            if n % 97 == 0:
+                pipe.xadd(f"{{{namespace}}}:events", {"incident_id": f"bad-{n}", "features": "[]"})
+        pipe.execute()
+    workers = [
+        start_worker(url, "--until-idle", log=tmp_path / f"{namespace}-{k}.log", cluster="true",
+                     namespace=namespace, consumer=f"{namespace}-{k}", batch_size=50, **FAST)
+        for namespace in workloads
+        for k in range(2)
+    ]
+    codes = [w.wait(timeout=300) for w in workers]
+    assert codes == [0, 0, 0, 0], [(tmp_path / f).read_text()[-2000:] for f in sorted(p.name for p in tmp_path.iterdir())]
+
+    for namespace, items in workloads.items():
+        events = [{"incident_id": i, "features": bag} for i, bag in items]
+        fps = fingerprints(events)
+        stored = {k.decode(): int(v, 16) for k, v in client.hgetall(f"{{{namespace}}}:fp").items()}
+        assert stored == fps
+        alerts = [Alert.from_fields(f) for _, f in client.xrange(f"{{{namespace}}}:alerts")]
+        assert_pairs_reported_once(fps, alerts)
+        dead = [DeadLetter.from_fields(f) for _, f in client.xrange(f"{{{namespace}}}:dead")]
+        assert len(dead) == len(range(0, 1500, 97)) and {d.reason for d in dead} == {"bad_features"}
+        assert int(client.xpending(f"{{{namespace}}}:events", "incident-workers")["pending"]) == 0
+        index = FingerprintIndex(client, namespace)
+        incident_id, bag = items[0]
+        assert (incident_id, 0) in index.neighbours(bag)
+        assert index.stats()["incidents"] == len(fps)
+    # every key of a namespace sits on the master that owns its hash tag
+    for namespace in workloads:
+        node = client.get_node_from_key(f"{{{namespace}}}:fp")
+        with redis.Redis(host=node.host, port=node.port) as direct:
+            assert direct.hlen(f"{{{namespace}}}:fp") == len(workloads[namespace])
+    client.close()
+
+
+def _json(bag: dict[str, int]) -> str:
+    import json
+
+    return json.dumps(bag)
