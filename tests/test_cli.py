@@ -1,0 +1,566 @@
+"""The operator subcommands (worker/ops.py) through the real `incident-worker` entry point, against a real Redis.
+
+Each test starts from an empty server, prepares what it needs (mostly with `publish` and `run --until-idle`, as an
+operator would), and checks what the commands print (the --json forms, parsed) and what they change in Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.redis_server import RedisServer, free_port
+from tests.streams import (
+    ALERTS,
+    DEAD,
+    EVENTS,
+    FP,
+    GROUP,
+    clean_env,
+    dead_letters,
+    publish,
+    start_worker,
+    stop,
+    worker_command,
+)
+from worker.bands import recommend_bands
+from worker.cli import main
+from worker.fingerprint import fingerprint, format_fingerprint
+from worker.formats import Alert, Match
+from worker.index import FingerprintIndex
+
+FAST = {"block_ms": 100, "claim_idle_ms": 1000, "claim_interval_ms": 200, "summary_interval_s": 1}
+
+DOCK = {"dock": 3, "scanner": 2, "timeout": 1}
+ROAD = {"weather": 4, "road": 2}
+SPEC_EVENTS = [
+    {"incident_id": "47", "features": DOCK},
+    {"incident_id": "83", "features": ROAD},
+    {"incident_id": "90", "features": DOCK},
+]
+
+
+@pytest.fixture
+def server(redis_server: RedisServer) -> Iterator[RedisServer]:
+    with redis_server.client() as client:
+        client.flushall()
+        client.function_flush()
+    yield redis_server
+
+
+@pytest.fixture
+def client(server: RedisServer) -> Iterator[redis.Redis]:
+    with server.client() as connection:
+        yield connection
+
+
+def cli(
+    server: RedisServer | str, *args: str, stdin: str | bytes | None = None, timeout: float = 30, **settings: Any
+) -> subprocess.CompletedProcess[str]:
+    """`incident-worker ARGS` with only the given settings in its environment; text output."""
+    url = server if isinstance(server, str) else server.url
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    done = subprocess.run(
+        [*worker_command(), *args],
+        input=data,
+        capture_output=True,
+        timeout=timeout,
+        env=clean_env(redis_url=url, **settings),
+    )
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+def run_worker(server: RedisServer, **settings: Any) -> None:
+    done = cli(server, "run", "--until-idle", timeout=60, log_format="json", **{**FAST, **settings})
+    assert done.returncode == 0, done.stderr
+
+
+def write_jsonl(path: Path, lines: list[Any]) -> Path:
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    return path
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def add_alert(client: redis.Redis, incident_id: str, matches: list[tuple[str, int]]) -> str:
+    alert = Alert(
+        incident_id=incident_id,
+        fingerprint=format_fingerprint(fingerprint({incident_id: 1})),
+        matches=[Match(incident_id=i, distance=d) for i, d in matches],
+        match_count=len(matches),
+        max_distance=7,
+        source_entry="1-1",
+        op="add",
+    )
+    return client.xadd(ALERTS, alert.to_fields()).decode()  # type: ignore[arg-type,union-attr]
+
+
+def index_spec_example(server: RedisServer, tmp_path: Path) -> None:
+    """SPEC section 4's example, published from a JSON Lines file and processed by a worker."""
+    done = cli(server, "publish", str(write_jsonl(tmp_path / "spec.jsonl", SPEC_EVENTS)))
+    assert done.returncode == 0, done.stderr
+    run_worker(server, consumer="w1")
+
+
+class LineReader:
+    """Lines of a child's stdout, read by a thread, so a test can wait for one with a timeout."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None
+        self.stream = process.stdout
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.stream:
+            self.lines.put(line.decode())
+
+    def next(self, timeout: float = 10) -> str:
+        return self.lines.get(timeout=timeout)
+
+    def close(self) -> None:
+        """After the child has exited: the thread has read to the end."""
+        self.thread.join(timeout=10)
+
+
+# -- publish ----------------------------------------------------------------------------------------------------
+
+
+def test_publish_validates_each_line_and_the_worker_alerts_as_in_the_spec(
+    server: RedisServer, client: redis.Redis, tmp_path: Path
+) -> None:
+    source = write_jsonl(
+        tmp_path / "events.jsonl",
+        [
+            SPEC_EVENTS[0],
+            SPEC_EVENTS[1],
+            {"incident_id": "bad", "features": {"a": 1.5}},
+            "",
+            "{not json",
+            SPEC_EVENTS[2],
+        ],
+    )
+    done = cli(server, "publish", str(source), "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert (summary["published"], summary["skipped"], summary["lines"]) == (3, 2, 5)
+    assert [(e["line"], e["reason"]) for e in summary["errors"]] == [(3, "bad_weight"), (5, "bad_json")]
+    assert "line 3: bad_weight" in done.stderr and "line 5: bad_json" in done.stderr
+    assert client.xlen(EVENTS) == 3
+    assert [f[b"incident_id"] for _, f in client.xrange(EVENTS)] == [b"47", b"83", b"90"]
+
+    run_worker(server)
+    [alert] = json_lines(cli(server, "alerts", "--json").stdout)
+    assert alert["incident_id"] == "90" and alert["matches"] == [{"incident_id": "47", "distance": 0}]
+    assert alert["fingerprint"] == "0b61171015620fa1"
+
+
+def test_publish_strict_sends_nothing_when_any_line_is_invalid(
+    server: RedisServer, client: redis.Redis, tmp_path: Path
+) -> None:
+    source = write_jsonl(tmp_path / "events.jsonl", [SPEC_EVENTS[0], {"incident_id": 47, "features": DOCK}])
+    done = cli(server, "publish", "--strict", str(source))
+    assert done.returncode == 1
+    assert "line 2: bad_type" in done.stderr and "quote it" in done.stderr
+    assert "nothing was published" in done.stderr
+    assert client.xlen(EVENTS) == 0
+
+
+def test_publish_text_lines_and_query_text_find_the_same_log_line(server: RedisServer, client: redis.Redis) -> None:
+    lines = [
+        "ERROR disk full on /var/log at web-03 (used 98%)",
+        "   ",
+        "Connection refused to db-7.prod:5432 after 3 retries",
+        '{"incident_id": "json-text", "text": "Kernel panic on host db-9: not syncing"}',
+        "!!!",
+    ]
+    done = cli(server, "publish", "--text", "--id-prefix", "app:", "--json", stdin="\n".join(lines) + "\n")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert (summary["published"], summary["skipped"]) == (3, 1)
+    assert summary["errors"][0]["line"] == 5
+    ids = [f[b"incident_id"].decode() for _, f in client.xrange(EVENTS)]
+    assert ids == ["app:1", "app:3", "json-text"]
+    run_worker(server)
+
+    # The same kind of line from another host, at another usage: the masked words are the same.
+    done = cli(server, "query", "--text", "ERROR disk full on /var/log at web-11 (used 91%)", "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert [(m["incident_id"], m["distance"]) for m in result["matches"]] == [("app:1", 0)]
+    assert result["matches"][0]["fingerprint"] == client.hget(FP, "app:1").decode()  # type: ignore[union-attr]
+
+
+def test_publish_says_how_far_it_got_when_redis_refuses(server: RedisServer, client: redis.Redis) -> None:
+    client.set(EVENTS, "not a stream")
+    done = cli(server, "publish", stdin=json.dumps(SPEC_EVENTS[0]) + "\n")
+    assert done.returncode == 1
+    assert "WRONGTYPE" in done.stderr and "after publishing 0 events" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# -- query and inspect ------------------------------------------------------------------------------------------
+
+
+def test_query_lists_matches_and_says_plainly_when_there_is_none(server: RedisServer, tmp_path: Path) -> None:
+    index_spec_example(server, tmp_path)
+    done = cli(server, "query", "--features", json.dumps(DOCK), "--json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["fingerprint"] == "0b61171015620fa1" and result["max_distance"] == 7
+    assert result["matches"] == [
+        {"incident_id": "47", "distance": 0, "fingerprint": "0b61171015620fa1"},
+        {"incident_id": "90", "distance": 0, "fingerprint": "0b61171015620fa1"},
+    ]
+    piped = cli(server, "query", stdin=json.dumps(ROAD))
+    assert piped.returncode == 0 and "83" in piped.stdout and "1 match within 7" in piped.stdout
+
+    nothing = cli(server, "query", "--features", '{"completely": 5, "unrelated": 3, "words": 1}')
+    assert nothing.returncode == 0, nothing.stderr
+    assert "no match within 7" in nothing.stdout
+    near = {"dock": 3, "scanner": 2, "timeout": 1, "extra": 1}
+    apart = (fingerprint(near) ^ fingerprint(DOCK)).bit_count()
+    assert 0 < apart <= 7
+    strict = json.loads(
+        cli(server, "query", "--features", json.dumps(near), "--max-distance", str(apart - 1), "--json").stdout
+    )
+    assert strict["match_count"] == 0
+
+
+def test_query_and_stats_on_a_fresh_namespace_do_not_write_its_layout(server: RedisServer, client: redis.Redis) -> None:
+    done = cli(server, "query", "--features", json.dumps(DOCK))
+    assert done.returncode == 0, done.stderr
+    assert "no match within 7" in done.stdout
+    stats = cli(server, "stats", "--json")
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["index"]["incidents"] == 0
+    assert not client.exists("{incidents}:meta"), "a read-only command fixed the namespace's layout"
+
+
+def test_read_commands_use_the_layout_the_index_was_built_with(server: RedisServer, client: redis.Redis) -> None:
+    index = FingerprintIndex(client, bands=8, max_distance=7)
+    index.add("47", DOCK)
+    done = cli(server, "query", "--features", json.dumps(DOCK), "--json")  # default settings say 4 bands
+    assert done.returncode == 0, done.stderr
+    assert [m["incident_id"] for m in json.loads(done.stdout)["matches"]] == ["47"]
+    stats = json.loads(cli(server, "stats", "--json").stdout)
+    assert stats["index"]["bands"] == 8 and stats["layout_mismatch"] is True
+    assert "refuses to start" in cli(server, "stats").stdout
+
+
+def test_inspect_shows_fingerprint_bands_posting_sets_and_neighbours(
+    server: RedisServer, client: redis.Redis, tmp_path: Path
+) -> None:
+    index_spec_example(server, tmp_path)
+    done = cli(server, "inspect", "47", "--json")
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    fp = fingerprint(DOCK)
+    assert shown["fingerprint"] == format_fingerprint(fp)
+    assert shown["bits"].replace(" ", "") == format(fp, "064b")
+    index = FingerprintIndex(client)
+    assert [band["key"] for band in shown["bands"]] == index.posting_keys(fp)
+    assert [band["size"] for band in shown["bands"]] == [2, 2, 2, 2]  # 47 and 90 share every band
+    assert all(band["member"] for band in shown["bands"])
+    assert shown["neighbours"] == [{"incident_id": "90", "distance": 0, "fingerprint": format_fingerprint(fp)}]
+
+    human = cli(server, "inspect", "83")
+    assert human.returncode == 0 and format_fingerprint(fingerprint(ROAD)) in human.stdout
+    assert "no other incident within 7" in human.stdout
+
+    missing = cli(server, "inspect", "no-such-incident")
+    assert missing.returncode == 1
+    assert "'no-such-incident' is not indexed" in missing.stderr
+
+
+# -- stats ------------------------------------------------------------------------------------------------------
+
+
+def test_stats_reports_index_streams_group_workers_and_dead_letters(
+    server: RedisServer, client: redis.Redis, tmp_path: Path
+) -> None:
+    index_spec_example(server, tmp_path)
+    publish(
+        client,
+        [
+            {"incident_id": "x", "features": "{"},
+            {"incident_id": "y", "features": "{"},
+            {"incident_id": "z", "features": '{"a": true}'},
+        ],
+    )
+    run_worker(server, consumer="w2")
+    done = cli(server, "stats", "--json")
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout)
+    assert stats["index"]["incidents"] == 3
+    assert stats["index"]["meta"]["bands"] == "4" and stats["index"]["meta"]["max_distance"] == "7"
+    assert stats["index"]["used_memory_per_incident"] > 0
+    assert {name: s["length"] for name, s in stats["streams"].items()} == {"events": 6, "alerts": 1, "dead": 3}
+    assert stats["group"]["name"] == GROUP and stats["group"]["lag"] == 0 and stats["group"]["pending"] == 0
+    assert {c["name"] for c in stats["consumers"]} == {"w1", "w2"}
+    assert stats["dead_letters"] == {"by_reason": {"bad_json": 2, "bad_weight": 1}, "scanned": 3, "capped": False}
+    assert stats["recommended_bands"] == recommend_bands(3, 7)
+    assert stats["workers"] == [], "workers that stopped cleanly have no heartbeat left"
+
+    capped = json.loads(cli(server, "stats", "--json", "--dead-scan", "2").stdout)["dead_letters"]
+    assert capped["scanned"] == 2 and capped["capped"] is True
+    human = cli(server, "stats")
+    assert "newest 2 of 3" not in human.stdout and "all 3" in human.stdout
+    assert recommend_bands(3, 7) != 4 and "more memory per incident" in human.stdout
+
+
+# -- alerts -----------------------------------------------------------------------------------------------------
+
+
+def test_alerts_prints_the_newest_or_those_after_an_id(server: RedisServer, client: redis.Redis) -> None:
+    ids = [add_alert(client, f"i{n}", [(f"m{n}", n)]) for n in range(5)]
+    newest = json_lines(cli(server, "alerts", "--count", "2", "--json").stdout)
+    assert [a["incident_id"] for a in newest] == ["i3", "i4"]
+    assert newest[1]["entry_id"] == ids[4] and newest[1]["matches"] == [{"incident_id": "m4", "distance": 4}]
+    after = json_lines(cli(server, "alerts", "--since", ids[1], "--json").stdout)
+    assert [a["entry_id"] for a in after] == ids[2:]
+    human = cli(server, "alerts", "--count", "1")
+    assert human.returncode == 0 and "incident i4" in human.stdout and "m4 (4)" in human.stdout
+    client.delete(ALERTS)
+    empty = cli(server, "alerts")
+    assert empty.returncode == 0 and empty.stdout == "" and "no alerts" in empty.stderr
+
+
+def test_alerts_follow_prints_a_new_alert_and_exits_0_on_sigint(server: RedisServer, client: redis.Redis) -> None:
+    add_alert(client, "old", [("a", 1)])
+    command = [*worker_command(), "alerts", "--follow", "--json", "--count", "1"]
+    with subprocess.Popen(
+        command, env=clean_env(redis_url=server.url), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as follower:
+        reader = LineReader(follower)
+        try:
+            assert json.loads(reader.next())["incident_id"] == "old"
+            added = add_alert(client, "new", [("b", 2)])
+            line = json.loads(reader.next())
+            assert (line["incident_id"], line["entry_id"]) == ("new", added)
+            follower.send_signal(signal.SIGINT)
+            assert follower.wait(timeout=10) == 0
+            assert follower.stderr is not None and b"Traceback" not in follower.stderr.read()
+        finally:
+            if follower.poll() is None:
+                follower.kill()
+                follower.wait()
+            reader.close()
+
+
+def test_alerts_group_gives_each_alert_once_across_invocations(server: RedisServer, client: redis.Redis) -> None:
+    for n in range(3):
+        add_alert(client, f"a{n}", [("x", 1)])
+    first = json_lines(cli(server, "alerts", "--group", "pager", "--from-start", "--json").stdout)
+    assert [a["incident_id"] for a in first] == ["a0", "a1", "a2"]
+    late = json_lines(cli(server, "alerts", "--group", "late", "--json").stdout)
+    assert late == [], "a group created without --from-start begins at the end of the stream"
+    for n in range(3, 5):
+        add_alert(client, f"a{n}", [("x", 1)])
+    one = json_lines(cli(server, "alerts", "--group", "pager", "--count", "1", "--json").stdout)
+    rest = json_lines(cli(server, "alerts", "--group", "pager", "--json").stdout)
+    again = json_lines(cli(server, "alerts", "--group", "pager", "--json").stdout)
+    assert [a["incident_id"] for a in one + rest] == ["a3", "a4"] and again == []
+    assert [a["incident_id"] for a in json_lines(cli(server, "alerts", "--group", "late", "--json").stdout)] == [
+        "a3",
+        "a4",
+    ]
+    assert client.xpending(ALERTS, "pager")["pending"] == 0, "printed alerts are acknowledged"
+
+
+def test_alerts_group_prints_again_what_a_crashed_reader_never_acknowledged(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    client.xgroup_create(ALERTS, "pager", id="0", mkstream=True)
+    add_alert(client, "a0", [("x", 1)])
+    client.xreadgroup("pager", "reader-1", {ALERTS: ">"})  # delivered, then the reader died before its XACK
+    add_alert(client, "a1", [("x", 1)])
+    replay = json_lines(cli(server, "alerts", "--group", "pager", "--consumer", "reader-1", "--json").stdout)
+    assert [a["incident_id"] for a in replay] == ["a0", "a1"]
+    assert client.xpending(ALERTS, "pager")["pending"] == 0
+
+
+# -- dead letters -----------------------------------------------------------------------------------------------
+
+
+def test_dead_lists_letters_and_replay_requeues_them_after_a_fix(
+    server: RedisServer, client: redis.Redis, tmp_path: Path
+) -> None:
+    big = {"a": 1, "b": 2, "c": 3}
+    publish(
+        client,
+        [
+            {"incident_id": "7", "features": {"dock": 3, "scanner": 2}},
+            {"incident_id": "7", "features": ROAD},  # another bag under the same ID: duplicate_id
+            {"incident_id": "big", "features": big, "reason": "customer"},  # a field named like a dead letter's own
+        ],
+    )
+    run_worker(server, max_tokens=2)  # too small for "big": the operator's mistake, fixed below
+    listed = json_lines(cli(server, "dead", "--json").stdout)
+    letters = {d["reason"]: d for d in listed}
+    assert sorted(letters) == ["duplicate_id", "too_many_tokens"]
+    assert letters["too_many_tokens"]["original"] == {
+        "incident_id": "big",
+        "features": json.dumps(big),
+        "reason": "customer",
+    }
+    only = json_lines(cli(server, "dead", "--reason", "duplicate_id", "--json").stdout)
+    assert [d["entry_id"] for d in only] == [letters["duplicate_id"]["entry_id"]]
+    human = cli(server, "dead")
+    assert "too_many_tokens" in human.stdout and "reason = customer" in human.stdout
+
+    dry = cli(server, "dead", "replay", "--all", "--dry-run", "--json")
+    assert dry.returncode == 0 and len(json.loads(dry.stdout)["replayed"]) == 2
+    assert client.xlen(DEAD) == 2 and client.xlen(EVENTS) == 3, "a dry run changed something"
+
+    # The fix: incident 7 is deleted so that the second bag may take its ID; the worker allows bigger bags.
+    assert cli(server, "publish", stdin='{"incident_id": "7", "op": "delete"}\n').returncode == 0
+    run_worker(server)
+    done = cli(server, "dead", "replay", "--all", "--json")
+    assert done.returncode == 0, done.stderr
+    replayed = {r["reason"]: r for r in json.loads(done.stdout)["replayed"]}
+    assert {reason: r["dead_entry"] for reason, r in replayed.items()} == {
+        reason: d["entry_id"] for reason, d in letters.items()
+    }
+    assert client.xlen(DEAD) == 0
+    new_entry = replayed["too_many_tokens"]["event_entry"]
+    [(_, requeued)] = client.xrange(EVENTS, new_entry, new_entry)
+    assert requeued == {b"incident_id": b"big", b"features": json.dumps(big).encode(), b"reason": b"customer"}
+
+    run_worker(server)
+    assert client.hget(FP, "7") == format_fingerprint(fingerprint(ROAD)).encode()
+    assert client.hget(FP, "big") == format_fingerprint(fingerprint(big)).encode()
+    assert client.xlen(DEAD) == 0
+
+
+def test_dead_replay_by_id_keeps_raw_bytes_and_reports_unknown_ids(server: RedisServer, client: redis.Redis) -> None:
+    client.xadd(EVENTS, {b"incident_id": b"raw", b"features": b'{"a": 1}', b"note": b"\xff\xfe"})
+    run_worker(server)
+    [letter] = dead_letters(client)
+    assert letter.reason == "not_utf8"
+    [(dead_id, _)] = client.xrange(DEAD)
+    done = cli(server, "dead", "replay", dead_id.decode(), "1-1")
+    assert done.returncode == 1, "an ID that is not in the dead stream makes the command fail"
+    assert f"replayed {dead_id.decode()}" in done.stdout and "1-1: not found" in done.stderr
+    [(_, fields)] = client.xrevrange(EVENTS, count=1)
+    assert fields == {b"incident_id": b"raw", b"features": b'{"a": 1}', b"note": b"\xff\xfe"}
+    assert client.xlen(DEAD) == 0
+
+
+# -- check ------------------------------------------------------------------------------------------------------
+
+
+def _wait_for_heartbeat(client: redis.Redis, pattern: str, timeout: float = 20) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        keys = list(client.scan_iter(match=pattern))
+        if keys:
+            return keys[0].decode()
+        time.sleep(0.05)
+    raise AssertionError(f"no heartbeat key {pattern} within {timeout}s")
+
+
+def test_check_is_healthy_while_a_worker_runs_and_unhealthy_after(
+    server: RedisServer, client: redis.Redis, tmp_path: Path
+) -> None:
+    assert cli(server, "check").returncode == 1
+    assert cli(server, "check", "--redis-only").returncode == 0
+    worker = start_worker(server.url, log=tmp_path / "w.log", **FAST)  # default consumer: <hostname>-<pid>
+    try:
+        key = _wait_for_heartbeat(client, "{incidents}:heartbeat:*")
+        consumer = key.removeprefix("{incidents}:heartbeat:")
+        healthy = cli(server, "check")
+        assert healthy.returncode == 0, healthy.stderr
+        assert consumer in healthy.stdout
+        assert cli(server, "check", "--consumer", consumer).returncode == 0
+        assert cli(server, "check", consumer="someone-else").returncode == 1, "the env names another consumer"
+        verdict = json.loads(cli(server, "check", "--json").stdout)
+        assert verdict["healthy"] is True and verdict["workers"][0]["consumer"] == consumer
+    finally:
+        assert stop(worker) == 0
+    gone = cli(server, "check")
+    assert gone.returncode == 1
+    assert len(gone.stderr.strip().splitlines()) == 1 and "no live heartbeat" in gone.stderr
+
+
+def test_check_fails_fast_with_one_line_when_redis_is_down() -> None:
+    url = f"redis://:hunter2-secret@127.0.0.1:{free_port()}/0"
+    started = time.monotonic()
+    for args in (["check"], ["check", "--redis-only"]):
+        done = cli(url, *args)
+        assert done.returncode == 1
+        assert len(done.stderr.strip().splitlines()) == 1 and "does not answer" in done.stderr
+        assert "hunter2-secret" not in done.stderr + done.stdout and ":***@" in done.stderr
+    assert time.monotonic() - started < 10
+
+
+def test_commands_fail_with_exit_1_and_a_redacted_url_when_redis_is_down() -> None:
+    url = f"redis://:hunter2-secret@127.0.0.1:{free_port()}/0"
+    done = cli(url, "stats")
+    assert done.returncode == 1 and "cannot reach Redis" in done.stderr and "Traceback" not in done.stderr
+    assert "hunter2-secret" not in done.stderr
+
+
+# -- usage ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["query", "--features", '{"a": 1.5}'], "weight 1.5 of token 'a'"),
+        (["query", "--features", "disk full"], "not valid JSON"),
+        (["query", "--text", "!!!"], "--text"),
+        (["query", "--max-distance", "70", "--features", '{"a": 1}'], "Hamming distance"),
+        (["publish", "/no/such/file.jsonl"], "cannot read /no/such/file.jsonl"),
+        (["alerts", "--since", "yesterday"], "not a stream entry ID"),
+        (["alerts", "--from-start"], "--from-start needs --group"),
+        (["alerts", "--group", "g", "--since", "0"], "--since does not apply with --group"),
+        (["dead", "replay"], "choose what to replay"),
+        (["dead", "replay", "--all", "--reason", "poison"], "choose what to replay"),
+        (["dead", "replay", "not-an-id"], "not a stream entry ID"),
+        (["stats", "--redis-url", "http://localhost:6379"], "must start with redis://"),
+        (["check", "--namespace", "{bad}"], "namespace"),
+    ],
+)
+def test_bad_usage_exits_2_with_a_message_saying_what_to_do(server: RedisServer, args: list[str], message: str) -> None:
+    done = cli(server, *args)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_query_beyond_the_index_max_distance_is_bad_usage(server: RedisServer, client: redis.Redis) -> None:
+    FingerprintIndex(client).add("47", DOCK)
+    done = cli(server, "query", "--features", json.dumps(DOCK), "--max-distance", "9")
+    assert done.returncode == 2 and "beyond this index's max distance 7" in done.stderr
+
+
+def test_every_subcommand_has_help_with_examples_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in (
+        ["publish"],
+        ["query"],
+        ["inspect"],
+        ["stats"],
+        ["alerts"],
+        ["dead"],
+        ["dead", "replay"],
+        ["check"],
+    ):
+        with pytest.raises(SystemExit) as exited:
+            main([*command, "--help"])
+        assert exited.value.code == 0
+        shown = capsys.readouterr().out
+        assert "examples:" in shown and "exit codes:" in shown and "--redis-url" in shown, command
