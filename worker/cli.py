@@ -44,8 +44,11 @@ def _flag_type(annotation: Any) -> tuple[Callable[[str], Any] | None, list[str] 
 def add_settings_flags(parser: argparse.ArgumentParser, only: Sequence[str] | None = None) -> None:
     """A flag for each setting (or those named in `only`); a flag given wins over the environment."""
     group = parser.add_argument_group("settings (flags override INCIDENT_WORKER_* environment variables)")
+    names = [name for name in Settings.model_fields if only is None or name in only]
+    # settings_from_args reads only these, so a subcommand's own flag (alerts --group) never becomes a setting
+    parser.set_defaults(_setting_names=tuple(names))
     for name, info in Settings.model_fields.items():
-        if only is not None and name not in only:
+        if name not in names:
             continue
         flag = "--" + name.replace("_", "-")
         env = ENV_PREFIX + name.upper()
@@ -68,7 +71,8 @@ def add_settings_flags(parser: argparse.ArgumentParser, only: Sequence[str] | No
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     """The settings: defaults, then the environment, then the flags given. Raises UsageError with every problem."""
-    overrides = {name: getattr(args, name) for name in Settings.model_fields if hasattr(args, name)}
+    names = getattr(args, "_setting_names", ())
+    overrides = {name: getattr(args, name) for name in names if hasattr(args, name)}
     try:
         return Settings(**overrides)
     except ValidationError as error:

@@ -32,6 +32,7 @@ __all__ = [
     "FingerprintIndex",
     "IndexError_",
     "LayoutMismatchError",
+    "Posting",
     "StreamTarget",
 ]
 
@@ -115,6 +116,19 @@ class ApplyResult:
     alert_id: str | None = None
     matches: list[tuple[str, int]] = field(default_factory=list)
     stored: int | None = None  # for a duplicate: the fingerprint already indexed
+
+
+@dataclass(frozen=True, slots=True)
+class Posting:
+    """One band of a fingerprint: where its bits are, its value, its posting set and whether that holds an ID."""
+
+    band: int
+    offset: int
+    width: int
+    value: int
+    key: str
+    size: int
+    member: bool
 
 
 def parse_apply(reply: Sequence[Any]) -> ApplyResult:
@@ -206,6 +220,28 @@ class FingerprintIndex:
             _BandKeys(self.keys.band_prefix(b), width, digits)
             for b, (width, digits) in enumerate(zip(self.layout.widths, self.layout.hex_digits))
         ]
+
+    @classmethod
+    def stored(cls, redis: Any, namespace: str = DEFAULT_NAMESPACE) -> FingerprintIndex | None:
+        """The namespace's index with the layout recorded in `{N}:meta`, or None before any worker opened it.
+
+        Writes nothing: read-only tools use it, so that a query cannot fix a namespace's layout by accident.
+        """
+        meta = cls.read_meta(redis, namespace)
+        if not meta:
+            return None
+        try:
+            bands, max_distance = int(meta["bands"]), int(meta["max_distance"])
+        except (KeyError, ValueError):
+            raise LayoutMismatchError(
+                f"{IndexKeys(namespace).meta} holds no band layout, so it is not the meta of an incident index"
+            ) from None
+        return cls(redis, namespace, bands, max_distance)
+
+    @staticmethod
+    def read_meta(redis: Any, namespace: str = DEFAULT_NAMESPACE) -> dict[str, str]:
+        """`{N}:meta` as text; {} when no worker has opened the namespace yet."""
+        return {_text(k): _text(v) for k, v in (redis.hgetall(IndexKeys(namespace).meta) or {}).items()}
 
     # -- setting up -------------------------------------------------------------------------------------------
 
@@ -491,6 +527,21 @@ class FingerprintIndex:
         keys = [self.keys.meta, self.keys.fingerprints, *own, *others]
         reply = self._fcall(FN_NEIGHBOURS, keys, [format_fingerprint(fp), limit, self.layout_tag], readonly=True)
         return _pairs(reply[2:])
+
+    def postings(self, incident_id: str, fp: int) -> list[Posting]:
+        """Each band's posting set of a fingerprint, its size, and whether it holds the incident (one round trip)."""
+        keys = self.posting_keys(fp)
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.scard(key)
+            pipe.sismember(key, incident_id)
+        replies = pipe.execute()
+        layout = self.layout
+        return [
+            Posting(band, layout.offsets[band], layout.widths[band], value, key,
+                    int(replies[2 * band]), bool(replies[2 * band + 1]))
+            for band, (key, value) in enumerate(zip(keys, layout.values(fp)))
+        ]
 
     def get(self, incident_id: str) -> int | None:
         """The incident's fingerprint, or None when it is not indexed."""

@@ -246,57 +246,13 @@ def _positive_arg(value: str) -> int:
 # -- reading the index (read-only helpers in the style of worker/index.py) ------------------------------------
 
 
-def _stored_meta(client: Any, keys: IndexKeys) -> dict[str, str]:
-    """`{N}:meta` as text; {} when no worker has opened the namespace yet."""
-    return {_text(k): _text(v) for k, v in (client.hgetall(keys.meta) or {}).items()}
-
-
 def _stored_index(client: Any, settings: Settings) -> tuple[FingerprintIndex | None, dict[str, str]]:
     """The index with the layout it was built with (None when it has no meta yet), and its meta."""
-    meta = _stored_meta(client, settings.keys)
-    if not meta:
-        return None, meta
     try:
-        bands, max_distance = int(meta["bands"]), int(meta["max_distance"])
-    except (KeyError, ValueError):
-        raise _CommandError(
-            f"{settings.keys.meta} holds no band layout, so it is not the meta of an incident index; check --namespace"
-        ) from None
-    return FingerprintIndex(client, settings.namespace, bands, max_distance), meta
-
-
-@dataclass(frozen=True)
-class _Posting:
-    band: int
-    offset: int
-    width: int
-    value: int
-    key: str
-    size: int
-    member: bool
-
-
-def _postings(index: FingerprintIndex, incident_id: str, fp: int) -> list[_Posting]:
-    """The posting set of each band of a fingerprint: its key, its size and whether it holds the incident."""
-    layout = index.layout
-    keys = index.posting_keys(fp)
-    pipe = index.redis.pipeline(transaction=False)
-    for key in keys:
-        pipe.scard(key)
-        pipe.sismember(key, incident_id)
-    replies = pipe.execute()
-    return [
-        _Posting(
-            band,
-            layout.offsets[band],
-            layout.widths[band],
-            value,
-            key,
-            int(replies[2 * band]),
-            bool(replies[2 * band + 1]),
-        )
-        for band, (key, value) in enumerate(zip(keys, layout.values(fp), strict=True))
-    ]
+        index = FingerprintIndex.stored(client, settings.namespace)
+    except LayoutMismatchError as error:
+        raise _CommandError(f"{error}; check --namespace") from None
+    return index, FingerprintIndex.read_meta(client, settings.namespace) if index else {}
 
 
 def _glob_escape(text: str) -> str:
@@ -870,7 +826,7 @@ def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
             f"(no field in {settings.keys.fingerprints}); if it was published, see `incident-worker dead` "
             "for why it may not have been processed"
         )
-    postings = _postings(index, args.incident_id, fp)
+    postings = index.postings(args.incident_id, fp)
     rows = _match_rows(index, [m for m in index.neighbours_of(fp) if m[0] != args.incident_id])
     if args.json:
         print(
