@@ -7,6 +7,7 @@ alert and acknowledges the entry, all in one atomic step on the server.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections import defaultdict
@@ -156,31 +157,48 @@ def batched(items: Iterable[Any], size: int) -> Iterable[list[Any]]:
 _HEX4 = [f"{v:04x}" for v in range(1 << 16)]
 
 
+@functools.lru_cache(maxsize=64)
+def _key_table(prefix: str, bits: int, digits: int) -> list[str]:
+    """`prefix` + each `bits`-bit value in `digits` hex digits; shared by every index of a namespace."""
+    return [f"{prefix}{v:0{digits}x}" for v in range(1 << bits)]
+
+
 class _BandKeys:
     """Builds the posting key names of one band fast: one list lookup (and at most one concatenation) per key.
 
     Each query builds 68 keys under the default layout and 718 under 3 bands; `format` per key would cost more
-    client time than the server spends on the whole call at small index sizes.
+    client time than the server spends on the whole call at small index sizes. The probe keys of recent band
+    values are kept too: incident fingerprints cluster, so the same band values come back again and again.
     """
 
-    def __init__(self, prefix: str, width: int, digits: int) -> None:
-        self.prefix, self.width, self.digits = prefix, width, digits
+    _CACHE_SIZE = 8192
+
+    def __init__(self, prefix: str, width: int, digits: int, masks: Sequence[int]) -> None:
+        self.prefix, self.width, self.digits, self.masks = prefix, width, digits, tuple(masks[1:])
         self._full: list[str] | None = None
         self._high: list[str] | None = None
-
-    def _tables(self) -> None:
-        if self.width <= 16:
-            self._full = [f"{self.prefix}{v:0{self.digits}x}" for v in range(1 << self.width)]
-        elif self.width <= 32:
-            self._high = [f"{self.prefix}{v:0{self.digits - 4}x}" for v in range(1 << (self.width - 16))]
+        self._probes: dict[int, tuple[str, ...]] = {}
+        if width <= 16:
+            self._full = _key_table(prefix, width, digits)
+        elif width <= 32:
+            self._high = _key_table(prefix, width - 16, digits - 4)
 
     def key(self, value: int) -> str:
+        if self._full is not None:
+            return self._full[value]
         return self.keys(value, (0,))[0]
+
+    def probes(self, value: int) -> tuple[str, ...]:
+        """The keys of every other value this band probes around `value` (the layout's own radius)."""
+        found = self._probes.get(value)
+        if found is None:
+            if len(self._probes) >= self._CACHE_SIZE:
+                self._probes.clear()
+            found = self._probes[value] = tuple(self.keys(value, self.masks))
+        return found
 
     def keys(self, value: int, masks: Sequence[int]) -> list[str]:
         """The key of `value ^ mask` for each mask."""
-        if self._full is None and self._high is None and self.width <= 32:
-            self._tables()
         if self._full is not None:
             full = self._full
             return [full[value ^ mask] for mask in masks]
@@ -188,6 +206,12 @@ class _BandKeys:
             high, low = self._high, _HEX4
             return [high[(v := value ^ mask) >> 16] + low[v & 0xFFFF] for mask in masks]
         return [f"{self.prefix}{value ^ mask:0{self.digits}x}" for mask in masks]
+
+
+try:
+    from hiredis import pack_command as _pack_command
+except ImportError:  # pragma: no cover - hiredis is a dependency; without it, redis-py's pipeline does the packing
+    _pack_command = None
 
 
 def _is_missing_function(error: ResponseError) -> bool:
@@ -217,8 +241,10 @@ class FingerprintIndex:
         )
         self._opened = False
         self._band_keys = [
-            _BandKeys(self.keys.band_prefix(b), width, digits)
-            for b, (width, digits) in enumerate(zip(self.layout.widths, self.layout.hex_digits))
+            _BandKeys(self.keys.band_prefix(b), width, digits, masks)
+            for b, (width, digits, masks) in enumerate(
+                zip(self.layout.widths, self.layout.hex_digits, self.layout.probe_masks)
+            )
         ]
 
     @classmethod
@@ -324,13 +350,15 @@ class FingerprintIndex:
         """The posting keys of the fingerprint and, apart, every other key it probes."""
         own: list[str] = []
         others: list[str] = []
+        values = self.layout.values(fp)
         if radius is None or radius == self.layout.radius:
-            masks = self.layout.probe_masks
-        else:
-            masks = tuple(_masks_within(width, radius) for width in self.layout.widths)
-        for band, value, band_masks in zip(self._band_keys, self.layout.values(fp), masks):
+            for band, value in zip(self._band_keys, values):
+                own.append(band.key(value))
+                others.extend(band.probes(value))
+            return own, others
+        for band, value, width in zip(self._band_keys, values, self.layout.widths):
             own.append(band.key(value))
-            others.extend(band.keys(value, band_masks[1:]))
+            others.extend(band.keys(value, _masks_within(width, radius)[1:]))
         return own, others
 
     def apply_call(
@@ -399,17 +427,46 @@ class FingerprintIndex:
             args += [name, value]
         return [stream.events, stream.dead], args
 
-    def queue_apply(self, pipe: Any, op: str, incident_id: str, fp: int | None, **kwargs: Any) -> None:
-        """Queue one apply call on a pipeline; parse its reply with `parse_apply`."""
+    def apply_command(self, op: str, incident_id: str, fp: int | None, **kwargs: Any) -> tuple[Any, ...]:
+        """One apply call as a command for `execute`; parse its reply with `parse_apply`."""
         keys, args = self.apply_call(op, incident_id, fp, **kwargs)
-        pipe.fcall(FN_APPLY, len(keys), *keys, *args)
+        return ("FCALL", FN_APPLY, len(keys), *keys, *args)
 
-    def queue_dead_letter(
-        self, pipe: Any, stream: StreamTarget, entry_id: str, fields: Mapping[Any, Any]
-    ) -> None:
-        """Queue a dead-letter call on a pipeline; its reply is the dead letter's ID, or '' if not pending."""
+    def dead_letter_command(self, stream: StreamTarget, entry_id: str, fields: Mapping[Any, Any]) -> tuple[Any, ...]:
+        """A dead-letter call as a command for `execute`; its reply is the letter's ID, or '' if not pending."""
         keys, args = self.dead_letter_call(stream, entry_id, fields)
-        pipe.fcall(FN_DEAD_LETTER, len(keys), *keys, *args)
+        return ("FCALL", FN_DEAD_LETTER, len(keys), *keys, *args)
+
+    def execute(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Send commands in one pipeline, in order; returns each reply, or the ResponseError it got.
+
+        On a standalone client the commands are packed by hiredis and written on one connection directly:
+        redis-py's pipeline inspects every argument in Python first, which costs more client time per event
+        (90 arguments) than a small index costs the server. Other clients (cluster) take the regular pipeline.
+        """
+        if not commands:
+            return []
+        if _pack_command is None or type(self.redis).__name__ not in ("Redis", "StrictRedis"):
+            pipe = self.redis.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            return list(pipe.execute(raise_on_error=False))
+        pool = self.redis.connection_pool
+        connection = pool.get_connection()
+        try:
+            connection.send_packed_command([b"".join([_pack_command(command) for command in commands])])
+            replies: list[Any] = []
+            for _ in commands:
+                try:
+                    replies.append(connection.read_response())
+                except ResponseError as error:
+                    replies.append(error)
+            return replies
+        except BaseException:
+            connection.disconnect()  # replies may still be on the way: never reuse this connection
+            raise
+        finally:
+            pool.release(connection)
 
     def fingerprints_of(self, incident_ids: Sequence[str]) -> dict[str, int | None]:
         """The stored fingerprint of each ID (None when not indexed), in one round trip."""

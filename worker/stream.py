@@ -426,10 +426,7 @@ class StreamWorker:
     def _apply_segment(self, items: list[_Item], *, attempt: int = 0) -> None:
         changing = [item.event.incident_id for item in items if item.event and item.event.op != "add"]
         expected = self.index.fingerprints_of(changing)
-        pipe = self.redis.pipeline(transaction=False)
-        for item in items:
-            self._queue(pipe, item, expected)
-        replies = pipe.execute(raise_on_error=False)
+        replies = self.index.execute([self._command(item, expected) for item in items])
         retry: list[_Item] = []
         for item, reply in zip(items, replies):
             if isinstance(reply, ResponseError):
@@ -444,14 +441,12 @@ class StreamWorker:
         if retry:
             self._apply_segment(retry, attempt=attempt + 1)
 
-    def _queue(self, pipe: Any, item: _Item, expected: Mapping[str, int | None]) -> None:
+    def _command(self, item: _Item, expected: Mapping[str, int | None]) -> tuple[Any, ...]:
         if item.dead is not None:
-            self._queue_dead(pipe, item, *item.dead)
-            return
+            return self._dead_command(item, *item.dead)
         event = item.event
         assert event is not None
-        self.index.queue_apply(
-            pipe,
+        return self.index.apply_command(
             event.op,
             event.incident_id,
             event.fingerprint,
@@ -462,7 +457,7 @@ class StreamWorker:
             max_matches=self.settings.max_matches,
         )
 
-    def _queue_dead(self, pipe: Any, item: _Item, reason: str, detail: str) -> None:
+    def _dead_command(self, item: _Item, reason: str, detail: str) -> tuple[Any, ...]:
         letter = DeadLetter(
             reason=reason,
             detail=detail,
@@ -471,7 +466,7 @@ class StreamWorker:
             consumer=self.settings.consumer,
             deliveries=item.deliveries,
         )
-        self.index.queue_dead_letter(pipe, self.target, item.entry_id, letter.to_fields(original=item.fields))
+        return self.index.dead_letter_command(self.target, item.entry_id, letter.to_fields(original=item.fields))
 
     def _handle(self, item: _Item, reply: Any) -> None:
         if item.dead is not None:
@@ -488,9 +483,10 @@ class StreamWorker:
             assert result.stored is not None and event.fingerprint is not None
             error = DuplicateIncidentError(event.incident_id, result.stored, event.fingerprint)
             item.dead = ("duplicate_id", str(error))
-            pipe = self.redis.pipeline(transaction=False)
-            self._queue_dead(pipe, item, *item.dead)
-            self._dead_lettered(item, pipe.execute()[0])
+            [reply] = self.index.execute([self._dead_command(item, *item.dead)])
+            if isinstance(reply, Exception):
+                raise reply
+            self._dead_lettered(item, reply)
             return
         if result.status == "not_pending":
             log.debug("entry already processed by another consumer")
@@ -522,9 +518,9 @@ class StreamWorker:
         assert event is not None
         for _ in range(_STALE_RETRIES):
             expected = self.index.fingerprints_of([event.incident_id])
-            pipe = self.redis.pipeline(transaction=False)
-            self._queue(pipe, item, expected)
-            reply = pipe.execute()[0]
+            [reply] = self.index.execute([self._command(item, expected)])
+            if isinstance(reply, Exception):
+                raise reply
             if _text(reply[0]) != "stale":
                 self._handle(item, reply)
                 return
