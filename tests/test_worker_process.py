@@ -198,3 +198,28 @@ def test_password_never_reaches_the_logs(tmp_path: Path) -> None:
         assert "redis://:***@127.0.0.1" in text
     finally:
         server.stop()
+
+
+def test_out_of_memory_holds_the_batch_instead_of_poisoning_it(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path, extra=["--maxmemory-policy", "noeviction"])
+    server.start()
+    try:
+        client = server.client()
+        events, bad = _workload(3000, seed=8, bad_every=0)
+        publish(client, events)
+        used = int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory", str(used + 300_000))  # room for a few hundred incidents, not 3,000
+        log = tmp_path / "w.log"
+        worker = start_worker(server.url, "--until-idle", log=log, max_deliveries=2, reconnect_max_backoff_s=0.5,
+                              **FAST)
+        deadline = time.monotonic() + 30
+        while "out of memory" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "out of memory" in log.read_text()
+        time.sleep(2)  # long enough for claims and recoveries to have run up delivery counts, were they counted
+        assert worker.poll() is None
+        client.config_set("maxmemory", "0")
+        assert _wait(worker, 120) == 0
+        _check_run(client, events, bad)
+    finally:
+        server.stop()

@@ -608,6 +608,17 @@ class FingerprintIndex:
     def __len__(self) -> int:
         return int(self.redis.hlen(self.keys.fingerprints))
 
+    def _info_memory(self) -> dict[str, Any]:
+        """INFO memory of the server holding this index (on a cluster: the node that owns its hash tag)."""
+        nodes = getattr(self.redis, "get_node_from_key", None)
+        if nodes is not None:
+            info = self.redis.info("memory", target_nodes=nodes(self.keys.meta))
+        else:
+            info = self.redis.info("memory")
+        if isinstance(info, dict) and "used_memory" not in info and len(info) == 1:
+            info = next(iter(info.values()))  # some cluster clients answer {node: info}
+        return info if isinstance(info, dict) else {}
+
     def stats(self) -> dict[str, Any]:
         """Incidents indexed, the layout, and Redis memory where the server reports it."""
         count = len(self)
@@ -622,11 +633,22 @@ class FingerprintIndex:
             "probes_per_query": self.layout.probes,
             "meta": {_text(k): _text(v) for k, v in (self.redis.hgetall(self.keys.meta) or {}).items()},
         }
+        # Each figure on its own: a server, proxy or ACL user may allow one of MEMORY USAGE and INFO and not the other.
         try:
             fp_bytes = self.redis.memory_usage(self.keys.fingerprints)
-            info = self.redis.info("memory")
-        except ResponseError:  # a server or proxy without MEMORY / INFO: report what we have
-            return stats
+        except ResponseError:
+            fp_bytes = None
+        if fp_bytes is not None:
+            stats["fingerprint_hash_bytes"] = int(fp_bytes)
+        try:
+            info = self._info_memory()
+        except ResponseError:
+            info = {}
+        if "used_memory" in info:
+            stats["used_memory"] = int(info["used_memory"])
+            if count:
+                stats["used_memory_per_incident"] = round(int(info["used_memory"]) / count, 1)
+        return stats
         if isinstance(info, dict) and "used_memory" in info:
             stats["used_memory"] = int(info["used_memory"])
             if count:

@@ -26,7 +26,7 @@ from typing import Any
 import redis as redis_lib
 from pydantic import ValidationError
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ResponseError
 
 from .fingerprint import format_fingerprint
 from .formats import DeadLetter, EventLimits, IncidentEvent, event_error
@@ -157,7 +157,12 @@ class StreamWorker:
                     break
             except LayoutMismatchError:
                 raise
-            except (redis_lib.ConnectionError, redis_lib.TimeoutError, redis_lib.BusyLoadingError) as error:
+            except (
+                redis_lib.ConnectionError,
+                redis_lib.TimeoutError,
+                redis_lib.BusyLoadingError,
+                OutOfMemoryError,
+            ) as error:
                 failures += 1
                 ready = False
                 self._reconnect_pause(error, failures)
@@ -427,8 +432,15 @@ class StreamWorker:
         changing = [item.event.incident_id for item in items if item.event and item.event.op != "add"]
         expected = self.index.fingerprints_of(changing)
         replies = self.index.execute([self._command(item, expected) for item in items])
+        full = [item for item, reply in zip(items, replies) if isinstance(reply, OutOfMemoryError)]
+        if full:
+            # Redis refuses writes (maxmemory with noeviction): nothing of those calls happened. Hold on to the
+            # entries and retry them, instead of reading more or letting their delivery count run up to poison.
+            self._wait_for_memory(full)
         retry: list[_Item] = []
         for item, reply in zip(items, replies):
+            if isinstance(reply, OutOfMemoryError):
+                continue
             if isinstance(reply, ResponseError):
                 if self.index_error(reply) and attempt == 0:
                     retry.append(item)
@@ -440,6 +452,28 @@ class StreamWorker:
             self._handle(item, reply)
         if retry:
             self._apply_segment(retry, attempt=attempt + 1)
+
+    def _wait_for_memory(self, items: list[_Item]) -> None:
+        failures = 0
+        while not self.stopping:
+            failures += 1
+            delay = self._backoff.compute(failures)
+            self.log.warning(
+                "redis is out of memory (maxmemory); holding the batch and retrying",
+                entries=len(items),
+                attempt=failures,
+                retry_in_s=round(delay, 2),
+                hint="raise maxmemory or add memory; nothing is lost while the worker waits",
+            )
+            self._stop.wait(delay)
+            if self.stopping:
+                break
+            try:
+                self._apply_segment(items)
+                return
+            except OutOfMemoryError:
+                continue
+        self.log.warning("stopping while redis is out of memory; the entries stay pending", entries=len(items))
 
     def _command(self, item: _Item, expected: Mapping[str, int | None]) -> tuple[Any, ...]:
         if item.dead is not None:
