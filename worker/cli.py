@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import SecretStr, ValidationError
 
 from . import __version__
-from .settings import ENV_PREFIX, Settings
+from .settings import ENV_PREFIX, Settings, shown_default
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -31,7 +31,7 @@ def _flag_type(annotation: Any) -> tuple[Callable[[str], Any] | None, list[str] 
     origin = get_origin(annotation)
     if origin is Literal:
         return str, [str(choice) for choice in get_args(annotation)]
-    if origin in (types.UnionType, getattr(__import__("typing"), "Union")):
+    if origin in (types.UnionType, __import__("typing").Union):
         inner = [arg for arg in get_args(annotation) if arg is not type(None)]
         return _flag_type(inner[0])
     if annotation in (int, float, str):
@@ -52,14 +52,7 @@ def add_settings_flags(parser: argparse.ArgumentParser, only: Sequence[str] | No
             continue
         flag = "--" + name.replace("_", "-")
         env = ENV_PREFIX + name.upper()
-        default = info.get_default(call_default_factory=False)
-        if name == "consumer":
-            shown = "host name and PID"
-        elif isinstance(default, SecretStr):
-            shown = default.get_secret_value()
-        else:
-            shown = default
-        help_text = f"{info.description} [env {env}; default {shown}]"
+        help_text = f"{info.description} [env {env}; default {shown_default(name)}]"
         if info.annotation is bool:
             group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
                                help=help_text)

@@ -172,19 +172,22 @@ class Settings(BaseSettings):
         return redact_url(self.redis_url.get_secret_value())
 
 
+def shown_default(name: str) -> str:
+    """A setting's default as people read it (in --help and in the README)."""
+    default = Settings.model_fields[name].get_default(call_default_factory=False)
+    if name == "consumer":
+        return "host name and PID"
+    if isinstance(default, SecretStr):
+        return default.get_secret_value()
+    if default is None:
+        return "{N}:" + name.removesuffix("_stream")
+    return str(default).lower() if isinstance(default, bool) else str(default)
+
+
 def settings_table() -> str:
     """The README's configuration table, generated from the fields above (a test keeps the two equal)."""
     rows = ["| variable | flag of `run` | default | meaning |", "|---|---|---|---|"]
     for name, info in Settings.model_fields.items():
-        default = info.get_default(call_default_factory=False)
-        if name == "consumer":
-            shown = "host name and PID"
-        elif isinstance(default, SecretStr):
-            shown = default.get_secret_value()
-        elif default is None:
-            shown = "{N}:" + name.removesuffix("_stream")
-        else:
-            shown = str(default).lower() if isinstance(default, bool) else str(default)
         flag = "--" + name.replace("_", "-")
-        rows.append(f"| `{ENV_PREFIX}{name.upper()}` | `{flag}` | `{shown}` | {info.description} |")
+        rows.append(f"| `{ENV_PREFIX}{name.upper()}` | `{flag}` | `{shown_default(name)}` | {info.description} |")
     return "\n".join(rows)
