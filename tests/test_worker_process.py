@@ -223,3 +223,35 @@ def test_out_of_memory_holds_the_batch_instead_of_poisoning_it(tmp_path: Path) -
         _check_run(client, events, bad)
     finally:
         server.stop()
+
+
+def test_metrics_endpoint_counts_what_the_worker_did(server: RedisServer, tmp_path: Path) -> None:
+    import urllib.request
+
+    from tests.redis_server import free_port
+
+    client = server.client()
+    publish(client, [
+        {"incident_id": "47", "features": {"dock": 3, "scanner": 2, "timeout": 1}},
+        {"incident_id": "90", "features": {"dock": 3, "scanner": 2, "timeout": 1}},
+        {"incident_id": "91", "features": "{}"},
+    ])
+    port = free_port()
+    worker = start_worker(server.url, log=tmp_path / "w.log", metrics_port=port, **FAST)
+    try:
+        deadline = time.monotonic() + 30
+        text = ""
+        while time.monotonic() < deadline and 'outcome="dead"' not in text:
+            time.sleep(0.2)
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                continue
+        assert 'incident_worker_events_total{outcome="indexed"} 2.0' in text
+        assert 'incident_worker_events_total{outcome="dead"} 1.0' in text
+        assert "incident_worker_alerts_total 1.0" in text
+        assert 'incident_worker_dead_letters_total{reason="empty_bag"} 1.0' in text
+        assert "incident_worker_end_to_end_seconds_count 2.0" in text
+        assert "incident_worker_candidates_bucket" in text
+    finally:
+        assert stop(worker) == 0

@@ -1,0 +1,47 @@
+"""The README is the front door: its configuration table, commands and metric names must match the code."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from worker.cli import build_parser
+from worker.metrics import Metrics
+from worker.settings import ENV_PREFIX, Settings, settings_table
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+
+
+def _between(start: str, end: str) -> str:
+    return README.split(start, 1)[1].split(end, 1)[0]
+
+
+def test_configuration_table_matches_the_settings() -> None:
+    table = _between("<!-- settings-table", "<!-- end settings-table -->").split("\n", 1)[1].strip()
+    assert table == settings_table(), "regenerate the table with worker.settings.settings_table()"
+    documented = set(re.findall(rf"`{ENV_PREFIX}([A-Z_]+)`", table))
+    assert documented == {name.upper() for name in Settings.model_fields}
+
+
+def test_quick_start_is_two_make_commands() -> None:
+    quick = _between("## Quick start", "## What it guarantees")
+    first_block = quick.split("```", 2)[1]
+    assert [line.split()[0:2] for line in first_block.strip().splitlines()] == [["make", "demo"], ["make", "test"]]
+
+
+def test_every_subcommand_the_readme_names_exists() -> None:
+    parser = build_parser()
+    subcommands = next(a for a in parser._actions if a.dest == "command").choices  # noqa: SLF001
+    named = set(re.findall(r"incident-worker (\w+)", README)) | set(
+        re.findall(r"`(\w+)(?: [^`]*)?`", _between("- **Command line.**", "- **Scaling out.**"))
+    )
+    named -= {"json", "text", "all", "group", "follow", "consumer"}
+    assert named <= set(subcommands), named - set(subcommands)
+    assert set(subcommands) <= named, f"not in the README: {set(subcommands) - named}"
+
+
+def test_every_metric_the_readme_names_exists() -> None:
+    exported = {sample.name for family in Metrics().registry.collect() for sample in family.samples}
+    exported |= {family.name for family in Metrics().registry.collect()}
+    named = set(re.findall(r"`(incident_worker_\w+)`", README))
+    assert named and named <= exported, named - exported
