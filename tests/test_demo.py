@@ -66,3 +66,20 @@ def test_demo_keep_serves_redis_cli_and_alerts_new_events() -> None:
     demo.send_signal(signal.SIGINT)
     demo.communicate(timeout=30)
     assert demo.returncode == 0
+
+
+def test_demo_in_a_network_without_any_redis() -> None:
+    """In a fresh network namespace nothing listens on 6379: the demo must not care."""
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True)
+    if shutil.which("unshare") is None or probe.returncode != 0:
+        pytest.skip("unshare -n is not permitted here; test_demo_runs_the_sample_and_prints_the_alerts covers the rest")
+    command = " ".join([*worker_command(), "demo"])
+    script = (
+        "ip link set lo up 2>/dev/null; "
+        "if (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null; then echo 'REDIS ON 6379'; exit 3; fi; "
+        f"exec {command}"
+    )
+    done = subprocess.run(["unshare", "-n", "bash", "-c", script], env=clean_env(), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ALERT  90 matches 47 (distance 0)" in done.stdout
