@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import os
 import random
 from collections import defaultdict
 from importlib import resources
@@ -18,7 +19,12 @@ from hypothesis import strategies as st
 from worker.fingerprint import MAX_WEIGHT, distance, fingerprint, fingerprint_reference, format_fingerprint
 from worker.text import PLACEHOLDERS, features_from_text, words
 
-LOGHUB = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "loghub"
+_LOGHUB_PLACES = [
+    Path(os.environ.get("LOGHUB_DIR", "/nonexistent")),
+    Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "loghub",  # beside the repository
+    Path("/work/shared/data/loghub"),  # where the shared data lives on the project's machines
+]
+LOGHUB = next((place for place in _LOGHUB_PLACES if place.is_dir()), _LOGHUB_PLACES[1])
 ALERT_DISTANCE = 7
 
 
