@@ -19,6 +19,7 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -304,10 +305,12 @@ class StreamWorker:
     def read_and_process(self) -> int:
         """Read new entries (blocking up to block_ms) and process them; returns how many were read.
 
-        While one batch runs on the server, the next is read and validated in a helper thread, so the client's
-        share of the work (parsing, JSON, fingerprints) overlaps the server's. It stops reading ahead when the
-        stream has nothing more, after a second (to let the periodic work run), or when asked to stop; whatever
-        it read is processed before it returns, so a stopping worker leaves nothing pending.
+        Two things keep both the client and the server busy. While one batch runs on the server, the next is read
+        and validated in a helper thread. And batches of adds are pipelined one ahead: batch k + 1 is sent before
+        the replies of batch k are read (on one connection, so the server still applies them in stream order).
+        It stops reading ahead when the stream has nothing more, after a second (to let the periodic work run), or
+        when asked to stop; whatever it read is finished before it returns, so a stopping worker leaves nothing
+        pending.
         """
         entries = self._read(">", self.settings.block_ms)
         if not entries:
@@ -315,14 +318,36 @@ class StreamWorker:
         items = self._prepare(entries)
         total = 0
         until = time.monotonic() + 1.0
-        while items:
-            ahead = None
-            if not self.stopping and time.monotonic() < until:
-                ahead = self._reader.submit(self._read_ahead)
-            self._apply(items)
-            total += len(items)
-            items = ahead.result() if ahead is not None else []
+        calls = self.index.calls()
+        sent: deque[tuple[list[_Item], float]] = deque()
+        try:
+            while items:
+                ahead = None
+                if not self.stopping and time.monotonic() < until:
+                    ahead = self._reader.submit(self._read_ahead)
+                if calls is not None and all(item.event is None or item.event.op == "add" for item in items):
+                    calls.send([self._command(item, {}) for item in items])
+                    sent.append((items, time.perf_counter()))
+                    if len(sent) > 1:
+                        self._finish_sent(sent.popleft(), calls.receive())
+                else:  # upserts and deletes read what they replace first: no batch may be in flight
+                    while sent:
+                        self._finish_sent(sent.popleft(), calls.receive())  # type: ignore[union-attr]
+                    self._apply(items)
+                total += len(items)
+                items = ahead.result() if ahead is not None else []
+            while sent:
+                self._finish_sent(sent.popleft(), calls.receive())  # type: ignore[union-attr]
+        finally:
+            if calls is not None:
+                calls.close()
         return total
+
+    def _finish_sent(self, batch: tuple[list[_Item], float], replies: list[Any]) -> None:
+        items, started = batch
+        self._finish(items, replies)
+        self.stats.batches += 1
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
 
     def _read_ahead(self) -> list[_Item]:
         entries = self._read(">", None)
@@ -432,6 +457,10 @@ class StreamWorker:
         changing = [item.event.incident_id for item in items if item.event and item.event.op != "add"]
         expected = self.index.fingerprints_of(changing)
         replies = self.index.execute([self._command(item, expected) for item in items])
+        self._finish(items, replies, attempt=attempt)
+
+    def _finish(self, items: list[_Item], replies: list[Any], *, attempt: int = 0) -> None:
+        """Act on the replies of a batch's calls: log, count, dead-letter duplicates, retry what can be retried."""
         full = [item for item, reply in zip(items, replies) if isinstance(reply, OutOfMemoryError)]
         if full:
             # Redis refuses writes (maxmemory with noeviction): nothing of those calls happened. Hold on to the
