@@ -115,8 +115,9 @@ def start_worker(url: str, *args: str, log: Path | None = None, **settings: Any)
     """`incident-worker run` as a child process, logging JSON lines to `log` (or discarding them)."""
     env = clean_env(redis_url=url, log_format="json", **settings)
     if log is None:
-        return subprocess.Popen([*worker_command(), "run", *args], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        return subprocess.Popen(
+            [*worker_command(), "run", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
     with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
         return subprocess.Popen([*worker_command(), "run", *args], env=env, stdout=out, stderr=out)
 

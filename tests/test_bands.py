@@ -54,7 +54,7 @@ def test_probe_values_are_exactly_the_values_within_radius(bands: int, max_dista
     layout = BandLayout(bands, max_distance)
     rng = random.Random(bands * 100 + max_distance)
     fp = rng.getrandbits(64)
-    for b, (value, probes) in enumerate(zip(layout.values(fp), layout.probe_values(fp))):
+    for b, (value, probes) in enumerate(zip(layout.values(fp), layout.probe_values(fp), strict=True)):
         width = layout.widths[b]
         assert probes[0] == value
         assert len(probes) == len(set(probes))
@@ -72,7 +72,9 @@ def test_probe_values_are_exactly_the_values_within_radius(bands: int, max_dista
     st.integers(0, 2**64 - 1),
     st.data(),
 )
-def test_pigeonhole_every_pair_within_r_shares_a_probe(bands: int, max_distance: int, a: int, data: st.DataObject) -> None:
+def test_pigeonhole_every_pair_within_r_shares_a_probe(
+    bands: int, max_distance: int, a: int, data: st.DataObject
+) -> None:
     if probe_count(bands, max_distance) > MAX_PROBES:
         return
     layout = BandLayout(bands, max_distance)
@@ -80,9 +82,9 @@ def test_pigeonhole_every_pair_within_r_shares_a_probe(bands: int, max_distance:
     b = a
     for bit in flips:
         b ^= 1 << bit
-    assert any(
-        value_b in probes for value_b, probes in zip(layout.values(b), layout.probe_values(a))
-    ), "a fingerprint within r was not probed: recall would be incomplete"
+    assert any(value_b in probes for value_b, probes in zip(layout.values(b), layout.probe_values(a), strict=True)), (
+        "a fingerprint within r was not probed: recall would be incomplete"
+    )
 
 
 def test_unreasonable_layouts_are_refused_with_a_way_out() -> None:
@@ -95,8 +97,15 @@ def test_unreasonable_layouts_are_refused_with_a_way_out() -> None:
 
 @pytest.mark.parametrize(
     ("bands", "max_distance", "fragment"),
-    [(0, 7, "bands=0"), (65, 7, "bands=65"), (4, -1, "max_distance=-1"), (4, 65, "max_distance=65"),
-     ("4", 7, "bands='4'"), (4, 7.0, "max_distance=7.0"), (True, 7, "bands=True")],
+    [
+        (0, 7, "bands=0"),
+        (65, 7, "bands=65"),
+        (4, -1, "max_distance=-1"),
+        (4, 65, "max_distance=65"),
+        ("4", 7, "bands='4'"),
+        (4, 7.0, "max_distance=7.0"),
+        (True, 7, "bands=True"),
+    ],
 )
 def test_out_of_range_layouts_are_refused(bands: object, max_distance: object, fragment: str) -> None:
     with pytest.raises(LayoutError, match=fragment.replace("(", r"\(")):
@@ -104,7 +113,7 @@ def test_out_of_range_layouts_are_refused(bands: object, max_distance: object, f
 
 
 def test_every_layout_for_distance_7_from_3_bands_up_is_usable() -> None:
-    assert ALLOWED_FOR_7 == list(range(3, 65))
+    assert list(range(3, 65)) == ALLOWED_FOR_7
 
 
 def test_key_names_follow_spec_section_3() -> None:

@@ -37,16 +37,31 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RedisServ
         server = RedisServer(
             directory,
             port=free_port(cluster=True),
-            extra=["--cluster-enabled", "yes", "--cluster-config-file", str(directory / "nodes.conf"),
-                   "--cluster-node-timeout", "5000"],
+            extra=[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                str(directory / "nodes.conf"),
+                "--cluster-node-timeout",
+                "5000",
+            ],
         )
         server.start()
         servers.append(server)
     try:
         subprocess.run(
-            ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{s.port}" for s in servers],
-             "--cluster-replicas", "0", "--cluster-yes"],
-            check=True, capture_output=True, timeout=60,
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *[f"127.0.0.1:{s.port}" for s in servers],
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -86,13 +101,23 @@ def test_two_namespaces_on_a_three_master_cluster(cluster: list[RedisServer], tm
                 pipe.xadd(f"{{{namespace}}}:events", {"incident_id": f"bad-{n}", "features": "[]"})
         pipe.execute()
     workers = [
-        start_worker(url, "--until-idle", log=tmp_path / f"{namespace}-{k}.log", cluster="true",
-                     namespace=namespace, consumer=f"{namespace}-{k}", batch_size=50, **FAST)
+        start_worker(
+            url,
+            "--until-idle",
+            log=tmp_path / f"{namespace}-{k}.log",
+            cluster="true",
+            namespace=namespace,
+            consumer=f"{namespace}-{k}",
+            batch_size=50,
+            **FAST,
+        )
         for namespace in workloads
         for k in range(2)
     ]
     codes = [w.wait(timeout=300) for w in workers]
-    assert codes == [0, 0, 0, 0], [(tmp_path / f).read_text()[-2000:] for f in sorted(p.name for p in tmp_path.iterdir())]
+    assert codes == [0, 0, 0, 0], [
+        (tmp_path / f).read_text()[-2000:] for f in sorted(p.name for p in tmp_path.iterdir())
+    ]
 
     for namespace, items in workloads.items():
         events = [{"incident_id": i, "features": bag} for i, bag in items]

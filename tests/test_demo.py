@@ -17,8 +17,9 @@ from tests.streams import clean_env, worker_command
 def _demo(*args: str) -> subprocess.Popen[str]:
     # A Redis URL that points nowhere: the demo must not need (or touch) any Redis of the machine.
     env = clean_env(redis_url="redis://127.0.0.1:9/0")
-    return subprocess.Popen([*worker_command(), "demo", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [*worker_command(), "demo", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 def test_demo_runs_the_sample_and_prints_the_alerts() -> None:
@@ -53,8 +54,9 @@ def test_demo_keep_serves_redis_cli_and_alerts_new_events() -> None:
         pytest.fail("the demo never got ready:\n" + "".join(lines))
 
     def cli(*args: str) -> str:
-        return subprocess.run(["redis-cli", "-p", str(port), *args], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
+        return subprocess.run(
+            ["redis-cli", "-p", str(port), *args], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
 
     assert cli("HGET", "{incidents}:fp", "47") == "0b61171015620fa1"
     assert "bands" in cli("HGETALL", "{incidents}:meta")
@@ -79,7 +81,8 @@ def test_demo_in_a_network_without_any_redis() -> None:
         "if (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null; then echo 'REDIS ON 6379'; exit 3; fi; "
         f"exec {command}"
     )
-    done = subprocess.run(["unshare", "-n", "bash", "-c", script], env=clean_env(), capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        ["unshare", "-n", "bash", "-c", script], env=clean_env(), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ALERT  90 matches 47 (distance 0)" in done.stdout

@@ -31,7 +31,7 @@ def test_quick_start_is_two_make_commands() -> None:
 
 def test_every_subcommand_the_readme_names_exists() -> None:
     parser = build_parser()
-    subcommands = next(a for a in parser._actions if a.dest == "command").choices  # noqa: SLF001
+    subcommands = next(a for a in parser._actions if a.dest == "command").choices
     named = set(re.findall(r"incident-worker (\w+)", README)) | set(
         re.findall(r"`(\w+)(?: [^`]*)?`", _between("- **Command line.**", "- **Scaling out.**"))
     )

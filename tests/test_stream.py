@@ -73,8 +73,14 @@ def run_worker(client: Any, **overrides: Any) -> StreamWorker:
 
 
 def test_spec_section_4_example(client: redis.Redis) -> None:
-    publish(client, [{"incident_id": "47", "features": DOCK}, {"incident_id": "83", "features": ROAD},
-                     {"incident_id": "90", "features": DOCK}])
+    publish(
+        client,
+        [
+            {"incident_id": "47", "features": DOCK},
+            {"incident_id": "83", "features": ROAD},
+            {"incident_id": "90", "features": DOCK},
+        ],
+    )
     entries = [entry_id.decode() for entry_id, _ in client.xrange(EVENTS)]
     run_worker(client)
     [alert] = alerts(client)
@@ -164,8 +170,14 @@ def test_duplicate_id_with_another_bag_is_dead_lettered(client: redis.Redis) -> 
 
 
 def test_repeated_event_gives_no_second_alert(client: redis.Redis) -> None:
-    publish(client, [{"incident_id": "47", "features": DOCK}, {"incident_id": "90", "features": DOCK},
-                     {"incident_id": "90", "features": DOCK}])
+    publish(
+        client,
+        [
+            {"incident_id": "47", "features": DOCK},
+            {"incident_id": "90", "features": DOCK},
+            {"incident_id": "90", "features": DOCK},
+        ],
+    )
     run_worker(client)
     assert [a.incident_id for a in alerts(client)] == ["90"]
     assert dead_letters(client) == []
@@ -192,14 +204,17 @@ def test_entry_processed_by_another_consumer_is_not_applied_twice(client: redis.
 
 def test_upsert_and_delete_through_the_stream(client: redis.Redis) -> None:
     near = {"dock": 3, "scanner": 2, "timeout": 1, "z": 1}  # distance 7 from DOCK
-    publish(client, [
-        {"incident_id": "47", "features": DOCK},
-        {"incident_id": "83", "features": ROAD},
-        {"incident_id": "83", "features": near, "op": "upsert"},  # now near 47
-        {"incident_id": "47", "op": "delete"},
-        {"incident_id": "nobody", "op": "delete"},
-        {"incident_id": "90", "features": DOCK},  # 47 is gone; 83 is near
-    ])
+    publish(
+        client,
+        [
+            {"incident_id": "47", "features": DOCK},
+            {"incident_id": "83", "features": ROAD},
+            {"incident_id": "83", "features": near, "op": "upsert"},  # now near 47
+            {"incident_id": "47", "op": "delete"},
+            {"incident_id": "nobody", "op": "delete"},
+            {"incident_id": "90", "features": DOCK},  # 47 is gone; 83 is near
+        ],
+    )
     run_worker(client)
     got = [(a.incident_id, a.op, [(m.incident_id, m.distance) for m in a.matches]) for a in alerts(client)]
     d = (fingerprint(DOCK) ^ fingerprint(near)).bit_count()
@@ -211,15 +226,18 @@ def test_upsert_and_delete_through_the_stream(client: redis.Redis) -> None:
 
 
 def test_changes_of_one_incident_in_one_batch_apply_in_order(client: redis.Redis) -> None:
-    publish(client, [
-        {"incident_id": "a", "features": DOCK},
-        {"incident_id": "a", "op": "delete"},
-        {"incident_id": "a", "features": ROAD},  # a new add after the delete: no duplicate
-        {"incident_id": "a", "features": {"z": 1}, "op": "upsert"},
-        {"incident_id": "a", "features": {"z": 1}, "op": "upsert"},
-        {"incident_id": "a", "op": "delete"},
-        {"incident_id": "a", "features": DOCK, "op": "upsert"},
-    ])
+    publish(
+        client,
+        [
+            {"incident_id": "a", "features": DOCK},
+            {"incident_id": "a", "op": "delete"},
+            {"incident_id": "a", "features": ROAD},  # a new add after the delete: no duplicate
+            {"incident_id": "a", "features": {"z": 1}, "op": "upsert"},
+            {"incident_id": "a", "features": {"z": 1}, "op": "upsert"},
+            {"incident_id": "a", "op": "delete"},
+            {"incident_id": "a", "features": DOCK, "op": "upsert"},
+        ],
+    )
     run_worker(client, batch_size=100)
     assert client.hget(FP, "a") == format_fingerprint(fingerprint(DOCK)).encode()
     assert dead_letters(client) == [] and alerts(client) == []
@@ -238,8 +256,11 @@ def test_segments_cut_where_an_incident_changes_twice() -> None:
 
     ops = [("a", "add"), ("b", "add"), ("a", "add"), ("b", "delete"), ("c", "upsert"), ("b", "add"), ("d", "add")]
     cut = [[(i.event.incident_id, i.event.op) for i in seg] for seg in _segments([item(*o) for o in ops])]
-    assert cut == [[("a", "add"), ("b", "add"), ("a", "add")], [("b", "delete"), ("c", "upsert")],
-                   [("b", "add"), ("d", "add")]]
+    assert cut == [
+        [("a", "add"), ("b", "add"), ("a", "add")],
+        [("b", "delete"), ("c", "upsert")],
+        [("b", "add"), ("d", "add")],
+    ]
 
 
 def test_max_matches_caps_the_list_but_counts_all(client: redis.Redis) -> None:
@@ -314,3 +335,41 @@ def test_alerts_stream_is_trimmed_approximately(client: redis.Redis) -> None:
     publish(client, [{"incident_id": f"s{i}", "features": DOCK} for i in range(400)])
     run_worker(client, alerts_maxlen=50)
     assert 50 <= client.xlen(ALERTS) < 399
+
+
+def test_entries_that_break_the_parser_are_dead_lettered_not_fatal(client: redis.Redis) -> None:
+    publish(
+        client,
+        [
+            {"incident_id": "1", "features": DOCK},
+            {"incident_id": "2", "features": '{"a":' + "[" * 100_000},  # nested past the JSON parser's recursion limit
+            {"incident_id": "3", "features": ROAD},
+        ],
+    )
+    run_worker(client)
+    [letter] = dead_letters(client)
+    assert letter.reason == "bad_json" and "nested" in letter.detail
+    assert {k.decode() for k in client.hkeys(FP)} == {"1", "3"}
+
+
+def test_entry_with_thousands_of_fields_is_dead_lettered(client: redis.Redis) -> None:
+    fields = {f"f{i}": "x" for i in range(5000)}
+    client.xadd(EVENTS, {"incident_id": "wide", **fields})
+    publish(client, [{"incident_id": "ok", "features": DOCK}])
+    run_worker(client, max_entry_bytes=1_000_000)
+    [letter] = dead_letters(client)
+    assert letter.reason == "missing_field" and letter.original_fields_dropped == 5001 - 1000
+    assert len(letter.original) == 1000
+    assert pending_count(client) == 0 and client.hget(FP, "ok") is not None
+
+
+def test_stream_names_may_not_be_index_keys() -> None:
+    for name in (
+        "{incidents}:fp",
+        "{incidents}:meta",
+        "{incidents}:changes",
+        "{incidents}:band:0:0000",
+        "{incidents}:heartbeat:w1",
+    ):
+        with pytest.raises(ValueError, match="a key the index itself uses"):
+            settings(alerts_stream=name)

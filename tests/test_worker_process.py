@@ -73,11 +73,14 @@ def _wait(process: subprocess.Popen[bytes], timeout: float) -> int:
 
 def test_spec_example_through_the_real_process(server: RedisServer, tmp_path: Path) -> None:
     client = server.client()
-    publish(client, [
-        {"incident_id": "47", "features": {"dock": 3, "scanner": 2, "timeout": 1}},
-        {"incident_id": "83", "features": {"weather": 4, "road": 2}},
-        {"incident_id": "90", "features": {"dock": 3, "scanner": 2, "timeout": 1}},
-    ])
+    publish(
+        client,
+        [
+            {"incident_id": "47", "features": {"dock": 3, "scanner": 2, "timeout": 1}},
+            {"incident_id": "83", "features": {"weather": 4, "road": 2}},
+            {"incident_id": "90", "features": {"dock": 3, "scanner": 2, "timeout": 1}},
+        ],
+    )
     log = tmp_path / "worker.log"
     assert _wait(start_worker(server.url, "--until-idle", log=log, **FAST), 30) == 0
     [alert] = alerts(client)
@@ -124,8 +127,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(server: RedisSer
     kills = 0
     # Kill each worker at a random moment once the index has grown past a random mark, so every kill lands mid-run.
     for round_, mark in enumerate(sorted(rng.sample(range(500, 9000), 5))):
-        worker = start_worker(server.url, log=tmp_path / f"w{round_}.log", batch_size=rng.choice([20, 50, 100]),
-                              **FAST)
+        worker = start_worker(server.url, log=tmp_path / f"w{round_}.log", batch_size=rng.choice([20, 50, 100]), **FAST)
         deadline = time.monotonic() + 60
         while client.hlen(FP) < mark and worker.poll() is None and time.monotonic() < deadline:
             time.sleep(0.005)
@@ -163,8 +165,9 @@ def test_redis_restart_mid_run(tmp_path: Path) -> None:
         client = server.client()
         events, bad = _workload(5000, seed=6, bad_every=101)
         publish(client, events)
-        worker = start_worker(server.url, "--until-idle", log=tmp_path / "w.log", batch_size=50,
-                              reconnect_max_backoff_s=1, **FAST)
+        worker = start_worker(
+            server.url, "--until-idle", log=tmp_path / "w.log", batch_size=50, reconnect_max_backoff_s=1, **FAST
+        )
         deadline = time.monotonic() + 30
         while client.hlen(FP) < 1000 and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -210,8 +213,9 @@ def test_out_of_memory_holds_the_batch_instead_of_poisoning_it(tmp_path: Path) -
         used = int(client.info("memory")["used_memory"])
         client.config_set("maxmemory", str(used + 300_000))  # room for a few hundred incidents, not 3,000
         log = tmp_path / "w.log"
-        worker = start_worker(server.url, "--until-idle", log=log, max_deliveries=2, reconnect_max_backoff_s=0.5,
-                              **FAST)
+        worker = start_worker(
+            server.url, "--until-idle", log=log, max_deliveries=2, reconnect_max_backoff_s=0.5, **FAST
+        )
         deadline = time.monotonic() + 30
         while "out of memory" not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -231,11 +235,14 @@ def test_metrics_endpoint_counts_what_the_worker_did(server: RedisServer, tmp_pa
     from tests.redis_server import free_port
 
     client = server.client()
-    publish(client, [
-        {"incident_id": "47", "features": {"dock": 3, "scanner": 2, "timeout": 1}},
-        {"incident_id": "90", "features": {"dock": 3, "scanner": 2, "timeout": 1}},
-        {"incident_id": "91", "features": "{}"},
-    ])
+    publish(
+        client,
+        [
+            {"incident_id": "47", "features": {"dock": 3, "scanner": 2, "timeout": 1}},
+            {"incident_id": "90", "features": {"dock": 3, "scanner": 2, "timeout": 1}},
+            {"incident_id": "91", "features": "{}"},
+        ],
+    )
     port = free_port()
     worker = start_worker(server.url, log=tmp_path / "w.log", metrics_port=port, **FAST)
     try:

@@ -100,7 +100,7 @@ class BandLayout:
 
     def values(self, fp: int) -> list[int]:
         """The fingerprint's value in each band."""
-        return [(fp >> offset) & ((1 << width) - 1) for offset, width in zip(self.offsets, self.widths)]
+        return [(fp >> offset) & ((1 << width) - 1) for offset, width in zip(self.offsets, self.widths, strict=True)]
 
     def probe_values(self, fp: int, radius: int | None = None) -> list[list[int]]:
         """Per band, every value within `radius` (default: the layout's) of the fingerprint's own, its own first."""
@@ -108,7 +108,7 @@ class BandLayout:
             masks = self.probe_masks
         else:
             masks = tuple(_masks(width, radius) for width in self.widths)
-        return [[value ^ mask for mask in band_masks] for value, band_masks in zip(self.values(fp), masks)]
+        return [[value ^ mask for mask in band_masks] for value, band_masks in zip(self.values(fp), masks, strict=True)]
 
 
 def validate(bands: int, max_distance: int, max_probes: int = MAX_PROBES) -> None:
@@ -117,8 +117,7 @@ def validate(bands: int, max_distance: int, max_probes: int = MAX_PROBES) -> Non
         raise LayoutError(f"bands={bands!r} is not a whole number from 1 to 64; the default is {DEFAULT_BANDS}")
     if type(max_distance) is not int or not 0 <= max_distance <= 64:
         raise LayoutError(
-            f"max_distance={max_distance!r} is not a whole number from 0 to 64; "
-            f"the default is {DEFAULT_MAX_DISTANCE}"
+            f"max_distance={max_distance!r} is not a whole number from 0 to 64; the default is {DEFAULT_MAX_DISTANCE}"
         )
     count = probe_count(bands, max_distance)
     if count > max_probes:

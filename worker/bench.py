@@ -30,7 +30,7 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +82,12 @@ def _worker_process(url: str, options: dict[str, Any], stop: Any, results: Any) 
     metrics.end_to_end_seconds = latency  # type: ignore[assignment]
     metrics.candidates = candidates  # type: ignore[assignment]
     worker = StreamWorker(connect(settings), settings, metrics=metrics)
-    threading.Thread(target=lambda: (stop.wait(), worker.stop()), daemon=True).start()
+
+    def stop_when_told() -> None:
+        stop.wait()
+        worker.stop()
+
+    threading.Thread(target=stop_when_told, daemon=True).start()
     worker.run()
     results.put(
         {
@@ -243,7 +248,9 @@ class Bench:
         self.client.flushall()
         self.client.function_flush()
 
-    def throughput(self, namespace: str, bands: int, items: list[tuple[str, dict[str, int]]], workers: int) -> dict[str, Any]:
+    def throughput(
+        self, namespace: str, bands: int, items: list[tuple[str, dict[str, int]]], workers: int
+    ) -> dict[str, Any]:
         """Events/s of `workers` processes on a backlog of `items`, capped at cap_s; candidates and server time."""
         keys = IndexKeys(namespace)
         run = _Run(self.url, namespace, bands, workers)
@@ -347,13 +354,13 @@ class _Baseline:
     def load(self, items: list[tuple[str, int]]) -> None:
         for incident_id, fp in items:
             self.fps[incident_id] = fp
-            for band, value in zip(self.bands, self.layout.values(fp)):
+            for band, value in zip(self.bands, self.layout.values(fp), strict=True):
                 band[value].add(incident_id)
 
     def add(self, incident_id: str, bag: dict[str, int]) -> int:
         fp = fingerprint_reference(bag)
         candidates: set[str] = set()
-        for band, value in zip(self.bands, self.layout.values(fp)):
+        for band, value in zip(self.bands, self.layout.values(fp), strict=True):
             candidates |= band.get(value, set())
         sorted((d, c) for c in candidates if (d := (self.fps[c] ^ fp).bit_count()) <= self.layout.max_distance)
         self.load([(incident_id, fp)])
@@ -402,7 +409,7 @@ def run_benchmark(
     bench = Bench(client, url, events, measure, cap_s, latency_s, log)
     server = client.info("server")
     results: dict[str, Any] = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "incident-worker bench " + " ".join(sys.argv[2:]),
         "machine": {
             "cpus": os.cpu_count(),
@@ -523,7 +530,9 @@ def markdown(results: dict[str, Any]) -> str:
             f"{base['candidates_mean']}, - | - | - |"
         )
         default = row["layouts"]["default"]["one_worker"]["events_per_s"]
-        ratios = [f"default / classic {default / max(row['layouts']['classic']['one_worker']['events_per_s'], 1e-9):.1f}x"]
+        ratios = [
+            f"default / classic {default / max(row['layouts']['classic']['one_worker']['events_per_s'], 1e-9):.1f}x"
+        ]
         ratios.append(f"default / baseline {default / max(base['events_per_s'], 1e-9):.1f}x")
         two = row["layouts"]["default"]["two_workers"]["events_per_s"]
         ratios.append(f"two workers / one {two / max(default, 1e-9):.2f}x")
@@ -542,8 +551,12 @@ def register(commands: Any) -> None:
     )
     bench.add_argument("--redis-url", help="use this Redis instead of starting one (it must be empty, or --force)")
     bench.add_argument("--force", action="store_true", help="with --redis-url: allow a non-empty database (FLUSHED)")
-    bench.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",") if x], default=[10_000, 100_000],
-                       help="index sizes N, comma-separated (default 10000,100000; '' for none)")
+    bench.add_argument(
+        "--sizes",
+        type=lambda s: [int(x) for x in s.split(",") if x],
+        default=[10_000, 100_000],
+        help="index sizes N, comma-separated (default 10000,100000; '' for none)",
+    )
     bench.add_argument("--large", action="store_true", help="add N = 1,000,000 (takes a few minutes more)")
     bench.add_argument("--ingest", type=int, default=100_000, help="events of the full-ingest test (0 = skip)")
     bench.add_argument("--events", type=int, default=5000, help="events per throughput measurement")

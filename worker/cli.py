@@ -6,6 +6,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import types
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, get_args, get_origin
@@ -54,12 +55,21 @@ def add_settings_flags(parser: argparse.ArgumentParser, only: Sequence[str] | No
         env = ENV_PREFIX + name.upper()
         help_text = f"{info.description} [env {env}; default {shown_default(name)}]"
         if info.annotation is bool:
-            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
-                               help=help_text)
+            group.add_argument(
+                flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text
+            )
             continue
         kind, choices = _flag_type(info.annotation)
-        group.add_argument(flag, dest=name, type=kind, choices=choices, default=argparse.SUPPRESS, help=help_text,
-                           metavar=None if choices else name.upper())
+        assert kind is not None, f"setting {name} has a type the command line cannot parse"
+        group.add_argument(
+            flag,
+            dest=name,
+            type=kind,
+            choices=choices,
+            default=argparse.SUPPRESS,
+            help=help_text,
+            metavar=None if choices else name.upper(),
+        )
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -89,7 +99,8 @@ def _install_signals(stop: Callable[[], None]) -> None:
         if received:
             os._exit(128 + signum)
         received.append(signum)
-        stop()
+        # not stop() itself: it takes a lock the interrupted main thread may hold at this very moment
+        threading.Thread(target=stop, name="stop", daemon=True).start()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
@@ -140,8 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
         "indexed incident within max_distance, index it, publish an alert, acknowledge; dead-letter bad input. "
         "SIGTERM or SIGINT finishes the batch and exits 0; a second signal exits at once.",
     )
-    run.add_argument("--until-idle", action="store_true",
-                     help="exit 0 once nothing is left to read or pending (for batch jobs and tests)")
+    run.add_argument(
+        "--until-idle",
+        action="store_true",
+        help="exit 0 once nothing is left to read or pending (for batch jobs and tests)",
+    )
     add_settings_flags(run)
     run.set_defaults(handler=cmd_run)
 

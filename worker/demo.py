@@ -92,7 +92,7 @@ def run_demo(port: int = 0, keep: bool = False, out: Any = None) -> int:
 
     def print_new_alerts(block_ms: int) -> int:
         nonlocal last_id
-        reply = client.xread({settings.alerts: last_id}, block=block_ms or None)  # BLOCK 0 would wait forever
+        reply: Any = client.xread({settings.alerts: last_id}, block=block_ms or None)  # BLOCK 0 waits forever
         count = 0
         for _, entries in reply or []:
             for entry_id, fields in entries:

@@ -28,8 +28,19 @@ __all__ = [
 
 Op = Literal["add", "upsert", "delete"]
 
-DEAD_LETTER_FIELDS = ("reason", "detail", "source_entry", "source_stream", "consumer", "deliveries")
+DEAD_LETTER_FIELDS = (
+    "reason",
+    "detail",
+    "source_entry",
+    "source_stream",
+    "consumer",
+    "deliveries",
+    "original_fields_dropped",
+)
 """The dead letter's own fields; an original field of the same name is kept as `original_<name>`."""
+
+MAX_ORIGINAL_FIELDS = 1000
+"""A dead letter keeps at most this many of the entry's fields (a server-side call takes ~8,000 arguments)."""
 
 REASONS = {
     "missing_field": "incident_id is missing, or features is missing for add or upsert",
@@ -124,6 +135,8 @@ class IncidentEvent(BaseModel):
                 value = json.loads(value)
             except ValueError as error:
                 raise _error("bad_json", f"features is not valid JSON: {error}") from None
+            except RecursionError:
+                raise _error("bad_json", "features is JSON nested too deeply to read") from None
         if value is not None and not isinstance(value, dict):
             raise _error(
                 "bad_features", f"features must be a JSON object of token -> weight, got {type(value).__name__}"
@@ -278,6 +291,7 @@ class DeadLetter(BaseModel):
     source_stream: str
     consumer: str
     deliveries: int = Field(1, ge=1)
+    original_fields_dropped: int = Field(0, ge=0, description="fields of the entry past the first 1,000, not kept")
     original: dict[str, str] = Field(default_factory=dict, description="the entry's own fields, unchanged")
 
     def to_fields(self, original: Mapping[Any, Any] | None = None) -> dict[Any, Any]:
@@ -294,7 +308,12 @@ class DeadLetter(BaseModel):
             "consumer": self.consumer,
             "deliveries": str(self.deliveries),
         }
-        for name, value in (self.original if original is None else original).items():
+        source = self.original if original is None else original
+        kept = list(source.items())
+        if len(kept) > MAX_ORIGINAL_FIELDS:
+            fields["original_fields_dropped"] = str(len(kept) - MAX_ORIGINAL_FIELDS)
+            kept = kept[:MAX_ORIGINAL_FIELDS]
+        for name, value in kept:
             text = _text(name)
             if text in DEAD_LETTER_FIELDS or text.startswith("original_"):
                 name = "original_" + text

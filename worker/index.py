@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import time
 from collections import defaultdict, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import resources
 from itertools import islice
 from typing import Any
@@ -32,7 +31,7 @@ __all__ = [
     "Calls",
     "DuplicateIncidentError",
     "FingerprintIndex",
-    "IndexError_",
+    "FingerprintIndexError",
     "LayoutMismatchError",
     "Posting",
     "StreamTarget",
@@ -61,13 +60,14 @@ FN_APPLY = f"{LIBRARY_NAME}_apply"
 FN_NEIGHBOURS = f"{LIBRARY_NAME}_neighbours"
 FN_DEAD_LETTER = f"{LIBRARY_NAME}_dead_letter"
 FN_ENSURE_META = f"{LIBRARY_NAME}_ensure_meta"
+FN_FORGET_CONSUMER = f"{LIBRARY_NAME}_forget_consumer"
 
 
-class IndexError_(Exception):  # noqa: N801 - `IndexError` is a builtin
+class FingerprintIndexError(Exception):
     """Base class of the index's errors."""
 
 
-class DuplicateIncidentError(IndexError_):
+class DuplicateIncidentError(FingerprintIndexError):
     """`add` of an incident ID that is already indexed with another fingerprint."""
 
     def __init__(self, incident_id: str, stored: int, new: int) -> None:
@@ -80,7 +80,7 @@ class DuplicateIncidentError(IndexError_):
         self.new = new
 
 
-class LayoutMismatchError(IndexError_):
+class LayoutMismatchError(FingerprintIndexError):
     """The namespace was built with another layout than this index is configured with."""
 
 
@@ -172,10 +172,11 @@ class _BandKeys:
     values are kept too: incident fingerprints cluster, so the same band values come back again and again.
     """
 
-    _CACHE_SIZE = 8192
+    _CACHE_KEYS = 100_000  # per band: ~6,000 band values under the default layout, ~400 under 3 bands (~30 MB)
 
     def __init__(self, prefix: str, width: int, digits: int, masks: Sequence[int]) -> None:
         self.prefix, self.width, self.digits, self.masks = prefix, width, digits, tuple(masks[1:])
+        self._cache_size = max(64, self._CACHE_KEYS // max(1, len(self.masks)))
         self._full: list[str] | None = None
         self._high: list[str] | None = None
         self._probes: dict[int, tuple[str, ...]] = {}
@@ -193,7 +194,7 @@ class _BandKeys:
         """The keys of every other value this band probes around `value` (the layout's own radius)."""
         found = self._probes.get(value)
         if found is None:
-            if len(self._probes) >= self._CACHE_SIZE:
+            if len(self._probes) >= self._cache_size:
                 self._probes.clear()
             found = self._probes[value] = tuple(self.keys(value, self.masks))
         return found
@@ -209,6 +210,7 @@ class _BandKeys:
         return [f"{self.prefix}{value ^ mask:0{self.digits}x}" for mask in masks]
 
 
+_pack_command: Callable[[tuple[Any, ...]], bytes] | None
 try:
     from hiredis import pack_command as _pack_command
 except ImportError:  # pragma: no cover - hiredis is a dependency; without it, redis-py's pipeline does the packing
@@ -236,7 +238,12 @@ class Calls:
     def send(self, commands: Sequence[tuple[Any, ...]]) -> None:
         """Write a batch; its replies come from a later `receive`."""
         try:
-            self._connection.send_packed_command([b"".join([_pack_command(c) for c in commands])])  # type: ignore[misc]
+            # no health check here: its PING would read the replies of the batch in flight
+            assert _pack_command is not None
+            self._connection.send_packed_command(
+                [b"".join([_pack_command(c) for c in commands])],
+                check_health=False,
+            )
         except BaseException:
             self._broken()
             raise
@@ -299,14 +306,12 @@ class FingerprintIndex:
         self.redis = redis
         self.keys = IndexKeys(namespace)
         self.layout = BandLayout(bands, max_distance)
-        self.layout_tag = (
-            f"{SCHEME}/bands={bands}/max_distance={max_distance}/format={FORMAT_VERSION}"
-        )
+        self.layout_tag = f"{SCHEME}/bands={bands}/max_distance={max_distance}/format={FORMAT_VERSION}"
         self._opened = False
         self._band_keys = [
             _BandKeys(self.keys.band_prefix(b), width, digits, masks)
             for b, (width, digits, masks) in enumerate(
-                zip(self.layout.widths, self.layout.hex_digits, self.layout.probe_masks)
+                zip(self.layout.widths, self.layout.hex_digits, self.layout.probe_masks, strict=True)
             )
         ]
 
@@ -344,7 +349,7 @@ class FingerprintIndex:
             "band_widths": ",".join(str(w) for w in self.layout.widths),
             "max_distance": str(self.layout.max_distance),
             "probe_radius": str(self.layout.radius),
-            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
 
     def load_library(self) -> None:
@@ -407,7 +412,7 @@ class FingerprintIndex:
 
     def posting_keys(self, fp: int) -> list[str]:
         """The posting keys of a fingerprint, band 0 first."""
-        return [band.key(value) for band, value in zip(self._band_keys, self.layout.values(fp))]
+        return [band.key(value) for band, value in zip(self._band_keys, self.layout.values(fp), strict=True)]
 
     def probe_keys(self, fp: int, radius: int | None = None) -> tuple[list[str], list[str]]:
         """The posting keys of the fingerprint and, apart, every other key it probes."""
@@ -415,11 +420,11 @@ class FingerprintIndex:
         others: list[str] = []
         values = self.layout.values(fp)
         if radius is None or radius == self.layout.radius:
-            for band, value in zip(self._band_keys, values):
+            for band, value in zip(self._band_keys, values, strict=True):
                 own.append(band.key(value))
                 others.extend(band.probes(value))
             return own, others
-        for band, value, width in zip(self._band_keys, values, self.layout.widths):
+        for band, value, width in zip(self._band_keys, values, self.layout.widths, strict=True):
             own.append(band.key(value))
             others.extend(band.keys(value, _masks_within(width, radius)[1:]))
         return own, others
@@ -430,8 +435,7 @@ class FingerprintIndex:
         incident_id: str,
         fp: int | None,
         *,
-        expected: int | None | str = "*",
-        event_ms: int | None = None,
+        expected: int | str | None = "*",
         stream: StreamTarget | None = None,
         entry_id: str = "",
         max_matches: int = 0,
@@ -440,8 +444,6 @@ class FingerprintIndex:
 
         `expected` is the fingerprint the caller believes is stored (None: not indexed; "*": don't check).
         """
-        if event_ms is None:
-            event_ms = int(time.time() * 1000)
         if fp is None:
             own: list[str] = []
             others: list[str] = []
@@ -477,7 +479,6 @@ class FingerprintIndex:
             entry_id,
             stream.alerts_maxlen if stream else 0,
             max_matches,
-            event_ms,
         ]
         return keys, args
 
@@ -520,14 +521,18 @@ class FingerprintIndex:
             return None
         return Calls(self.redis.connection_pool)
 
+    def forget_consumer(self, stream: StreamTarget, consumer: str) -> bool:
+        """Remove a consumer from the group if, at that moment, it has nothing pending."""
+        return bool(self._fcall(FN_FORGET_CONSUMER, [stream.events], [stream.group, consumer]))
+
     def fingerprints_of(self, incident_ids: Sequence[str]) -> dict[str, int | None]:
         """The stored fingerprint of each ID (None when not indexed), in one round trip."""
         if not incident_ids:
             return {}
         stored = self.redis.hmget(self.keys.fingerprints, list(incident_ids))
-        return {i: None if v is None else parse_fingerprint(v) for i, v in zip(incident_ids, stored)}
+        return {i: None if v is None else parse_fingerprint(v) for i, v in zip(incident_ids, stored, strict=True)}
 
-    def bulk_load(self, items: Iterable[tuple[str, int]], *, chunk: int = 5000, event_ms: int | None = None) -> int:
+    def bulk_load(self, items: Iterable[tuple[str, int]], *, chunk: int = 5000) -> int:
         """Index many (incident ID, fingerprint) pairs without looking for matches; returns how many.
 
         For loading a new index (a benchmark's pre-load, a migration, a rebuild from another store): pipelined
@@ -535,7 +540,6 @@ class FingerprintIndex:
         it only for IDs the index does not hold yet and while no worker writes to the namespace.
         """
         self._ensure_open()
-        event_ms = int(time.time() * 1000) if event_ms is None else event_ms
         total = 0
         for part in batched(items, chunk):
             fingerprints: dict[str, str] = {}
@@ -545,11 +549,11 @@ class FingerprintIndex:
                 for key in self.posting_keys(fp):
                     postings[key].append(incident_id)
             pipe = self.redis.pipeline(transaction=False)
-            pipe.hset(self.keys.fingerprints, mapping=fingerprints)  # type: ignore[arg-type]
+            pipe.hset(self.keys.fingerprints, mapping=fingerprints)
             for key, members in postings.items():
                 pipe.sadd(key, *members)
             for incident_id in fingerprints:
-                pipe.xadd(self.keys.changes, {"incident_id": incident_id, "op": "add", "event_ms": event_ms})
+                pipe.xadd(self.keys.changes, {"add": incident_id})
             pipe.execute()
             total += len(fingerprints)
         return total
@@ -572,51 +576,47 @@ class FingerprintIndex:
             raise ValueError(f"a fingerprint is an integer from 0 to 2**64 - 1, got {fp!r:.80}")
         return fp
 
-    def add(
-        self, incident_id: str, features: Mapping[str, int], *, event_ms: int | None = None
-    ) -> list[tuple[str, int]]:
+    def add(self, incident_id: str, features: Mapping[str, int]) -> list[tuple[str, int]]:
         """Find every indexed incident within max_distance, then index this one, in one atomic step.
 
         Returns the matches sorted by (distance, ID). Adding an ID again with the same fingerprint changes nothing
         and returns []; with another fingerprint it raises `DuplicateIncidentError` and changes nothing.
         """
-        return self.add_fingerprint(incident_id, fingerprint(features), event_ms=event_ms)
+        return self.add_fingerprint(incident_id, fingerprint(features))
 
-    def add_fingerprint(self, incident_id: str, fp: int, *, event_ms: int | None = None) -> list[tuple[str, int]]:
+    def add_fingerprint(self, incident_id: str, fp: int) -> list[tuple[str, int]]:
         """`add` for a fingerprint computed elsewhere."""
         self._check_id(incident_id)
-        result = self._apply("add", incident_id, self._check_fp(fp), event_ms=event_ms)
+        result = self._apply("add", incident_id, self._check_fp(fp))
         if result.status == "duplicate":
             assert result.stored is not None
             raise DuplicateIncidentError(incident_id, result.stored, fp)
         return result.matches
 
-    def upsert(
-        self, incident_id: str, features: Mapping[str, int], *, event_ms: int | None = None
-    ) -> list[tuple[str, int]]:
+    def upsert(self, incident_id: str, features: Mapping[str, int]) -> list[tuple[str, int]]:
         """Replace the incident's fingerprint and postings (its old self never matches), returning the matches.
 
         Upserting the fingerprint already stored changes nothing and returns [].
         """
-        return self.upsert_fingerprint(incident_id, fingerprint(features), event_ms=event_ms)
+        return self.upsert_fingerprint(incident_id, fingerprint(features))
 
-    def upsert_fingerprint(self, incident_id: str, fp: int, *, event_ms: int | None = None) -> list[tuple[str, int]]:
+    def upsert_fingerprint(self, incident_id: str, fp: int) -> list[tuple[str, int]]:
         """`upsert` for a fingerprint computed elsewhere."""
         self._check_id(incident_id)
-        return self._retrying("upsert", incident_id, self._check_fp(fp), event_ms).matches
+        return self._retrying("upsert", incident_id, self._check_fp(fp)).matches
 
     def delete(self, incident_id: str) -> bool:
         """Remove the incident's fingerprint and postings; False when it was not indexed."""
         self._check_id(incident_id)
-        return self._retrying("delete", incident_id, None, None).status == "deleted"
+        return self._retrying("delete", incident_id, None).status == "deleted"
 
-    def _retrying(self, op: str, incident_id: str, fp: int | None, event_ms: int | None) -> ApplyResult:
+    def _retrying(self, op: str, incident_id: str, fp: int | None) -> ApplyResult:
         for _ in range(_STALE_RETRIES):
             expected = self.get(incident_id)
-            result = self._apply(op, incident_id, fp, expected=expected, event_ms=event_ms)
+            result = self._apply(op, incident_id, fp, expected=expected)
             if result.status != "stale":
                 return result
-        raise IndexError_(
+        raise FingerprintIndexError(
             f"incident {incident_id!r} changed under {op} {_STALE_RETRIES} times in a row; "
             "another client is rewriting it in a loop"
         )
@@ -647,9 +647,16 @@ class FingerprintIndex:
         replies = pipe.execute()
         layout = self.layout
         return [
-            Posting(band, layout.offsets[band], layout.widths[band], value, key,
-                    int(replies[2 * band]), bool(replies[2 * band + 1]))
-            for band, (key, value) in enumerate(zip(keys, layout.values(fp)))
+            Posting(
+                band,
+                layout.offsets[band],
+                layout.widths[band],
+                value,
+                key,
+                int(replies[2 * band]),
+                bool(replies[2 * band + 1]),
+            )
+            for band, (key, value) in enumerate(zip(keys, layout.values(fp), strict=True))
         ]
 
     def get(self, incident_id: str) -> int | None:

@@ -18,7 +18,7 @@ MAX_NAMESPACE_LENGTH = 64
 
 
 def validate_namespace(namespace: str) -> str:
-    """A namespace is a non-empty name without braces (it becomes the hash tag) or spaces (it must read in redis-cli)."""
+    """A non-empty name without braces (it becomes the hash tag) or spaces (it must read well in redis-cli)."""
     if not isinstance(namespace, str) or not namespace:
         raise ValueError("namespace must be a non-empty string, such as 'incidents'")
     if len(namespace) > MAX_NAMESPACE_LENGTH:
@@ -65,10 +65,10 @@ class IndexKeys:
 
     @property
     def changes(self) -> str:
-        """Stream: one entry per index change (incident_id, op, event_ms), its ID the time of the change.
+        """Stream: one entry per index change, `<op> <incident ID>`; its entry ID is the time of the change.
 
-        Kept so that a retention window can expire incidents by time (XRANGE, then XTRIM MINID) and postings can be
-        audited; about 20 bytes an entry, where a set of IDs per time bucket would cost 60.
+        Kept so that a retention window can expire incidents by age (XRANGE up to a time, then XTRIM MINID) and
+        changes can be audited; 16 bytes an entry, where a set of IDs per hour would cost 60 past 512 members.
         """
         return f"{self.tag}:changes"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import MutableMapping
 from typing import Any, TextIO
 
 import structlog
@@ -20,7 +21,7 @@ def redact(text: str) -> str:
     return _URL_PASSWORD.sub(r"\g<head>***@", text)
 
 
-def _redact_processor(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+def _redact_processor(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     # The last line of defence: settings only ever hand out redacted URLs, but an exception text could carry one.
     for key, value in event.items():
         if isinstance(value, str) and "://" in value:

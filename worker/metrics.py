@@ -16,9 +16,7 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.events = Counter(
-            "incident_worker_events", "Stream entries handled, by outcome", ["outcome"], registry=r
-        )
+        self.events = Counter("incident_worker_events", "Stream entries handled, by outcome", ["outcome"], registry=r)
         self.alerts = Counter("incident_worker_alerts", "Alerts published", registry=r)
         self.dead_letters = Counter(
             "incident_worker_dead_letters", "Entries dead-lettered, by reason", ["reason"], registry=r
@@ -47,6 +45,6 @@ class Metrics:
             "incident_worker_claimed", "Entries taken over from silent consumers (XAUTOCLAIM)", registry=r
         )
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:  # noqa: S104 - a metrics port is meant to be scraped
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Serve /metrics on `port` from a daemon thread."""
         start_http_server(port, addr=addr, registry=self.registry)

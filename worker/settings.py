@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import socket
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from redis.connection import parse_url
 
 from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, validate
 from .keys import DEFAULT_NAMESPACE, IndexKeys, hash_tag, validate_namespace
@@ -27,25 +27,27 @@ def _default_consumer() -> str:
 
 
 def redact_url(url: str) -> str:
-    """The URL with any password replaced by `***`: the only form of a Redis URL that may reach a log or an error."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable Redis URL>"
-    if parts.password is None:
+    """The URL with any password replaced by `***`: the only form of a Redis URL that may reach a log or an error.
+
+    Works on URLs that do not parse, too: everything between `://` and the last `@` but the user name goes, so a
+    password holding an unescaped `#`, `/` or `?` is still hidden.
+    """
+    scheme, separator, rest = url.partition("://")
+    if not separator or "@" not in rest:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    userinfo, _, host = rest.rpartition("@")
+    if ":" not in userinfo:
+        return url  # a user name alone is no secret
+    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
 
 
 class Settings(BaseSettings):
     """Configuration of `incident-worker run` (and of the other subcommands that talk to the index)."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+    # hide_input_in_errors: a rejected redis_url would otherwise be quoted whole, password included
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", validate_default=True, hide_input_in_errors=True
+    )
 
     redis_url: SecretStr = Field(
         SecretStr("redis://localhost:6379/0"),
@@ -119,6 +121,14 @@ class Settings(BaseSettings):
                 f"redis_url {redact_url(url)!r} must start with redis://, rediss:// or unix://, "
                 "as in redis://localhost:6379/0"
             )
+        try:
+            parse_url(url)
+        except ValueError:
+            # redis-py's own message may quote part of the password: say it in our words
+            raise ValueError(
+                f"redis_url {redact_url(url)!r} is not a valid Redis URL; percent-encode special characters in "
+                "the user name and password (# as %23, / as %2F, @ as %40)"
+            ) from None
         return value
 
     @field_validator("namespace")
@@ -148,6 +158,12 @@ class Settings(BaseSettings):
         names = [self.events, self.alerts, self.dead]
         if len(set(names)) != 3:
             raise ValueError(f"the events, alerts and dead-letter streams must differ, got {names}")
+        taken = {keys.meta, keys.fingerprints, keys.changes}
+        for stream in names:
+            if stream in taken or stream.startswith((keys.band_prefix(0)[: -len("0:")], keys.heartbeat(""))):
+                raise ValueError(
+                    f"stream name {stream!r} is a key the index itself uses; pick another, such as {keys.tag}:alerts"
+                )
         return self
 
     @property

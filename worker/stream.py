@@ -15,12 +15,13 @@ One loop, one thread:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,10 +197,8 @@ class StreamWorker:
     def _shutdown(self) -> None:
         self._reader.shutdown(wait=True)
         self._reader = _reader()  # a worker can be run again (tests do)
-        try:
+        with contextlib.suppress(redis_lib.RedisError):
             self.redis.delete(self._heartbeat_key)
-        except redis_lib.RedisError:
-            pass
         self.log.info(
             "worker stopped",
             processed=self.stats.processed,
@@ -252,7 +251,10 @@ class StreamWorker:
                 "processed": self.stats.processed,
             }
         )
-        self.redis.set(self._heartbeat_key, value, px=ttl)
+        try:
+            self.redis.set(self._heartbeat_key, value, px=ttl)
+        except OutOfMemoryError:
+            self.redis.pexpire(self._heartbeat_key, ttl)  # SET is refused at maxmemory; extending a TTL is not
         self._next_heartbeat = time.monotonic() + ttl / 3000
 
     def _group_lag(self) -> int:
@@ -399,8 +401,8 @@ class StreamWorker:
             name = _text(consumer.get("name", consumer.get(b"name")))
             pending = int(consumer.get("pending", consumer.get(b"pending", 0)))
             idle = int(consumer.get("idle", consumer.get(b"idle", 0)))
-            if name != self.settings.consumer and pending == 0 and idle > _DEAD_CONSUMER_IDLE_MS:
-                self.redis.xgroup_delconsumer(self.target.events, self.target.group, name)
+            gone = name != self.settings.consumer and pending == 0 and idle > _DEAD_CONSUMER_IDLE_MS
+            if gone and self.index.forget_consumer(self.target, name):
                 self.log.info("removed gone consumer", gone=name, idle_ms=idle)
 
     def _deliveries(self, entry_ids: Sequence[str]) -> dict[str, int]:
@@ -428,7 +430,7 @@ class StreamWorker:
         ids = [_text(entry_id) for entry_id, _ in entries]
         deliveries = self._deliveries(ids) if history else {}
         items: list[_Item] = []
-        for entry_id, (_, fields) in zip(ids, entries):
+        for entry_id, (_, fields) in zip(ids, entries, strict=True):
             item = _Item(entry_id, fields or {}, deliveries.get(entry_id, 1))
             if fields is None:  # deleted from the stream while pending: nothing left to process
                 item.dead = ("missing_entry", "the entry was deleted from the stream before it was processed")
@@ -443,6 +445,8 @@ class StreamWorker:
                     item.event = IncidentEvent.from_fields(fields, self.limits)
                 except ValidationError as error:
                     item.dead = event_error(error)
+                except Exception as error:
+                    item.dead = ("invalid", f"the entry could not be read: {type(error).__name__}: {error}"[:500])
             items.append(item)
         return items
 
@@ -461,48 +465,73 @@ class StreamWorker:
 
     def _finish(self, items: list[_Item], replies: list[Any], *, attempt: int = 0) -> None:
         """Act on the replies of a batch's calls: log, count, dead-letter duplicates, retry what can be retried."""
-        full = [item for item, reply in zip(items, replies) if isinstance(reply, OutOfMemoryError)]
-        if full:
-            # Redis refuses writes (maxmemory with noeviction): nothing of those calls happened. Hold on to the
-            # entries and retry them, instead of reading more or letting their delivery count run up to poison.
-            self._wait_for_memory(full)
+        held: list[_Item] = []
         retry: list[_Item] = []
-        for item, reply in zip(items, replies):
+        for item, reply in zip(items, replies, strict=True):
             if isinstance(reply, OutOfMemoryError):
-                continue
-            if isinstance(reply, ResponseError):
+                held.append(item)
+            elif isinstance(reply, ResponseError):
                 if self.index_error(reply) and attempt == 0:
                     retry.append(item)
                 else:
                     self._failed(item, reply)
-                continue
-            if isinstance(reply, Exception):
+            elif isinstance(reply, Exception):
                 raise reply
-            self._handle(item, reply)
+            else:
+                self._handle(item, reply)
         if retry:
             self._apply_segment(retry, attempt=attempt + 1)
+        if held:
+            self._hold_until_memory(held)
 
-    def _wait_for_memory(self, items: list[_Item]) -> None:
+    def _hold_until_memory(self, items: list[_Item]) -> None:
+        """Redis refuses writes (maxmemory with noeviction), so nothing of these calls happened: retry them.
+
+        The worker reads nothing more meanwhile. It keeps the entries its own (XCLAIM JUSTID resets their idle time
+        without counting a delivery, so no peer takes them over and none turns to poison) and its heartbeat alive,
+        and retries with capped exponential backoff until the writes go through or it is asked to stop.
+        """
         failures = 0
-        while not self.stopping:
+        while items and not self.stopping:
             failures += 1
             delay = self._backoff.compute(failures)
-            self.log.warning(
-                "redis is out of memory (maxmemory); holding the batch and retrying",
-                entries=len(items),
-                attempt=failures,
-                retry_in_s=round(delay, 2),
-                hint="raise maxmemory or add memory; nothing is lost while the worker waits",
-            )
+            if failures == 1 or failures % 10 == 0:
+                self.log.warning(
+                    "redis is out of memory (maxmemory); holding the entries and retrying",
+                    entries=len(items),
+                    attempt=failures,
+                    retry_in_s=round(delay, 2),
+                    hint="raise maxmemory or free memory; nothing is lost while the worker waits",
+                )
             self._stop.wait(delay)
             if self.stopping:
                 break
-            try:
-                self._apply_segment(items)
-                return
-            except OutOfMemoryError:
-                continue
-        self.log.warning("stopping while redis is out of memory; the entries stay pending", entries=len(items))
+            self.redis.xclaim(
+                self.target.events,
+                self.target.group,
+                self.settings.consumer,
+                0,
+                [item.entry_id for item in items],
+                justid=True,
+            )
+            self.heartbeat()
+            changing = [item.event.incident_id for item in items if item.event and item.event.op != "add"]
+            expected = self.index.fingerprints_of(changing)
+            replies = self.index.execute([self._command(item, expected) for item in items])
+            still: list[_Item] = []
+            for item, reply in zip(items, replies, strict=True):
+                if isinstance(reply, OutOfMemoryError):
+                    still.append(item)
+                elif isinstance(reply, ResponseError):
+                    if not self.index_error(reply):
+                        self._failed(item, reply)
+                    else:
+                        still.append(item)
+                else:
+                    self._handle(item, reply)
+            items = still
+        if items:
+            self.log.warning("stopping while redis is out of memory; the entries stay pending", entries=len(items))
 
     def _command(self, item: _Item, expected: Mapping[str, int | None]) -> tuple[Any, ...]:
         if item.dead is not None:
@@ -514,7 +543,6 @@ class StreamWorker:
             event.incident_id,
             event.fingerprint,
             expected="*" if event.op == "add" else expected.get(event.incident_id),
-            event_ms=entry_time_ms(item.entry_id),
             stream=self.target,
             entry_id=item.entry_id,
             max_matches=self.settings.max_matches,
@@ -547,9 +575,10 @@ class StreamWorker:
             error = DuplicateIncidentError(event.incident_id, result.stored, event.fingerprint)
             item.dead = ("duplicate_id", str(error))
             [reply] = self.index.execute([self._dead_command(item, *item.dead)])
-            if isinstance(reply, Exception):
-                raise reply
-            self._dead_lettered(item, reply)
+            if isinstance(reply, ResponseError):
+                self._failed(item, reply)  # stays pending: retried, and dead-lettered as poison at worst
+            else:
+                self._dead_lettered(item, reply)
             return
         if result.status == "not_pending":
             log.debug("entry already processed by another consumer")

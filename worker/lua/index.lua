@@ -30,15 +30,18 @@ end
 
 local POPCOUNT4 = {[0] = 0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4}
 
--- DIGIT_DISTANCE[q][c]: the bits in which the digit of value q and the digit with ASCII code c differ.
+-- DIGIT_DISTANCE[q][c]: the bits in which the digit of value q and the digit with ASCII code c differ; any byte
+-- that is not a hex digit counts 64, so a fingerprint mangled by hand is simply never within the distance.
 -- A query picks one row per position once; each candidate then costs at most 16 table reads and additions.
 -- (Measured on Redis 7.0: this beats the `bit` library, whose tonumber(string.sub(...)) creates strings; and
 -- it is the same code on fakeredis, which has no `bit`.)
 local DIGIT_DISTANCE = {}
 for q = 0, 15 do
   local row = {}
+  for c = 0, 255 do row[c] = 64 end
   for c = 48, 57 do row[c] = POPCOUNT4[xor4(q, c - 48)] end
   for c = 97, 102 do row[c] = POPCOUNT4[xor4(q, c - 87)] end
+  for c = 65, 70 do row[c] = POPCOUNT4[xor4(q, c - 55)] end
   DIGIT_DISTANCE[q] = row
 end
 
@@ -119,8 +122,8 @@ local function find_matches(fp_key, probe_keys, query, limit, self_id, cap)
     local stored = redis.call('HMGET', fp_key, unpack(candidates, first, last))
     for k = 1, last - first + 1 do
       local h = stored[k]
-      -- a posting without a fingerprint (a half-made manual edit) is not an incident: skip it
-      if h then
+      -- a posting without a (well-formed) fingerprint, say from a half-made manual edit, is not an incident
+      if h and #h == 16 then
         verified = verified + 1
         -- the first 8 digits (32 bits) already rule out nearly every candidate; only survivors read the rest
         local c1, c2, c3, c4, c5, c6, c7, c8 = byte(h, 1, 8)
@@ -184,7 +187,7 @@ end
 
 -- Add, upsert or delete one incident; in stream mode also publish its alert and acknowledge its entry.
 --
--- keys[1] = {N}:meta       keys[2] = {N}:fp         keys[3] = {N}:changes (a stream)
+-- keys[1] = {N}:meta       keys[2] = {N}:fp         keys[3] = {N}:changes (a stream: one entry <op> <ID> a change)
 -- keys[4] = events stream  keys[5] = alerts stream
 -- keys[6 .. 5+n_new]            = the new fingerprint's posting keys, band 0 first
 -- keys[6+n_new .. 5+n_new+n_old] = the posting keys of the fingerprint the client expects to replace
@@ -198,7 +201,6 @@ end
 -- args[9] = consumer group ('' = library mode: no acknowledgement, no alert)   args[10] = stream entry ID
 -- args[11] = approximate MAXLEN of the alerts stream (0 = no trimming)
 -- args[12] = most matches to list (0 = all)
--- args[13] = the event's time, ms since the epoch (recorded in the changes stream)
 --
 -- Returns {status, match_count, candidates_verified, alert_entry_id_or_'', id1, d1, id2, d2, ...} where status is
 -- indexed | repeat | duplicate | stale | deleted | absent | not_pending. Only indexed, repeat, deleted and absent
@@ -208,7 +210,7 @@ local function apply(keys, args)
   local op, id, fp, expected = args[1], args[2], args[3], args[4]
   local limit, n_new, n_old = tonumber(args[6]), tonumber(args[7]), tonumber(args[8])
   local group, entry_id = args[9], args[10]
-  local alerts_maxlen, cap, event_ms = tonumber(args[11]), tonumber(args[12]), args[13]
+  local alerts_maxlen, cap = tonumber(args[11]), tonumber(args[12])
   local streaming = group ~= ''
 
   local refused = check_layout(meta_key, args[5])
@@ -233,7 +235,7 @@ local function apply(keys, args)
     end
     for i = 6 + n_new, 5 + n_new + n_old do redis.call('SREM', keys[i], id) end
     redis.call('HDEL', fp_key, id)
-    redis.call('XADD', changes_key, '*', 'incident_id', id, 'op', op, 'event_ms', event_ms)
+    redis.call('XADD', changes_key, '*', op, id)
     ack()
     return {'deleted', 0, 0, ''}
   end
@@ -255,7 +257,7 @@ local function apply(keys, args)
   end
   for i = 6, 5 + n_new do redis.call('SADD', keys[i], id) end
   redis.call('HSET', fp_key, id, fp)
-  redis.call('XADD', changes_key, '*', 'incident_id', id, 'op', op, 'event_ms', event_ms)
+  redis.call('XADD', changes_key, '*', op, id)
 
   local alert_id = ''
   if streaming then
@@ -311,6 +313,18 @@ local function dead_letter(keys, args)
   return dead_id
 end
 
+-- Remove a consumer from the group, but only if it has nothing pending (checked and done in one step, so a
+-- consumer that just read entries is never dropped with them).
+--
+-- keys[1] = events stream   args[1] = consumer group   args[2] = consumer
+--
+-- Returns 1 when it removed the consumer, 0 when the consumer had entries pending.
+local function forget_consumer(keys, args)
+  if #redis.call('XPENDING', keys[1], args[1], '-', '+', 1, args[2]) > 0 then return 0 end
+  redis.call('XGROUP', 'DELCONSUMER', keys[1], args[1], args[2])
+  return 1
+end
+
 -- Write the index's meta on first use; report what is there.
 --
 -- keys[1] = {N}:meta   args[1] = layout tag   args[2 ..] = the other meta field, value pairs
@@ -329,3 +343,4 @@ redis.register_function('incident_index_v1_apply', apply)
 redis.register_function{function_name = 'incident_index_v1_neighbours', callback = neighbours, flags = {'no-writes'}}
 redis.register_function('incident_index_v1_dead_letter', dead_letter)
 redis.register_function('incident_index_v1_ensure_meta', ensure_meta)
+redis.register_function('incident_index_v1_forget_consumer', forget_consumer)
