@@ -19,7 +19,8 @@ from tests.redis_server import RedisServer, redis_server_available
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 
-def _require_redis_server() -> None:
+def require_redis_server() -> None:
+    """Skip without redis-server; under CI=true, fail instead: the real-server tests must run there."""
     if redis_server_available():
         return
     message = "redis-server is not on PATH; install Redis 7 (apt-get install redis-server)"
@@ -31,7 +32,7 @@ def _require_redis_server() -> None:
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """One real redis-server for the session: its own port, no persistence."""
-    _require_redis_server()
+    require_redis_server()
     server = RedisServer(tmp_path_factory.mktemp("redis"))
     server.start()
     yield server
@@ -45,6 +46,15 @@ def real_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client.function_flush()
     yield client
     client.close()
+
+
+@pytest.fixture
+def server(redis_server: RedisServer) -> Iterator[RedisServer]:
+    """The session's real redis-server, emptied (keys and functions) for this test."""
+    with redis_server.client() as client:
+        client.flushall()
+        client.function_flush()
+    yield redis_server
 
 
 @pytest.fixture(params=["real", "fake"])

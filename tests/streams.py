@@ -21,6 +21,9 @@ DEAD = "{incidents}:dead"
 FP = "{incidents}:fp"
 GROUP = "incident-workers"
 
+FAST = {"block_ms": 100, "claim_idle_ms": 1000, "claim_interval_ms": 200, "summary_interval_s": 1}
+"""Worker settings for tests: quick to notice new entries, to take over a killed worker's, and to stop."""
+
 
 def publish(client: Any, events: Iterable[Mapping[str, Any]], stream: str = EVENTS) -> list[str]:
     """XADD each event (features given as a dict are JSON-encoded); returns the entry IDs."""

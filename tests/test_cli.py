@@ -24,6 +24,7 @@ from tests.streams import (
     ALERTS,
     DEAD,
     EVENTS,
+    FAST,
     FP,
     GROUP,
     clean_env,
@@ -39,8 +40,6 @@ from worker.fingerprint import fingerprint, format_fingerprint
 from worker.formats import Alert, Match
 from worker.index import FingerprintIndex
 
-FAST = {"block_ms": 100, "claim_idle_ms": 1000, "claim_interval_ms": 200, "summary_interval_s": 1}
-
 DOCK = {"dock": 3, "scanner": 2, "timeout": 1}
 ROAD = {"weather": 4, "road": 2}
 SPEC_EVENTS = [
@@ -48,14 +47,6 @@ SPEC_EVENTS = [
     {"incident_id": "83", "features": ROAD},
     {"incident_id": "90", "features": DOCK},
 ]
-
-
-@pytest.fixture
-def server(redis_server: RedisServer) -> Iterator[RedisServer]:
-    with redis_server.client() as client:
-        client.flushall()
-        client.function_flush()
-    yield redis_server
 
 
 @pytest.fixture

@@ -14,12 +14,10 @@ from redis.cluster import RedisCluster
 
 from tests.conftest import IN_CI
 from tests.redis_server import RedisServer, free_port
-from tests.streams import assert_pairs_reported_once, fingerprints, start_worker
+from tests.streams import FAST, assert_pairs_reported_once, fingerprints, start_worker
 from worker.formats import Alert, DeadLetter
 from worker.index import FingerprintIndex
 from worker.workload import Workload
-
-FAST = {"block_ms": 100, "claim_idle_ms": 1000, "claim_interval_ms": 200, "summary_interval_s": 1}
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 from redis.retry import Retry
 
-from tests.redis_server import RedisServer, free_port, redis_server_available
+from tests.conftest import require_redis_server
+from tests.redis_server import RedisServer, free_port
 from tests.streams import (
     EVENTS,
     FP,
@@ -630,19 +631,10 @@ def test_every_worker_permission_is_documented_in_the_template() -> None:
 # -- the ACL on a real redis-server ---------------------------------------------------------------------------
 
 
-def _require_redis_server() -> None:
-    if redis_server_available():
-        return
-    message = "redis-server is not on PATH; install Redis 7 (apt-get install redis-server)"
-    if IN_CI:
-        pytest.fail(message + " -- CI must run the real-server tests", pytrace=False)
-    pytest.skip(message)
-
-
 @pytest.fixture(scope="module")
 def acl_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A redis-server whose users are deploy/redis/users.acl, rendered with test passwords."""
-    _require_redis_server()
+    require_redis_server()
     directory = tmp_path_factory.mktemp("acl")
     result = render_acl(directory / "users.acl")
     assert result.returncode == 0, result.stderr
@@ -872,7 +864,7 @@ def test_default_user_and_wrong_passwords_are_refused(acl_server: RedisServer, a
 
 def test_redis_refuses_the_unrendered_template(tmp_path: Path) -> None:
     # Fails closed: started on the template by mistake, Redis does not start at all (with a password "${...}").
-    _require_redis_server()
+    require_redis_server()
     command = ["redis-server", "--port", str(free_port()), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path)]
     result = subprocess.run([*command, "--aclfile", str(ACL_TEMPLATE)], capture_output=True, text=True, timeout=30)
     assert result.returncode != 0
@@ -928,7 +920,7 @@ class ConfiguredRedis(RedisServer):
 
 
 def test_redis_conf_is_accepted_by_redis_7_with_aof_and_the_acl(tmp_path: Path) -> None:
-    _require_redis_server()
+    require_redis_server()
     acl = tmp_path / "users.acl"
     assert render_acl(acl).returncode == 0
     text = REDIS_CONF.read_text()

@@ -6,15 +6,14 @@ import random
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import redis
 
 from tests.redis_server import RedisServer
 from tests.streams import (
     EVENTS,
+    FAST,
     FP,
     GROUP,
     alerts,
@@ -28,16 +27,6 @@ from tests.streams import (
 )
 from worker.fingerprint import fingerprint, format_fingerprint
 from worker.workload import Workload
-
-FAST = {"block_ms": 100, "claim_idle_ms": 1000, "claim_interval_ms": 200, "summary_interval_s": 1}
-
-
-@pytest.fixture
-def server(redis_server: RedisServer) -> Iterator[RedisServer]:
-    with redis_server.client() as client:
-        client.flushall()
-        client.function_flush()
-    yield redis_server
 
 
 def _workload(count: int, seed: int, bad_every: int = 0) -> tuple[list[dict[str, object]], int]:
