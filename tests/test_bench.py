@@ -1,0 +1,50 @@
+"""`incident-worker bench` through the real entry point: a small run on a redis-server of its own."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from tests.conftest import require_redis_server
+from tests.streams import clean_env, worker_command
+
+
+def test_small_benchmark_measures_every_layout_and_the_baseline() -> None:
+    require_redis_server()
+    args = ["bench", "--sizes", "400", "--ingest", "300", "--events", "150", "--cap", "20", "--latency-seconds", "1"]
+    done = subprocess.run(
+        [*worker_command(), *args, "--json"], env=clean_env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    fp = results["fingerprint"]
+    assert fp["reference_us"] > fp["fast_repeating_us"] > 0 and fp["speedup_repeating"] > 1
+    for name in ("default", "classic"):
+        ingest = results["ingest"][name]
+        assert ingest["events"] == 300 and ingest["events_per_s"] > 0 and not ingest["capped"]
+    [row] = results["sizes"]
+    assert row["indexed"] == 400 and set(row["layouts"]) == {"default", "classic"}
+    for layout in row["layouts"].values():
+        assert layout["memory_per_incident"] > 72  # at least the fingerprint hash's share
+        assert layout["one_worker"]["events"] == 150 and layout["two_workers"]["events"] == 150
+        assert layout["one_worker"]["candidates_mean"] >= 0 and layout["one_worker"]["fcall_usec_per_event"] > 0
+        assert 0 < layout["latency_half_load"]["p50_ms"] <= layout["latency_half_load"]["p99_ms"]
+    assert row["baseline"]["events"] == 150
+    # the classic 8 exact bands verify more candidates than 4 bands probed at radius 1, on the same events
+    assert (
+        row["layouts"]["classic"]["one_worker"]["candidates_mean"]
+        > row["layouts"]["default"]["one_worker"]["candidates_mean"]
+    )
+
+
+def test_benchmark_refuses_a_non_empty_redis(server) -> None:  # type: ignore[no-untyped-def]
+    with server.client() as client:
+        client.set("someone-else", "1")
+    done = subprocess.run(
+        [*worker_command(), "bench", "--redis-url", server.url, "--sizes", "", "--ingest", "0"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "not empty" in done.stderr and "--force" in done.stderr
