@@ -162,13 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     import importlib
 
     for name in SUBCOMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as error:
-            if error.name != name:
-                raise
-            continue
-        module.register(commands)
+        importlib.import_module(name).register(commands)
     return parser
 
 
