@@ -169,7 +169,7 @@ class StreamWorker:
                 ready = False
                 self._reconnect_pause(error, failures)
             except ResponseError as error:
-                if "NOGROUP" in str(error) or self.index_error(error):
+                if "NOGROUP" in str(error) or self.index.handle_error(error):
                     ready = False  # the group or the functions went away (a restarted server): set up again
                     self.log.warning("redis lost state; setting up again", error=str(error))
                     continue
@@ -205,13 +205,6 @@ class StreamWorker:
             alerts=self.stats.alerts,
             dead_letters=self.stats.dead_letters,
         )
-
-    def index_error(self, error: ResponseError) -> bool:
-        """Whether an error reply was the index's recoverable kind (functions or meta lost); re-raise a mismatch."""
-        try:
-            return self.index.handle_error(error)
-        except LayoutMismatchError:
-            raise
 
     # -- setup and maintenance --------------------------------------------------------------------------------
 
@@ -258,12 +251,15 @@ class StreamWorker:
         self._next_heartbeat = time.monotonic() + ttl / 3000
 
     def _group_lag(self) -> int:
+        """Entries not yet delivered to the group (at least 1 when Redis cannot count them exactly)."""
         for group in self.redis.xinfo_groups(self.target.events):
             if _text(group.get("name", group.get(b"name"))) == self.target.group:
                 lag = group.get("lag", group.get(b"lag"))
-                if lag is None:  # Redis cannot tell after some deletions; count from the stream's end
-                    return -1
-                return int(lag)
+                if lag is not None:
+                    return int(lag)
+                # Redis 7 cannot count after deletions or trimming in the range: look past the last delivered
+                last = _text(group.get("last-delivered-id", group.get(b"last-delivered-id")))
+                return len(self.redis.xrange(self.target.events, min=f"({last}", count=1))
         return 0
 
     def summary(self) -> None:
@@ -274,7 +270,7 @@ class StreamWorker:
             size = len(self.index)
         except ResponseError:
             return
-        self.metrics.group_lag.set(max(lag, 0))
+        self.metrics.group_lag.set(lag)
         self.metrics.group_pending.set(pending)
         self.metrics.index_size.set(size)
         self.log.info(
@@ -471,7 +467,7 @@ class StreamWorker:
             if isinstance(reply, OutOfMemoryError):
                 held.append(item)
             elif isinstance(reply, ResponseError):
-                if self.index_error(reply) and attempt == 0:
+                if self.index.handle_error(reply) and attempt == 0:
                     retry.append(item)
                 else:
                     self._failed(item, reply)
@@ -523,7 +519,7 @@ class StreamWorker:
                 if isinstance(reply, OutOfMemoryError):
                     still.append(item)
                 elif isinstance(reply, ResponseError):
-                    if not self.index_error(reply):
+                    if not self.index.handle_error(reply):
                         self._failed(item, reply)
                     else:
                         still.append(item)
