@@ -48,3 +48,24 @@ def clustered(rng: random.Random, count: int, max_distance: int, centers: int = 
     """Fingerprints around a few centers, at distances spread around max_distance from each other."""
     middles = [rng.getrandbits(64) for _ in range(centers)]
     return [flip(rng.choice(middles), rng.randint(0, max_distance // 2 + 2), rng) for _ in range(count)]
+
+
+def assert_postings_match(client: object, namespace: str, bands: int, fps: dict[str, int] | None = None) -> None:
+    """Every posting set of the namespace holds exactly the IDs whose stored (or given) fingerprint puts them there."""
+    from worker.index import FingerprintIndex
+
+    def text(value: object) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    index = FingerprintIndex(client, namespace, bands=bands, max_distance=0)
+    if fps is None:
+        fps = {text(k): int(text(v), 16) for k, v in client.hgetall(index.keys.fingerprints).items()}  # type: ignore[attr-defined]
+    expected: dict[str, set[str]] = {}
+    for incident_id, fp in fps.items():
+        for key in index.posting_keys(fp):
+            expected.setdefault(key, set()).add(incident_id)
+    found = {
+        text(key): {text(m) for m in client.smembers(key)}  # type: ignore[attr-defined]
+        for key in client.scan_iter(match=index.keys.band_prefix(0)[: -len("0:")] + "*", count=1000)  # type: ignore[attr-defined]
+    }
+    assert found == expected, "posting sets disagree with the fingerprints (a leftover or a missing posting)"

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from tests.oracle import Oracle, clustered, flip, hamming
+from tests.oracle import Oracle, assert_postings_match, clustered, flip, hamming
 from worker.bands import MAX_PROBES, probe_count
 from worker.fingerprint import fingerprint, format_fingerprint
 from worker.index import DuplicateIncidentError, FingerprintIndex, LayoutMismatchError
@@ -52,6 +52,7 @@ def _run_against_oracle(index: FingerprintIndex, rng: random.Random, steps: int,
             limit = rng.randint(0, index.layout.max_distance)
             assert index.neighbours_of(fp, limit) == oracle.neighbours(fp, limit), f"step {step}: neighbours"
     assert {i: index.get(i) for i in ids} == {i: oracle.fps.get(i) for i in ids}
+    assert_postings_match(index.redis, index.keys.namespace, index.layout.bands, oracle.fps)
 
 
 @pytest.mark.parametrize(("bands", "max_distance"), LAYOUTS, ids=[f"m{m}-r{r}" for m, r in LAYOUTS])
@@ -347,6 +348,7 @@ class IndexMachine(RuleBasedStateMachine):
     def same_fingerprints(self) -> None:
         stored = {_text(k): int(_text(v), 16) for k, v in self.client.hgetall("{sm}:fp").items()}
         assert stored == self.oracle.fps
+        assert_postings_match(self.client, "sm", self.index.layout.bands, self.oracle.fps)
 
 
 def test_state_machine(redis_client: redis.Redis) -> None:
@@ -367,3 +369,45 @@ def test_changes_stream_records_each_change_in_order(redis_client: redis.Redis) 
     assert changes == [("add", "a"), ("upsert", "a"), ("delete", "a"), ("add", "b")]
     times = [int(_text(entry_id).split("-")[0]) for entry_id, _ in entries]
     assert times == sorted(times) and abs(times[-1] / 1000 - time.time()) < 60
+
+
+def test_concurrent_upserts_and_deletes_leave_postings_consistent(redis_client: redis.Redis) -> None:
+    """Threads upserting and deleting the same few IDs at once: the stale check keeps postings and fingerprints
+    in step, whatever the interleaving."""
+    rng = random.Random(5)
+    fps = clustered(rng, 40, 7)
+    errors: list[BaseException] = []
+
+    def churn(seed: int) -> None:
+        local = random.Random(seed)
+        index = FingerprintIndex(redis_client, "churn")
+        try:
+            for _ in range(60):
+                incident_id = f"x{local.randrange(6)}"
+                if local.random() < 0.7:
+                    index.upsert_fingerprint(incident_id, local.choice(fps))
+                else:
+                    index.delete(incident_id)
+        except BaseException as error:  # pragma: no cover - surfaced below
+            errors.append(error)
+
+    threads = [threading.Thread(target=churn, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    assert_postings_match(redis_client, "churn", 4)
+
+
+def test_max_matches_keeps_the_closest(redis_client: redis.Redis) -> None:
+    from worker.index import FN_APPLY, parse_apply
+
+    index = FingerprintIndex(redis_client)
+    base = 0x0F0F_0F0F_0F0F_0F0F
+    for n, bits in enumerate([5, 1, 7, 3, 0, 6, 2]):
+        index.add_fingerprint(f"d{n}", flip(base, bits, random.Random(n)))
+    keys, args = index.apply_call("add", "q", base, max_matches=3)
+    result = parse_apply(index._fcall(FN_APPLY, keys, args))
+    assert result.match_count == 7
+    assert [d for _, d in result.matches] == [0, 1, 2]

@@ -381,3 +381,21 @@ def test_until_idle_ends_even_when_redis_cannot_count_the_lag(client: redis.Redi
     client.xdel(EVENTS, ids[5])  # a deletion inside the undelivered range: XINFO's lag becomes unknown
     worker = run_worker(client)
     assert client.hlen(FP) == 19 and worker.stats.processed == 19
+
+
+def test_dead_letter_stream_is_trimmed_approximately(client: redis.Redis) -> None:
+    publish(client, [{"incident_id": f"b{i}", "features": "{}"} for i in range(400)])
+    run_worker(client, dead_maxlen=50)
+    assert 50 <= client.xlen(DEAD) < 399
+    assert pending_count(client) == 0
+
+
+def test_entry_deleted_while_pending_is_dead_lettered_as_missing(client: redis.Redis) -> None:
+    ids = publish(client, [{"incident_id": "a", "features": DOCK}, {"incident_id": "b", "features": ROAD}])
+    client.xgroup_create(EVENTS, GROUP, id="0", mkstream=True)
+    client.xreadgroup(GROUP, "w1", {EVENTS: ">"})  # this worker read both, then died before processing them
+    client.xdel(EVENTS, ids[0])
+    run_worker(client)  # consumer w1 again: it finishes its own pending entries first
+    [letter] = dead_letters(client)
+    assert letter.reason == "missing_entry" and letter.source_entry == ids[0]
+    assert client.hget(FP, "b") is not None and pending_count(client) == 0

@@ -8,8 +8,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
+from tests.oracle import assert_postings_match
 from tests.redis_server import RedisServer
 from tests.streams import (
     EVENTS,
@@ -251,3 +253,124 @@ def test_metrics_endpoint_counts_what_the_worker_did(server: RedisServer, tmp_pa
         assert "incident_worker_candidates_bucket" in text
     finally:
         assert stop(worker) == 0
+
+
+def test_sigkill_with_upserts_and_deletes_keeps_postings_consistent(server: RedisServer, tmp_path: Path) -> None:
+    client = server.client()
+    rng = random.Random(9)
+    events: list[dict[str, object]] = []
+    added: list[str] = []
+    touched: set[str] = set()
+    for incident_id, bag in Workload(seed=9).take(4000):
+        events.append({"incident_id": incident_id, "features": bag})
+        added.append(incident_id)
+        roll = rng.random()
+        if roll < 0.10:
+            target = rng.choice(added)
+            touched.add(target)
+            events.append(
+                {"incident_id": target, "features": Workload(seed=rng.randrange(10**6)).next()[1], "op": "upsert"}
+            )
+        elif roll < 0.15:
+            target = rng.choice(added)
+            touched.add(target)
+            events.append({"incident_id": target, "op": "delete"})
+    publish(client, events)
+    for round_, mark in enumerate(sorted(rng.sample(range(300, 3500), 3))):
+        worker = start_worker(server.url, log=tmp_path / f"w{round_}.log", batch_size=rng.choice([20, 50]), **FAST)
+        deadline = time.monotonic() + 60
+        while client.xlen("{incidents}:changes") < mark and worker.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0, 0.05))
+        worker.kill()
+        worker.wait()
+    assert _wait(start_worker(server.url, "--until-idle", log=tmp_path / "final.log", **FAST), 240) == 0
+    assert pending_count(client) == 0
+    assert_postings_match(client, "incidents", 4)
+    stored = {k.decode(): int(v, 16) for k, v in client.hgetall(FP).items()}
+    first = fingerprints([e for e in events if e.get("op") is None])
+    assert set(stored) <= set(first)
+    assert all(stored[i] == fp for i, fp in first.items() if i not in touched), "an untouched incident changed"
+    assert set(first) - touched <= set(stored), "an incident nobody deleted is missing"
+    # A killed worker's entries are taken over after CLAIM_IDLE_MS, after newer ones: an add can then arrive after
+    # an upsert of its incident and be refused as a duplicate. Only touched incidents may see that.
+    letters = dead_letters(client)
+    assert {d.reason for d in letters} <= {"duplicate_id"}
+    assert {d.original["incident_id"] for d in letters} <= touched
+
+
+def test_heartbeat_is_refreshed_and_check_sees_a_frozen_worker(server: RedisServer, tmp_path: Path) -> None:
+    import subprocess as sp
+
+    from tests.streams import clean_env, worker_command
+
+    worker = start_worker(server.url, log=tmp_path / "w.log", consumer="beat", heartbeat_ttl_ms=1000, **FAST)
+
+    def check() -> int:
+        env = clean_env(redis_url=server.url, consumer="beat")
+        return sp.run([*worker_command(), "check"], env=env, capture_output=True, timeout=30).returncode
+
+    try:
+        time.sleep(2.5)  # longer than the TTL: only refreshes keep the key alive
+        assert check() == 0
+        worker.send_signal(signal.SIGSTOP)
+        time.sleep(1.5)
+        assert check() == 1
+        worker.send_signal(signal.SIGCONT)
+    finally:
+        worker.send_signal(signal.SIGCONT)
+        assert stop(worker) == 0
+
+
+def test_worker_survives_its_stream_and_state_vanishing(server: RedisServer, tmp_path: Path) -> None:
+    """FLUSHALL and FUNCTION FLUSH while the worker blocks: what a restart without persistence looks like."""
+    client = server.client()
+    log = tmp_path / "w.log"
+    worker = start_worker(server.url, log=log, consumer="phoenix", **FAST)
+    try:
+        publish(client, [{"incident_id": "47", "features": {"dock": 3, "scanner": 2, "timeout": 1}}])
+        deadline = time.monotonic() + 30
+        while client.hlen(FP) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        client.flushall()
+        client.function_flush()
+        time.sleep(0.5)
+        publish(
+            client,
+            [
+                {"incident_id": "47", "features": {"dock": 3, "scanner": 2, "timeout": 1}},
+                {"incident_id": "90", "features": {"dock": 3, "scanner": 2, "timeout": 1}},
+            ],
+        )
+        while len(alerts(client)) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [a.incident_id for a in alerts(client)] == ["90"]
+        assert worker.poll() is None, log.read_text()[-2000:]
+    finally:
+        assert stop(worker) == 0
+    assert "setting up again" in log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--bands", "8"], "bands=4"), (["--bands", "2"], "10,978 probe keys per query")],
+)
+def test_run_refuses_a_wrong_layout_with_exit_2(
+    server: RedisServer, tmp_path: Path, flags: list[str], message: str
+) -> None:
+    import subprocess as sp
+
+    from tests.streams import clean_env, worker_command
+    from worker.index import FingerprintIndex
+
+    FingerprintIndex(server.client(), bands=4).add("a", {"x": 1})
+    done = sp.run(
+        [*worker_command(), "run", *flags],
+        env=clean_env(redis_url=server.url, log_format="json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert message in done.stdout + done.stderr
+    assert "--settings" not in done.stderr

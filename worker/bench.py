@@ -376,6 +376,7 @@ class _Baseline:
         elapsed = time.perf_counter() - started
         return {
             "events": len(seen),
+            "offered": len(items),
             "events_per_s": round(len(seen) / elapsed, 1),
             "candidates_mean": round(statistics.fmean(seen), 1) if seen else 0.0,
         }
@@ -517,16 +518,19 @@ def markdown(results: dict[str, Any]) -> str:
         out.append("|---|---|---|---|---|---|---|")
         for name, r in row["layouts"].items():
             one, two, lat = r["one_worker"], r["two_workers"], r["latency_half_load"]
-            capped = "*" if one["capped"] else ""
+            capped, capped_two = ("*" if run["capped"] else "" for run in (one, two))
             out.append(
                 f"| {name}: {r['bands']} bands, {r['probes']} probes | {one['events_per_s']:,}{capped} | "
-                f"{two['events_per_s']:,} | {lat['p50_ms']} / {lat['p99_ms']} | {one['candidates_mean']}, "
+                f"{two['events_per_s']:,}{capped_two} | {lat['p50_ms']} / {lat['p99_ms']} | {one['candidates_mean']}, "
                 f"{one['candidates_p99']} | {one['fcall_usec_per_event']}, {one['redis_cpu_usec_per_event']} | "
                 f"{r['memory_per_incident']} |"
             )
         base = row["baseline"]
+        offered = base.get("offered", row["layouts"]["default"]["one_worker"]["offered"])
+        base_capped = "*" if base["events"] < offered else ""
         out.append(
-            f"| in-process baseline (reference loop, dict of 8 band sets) | {base['events_per_s']:,} | - | - | "
+            f"| in-process baseline (reference loop, dict of 8 band sets) | {base['events_per_s']:,}{base_capped} "
+            "| - | - | "
             f"{base['candidates_mean']}, - | - | - |"
         )
         default = row["layouts"]["default"]["one_worker"]["events_per_s"]

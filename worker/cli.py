@@ -82,8 +82,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         # Our own messages only: pydantic's default rendering would echo input values, and a URL may hold a password.
         problems = []
         for item in error.errors(include_url=False, include_input=False):
-            where = ".".join(str(part) for part in item["loc"]) or "settings"
             message = item["msg"].removeprefix("Value error, ")
+            where = ".".join(str(part) for part in item["loc"])
+            if not where:  # a check across settings (the layout, the stream names): its message names them
+                problems.append(f"  {message}")
+                continue
             problems.append(f"  {where}: {message} (flag --{where.replace('_', '-')}, env {ENV_PREFIX}{where.upper()})")
         raise UsageError("invalid settings:\n" + "\n".join(problems)) from None
 

@@ -169,9 +169,14 @@ class StreamWorker:
                 ready = False
                 self._reconnect_pause(error, failures)
             except ResponseError as error:
-                if "NOGROUP" in str(error) or self.index.handle_error(error):
-                    ready = False  # the group or the functions went away (a restarted server): set up again
-                    self.log.warning("redis lost state; setting up again", error=str(error))
+                lost = "NOGROUP" in str(error) or str(error).startswith("UNBLOCKED")
+                if lost or self.index.handle_error(error):
+                    # the stream, the group or the functions went away (deleted, or a server restarted without
+                    # persistence): set up again, without spinning should it keep happening
+                    failures += 1
+                    ready = False
+                    self.log.warning("redis lost state; setting up again", error=str(error), attempt=failures)
+                    self._stop.wait(self._backoff.compute(failures) if failures > 1 else 0)
                     continue
                 raise
         self._shutdown()
@@ -428,7 +433,7 @@ class StreamWorker:
         items: list[_Item] = []
         for entry_id, (_, fields) in zip(ids, entries, strict=True):
             item = _Item(entry_id, fields or {}, deliveries.get(entry_id, 1))
-            if fields is None:  # deleted from the stream while pending: nothing left to process
+            if not fields:  # deleted from the stream while pending (no entry can have zero fields): nothing to do
                 item.dead = ("missing_entry", "the entry was deleted from the stream before it was processed")
             elif item.deliveries > self.settings.max_deliveries:
                 item.dead = (
