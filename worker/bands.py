@@ -144,18 +144,23 @@ def expected_candidates(bands: int, max_distance: int, indexed: int) -> float:
     return indexed * min(1.0, share)
 
 
+def query_cost_us(bands: int, max_distance: int, indexed: int) -> float:
+    """Expected Redis time of one query, in microseconds, by the measured costs above (uniform fingerprints)."""
+    probes = probe_count(bands, max_distance)
+    return probes * _US_PER_PROBE + expected_candidates(bands, max_distance, indexed) * _US_PER_CANDIDATE
+
+
 def recommend_bands(indexed: int, max_distance: int = DEFAULT_MAX_DISTANCE) -> int:
-    """The band count with the least expected server time per query at this index size (SPEC section 2's m).
+    """The band count to use at this index size (SPEC section 2's m): the default unless another saves real time.
 
     Fewer, wider bands mean fewer candidates but more probes and more, smaller posting sets (more memory per
-    incident); `incident-worker bench` measures both sides.
+    incident); `incident-worker bench` measures both sides. A change of layout means a new namespace, so another
+    count is recommended only when it saves at least a quarter of the default's time and 50 us a query.
     """
-    best, best_cost = DEFAULT_BANDS, float("inf")
-    for bands in range(1, 65):
-        probes = probe_count(bands, max_distance)
-        if probes > MAX_PROBES:
-            continue
-        cost = probes * _US_PER_PROBE + expected_candidates(bands, max_distance, indexed) * _US_PER_CANDIDATE
-        if cost < best_cost:
-            best, best_cost = bands, cost
-    return best
+    usable = [m for m in range(1, 65) if probe_count(m, max_distance) <= MAX_PROBES]
+    best = min(usable, key=lambda m: query_cost_us(m, max_distance, indexed))
+    if DEFAULT_BANDS not in usable:
+        return best
+    default = query_cost_us(DEFAULT_BANDS, max_distance, indexed)
+    saving = default - query_cost_us(best, max_distance, indexed)
+    return best if saving >= max(50.0, default / 4) else DEFAULT_BANDS
