@@ -102,13 +102,16 @@ class BandLayout:
         """The fingerprint's value in each band."""
         return [(fp >> offset) & ((1 << width) - 1) for offset, width in zip(self.offsets, self.widths, strict=True)]
 
+    def masks(self, radius: int | None = None) -> tuple[tuple[int, ...], ...]:
+        """Per band, the XOR masks of popcount <= `radius` (default and at most: the layout's), zero first."""
+        if radius is None or radius >= self.radius:
+            return self.probe_masks
+        return tuple(_masks(width, radius) for width in self.widths)
+
     def probe_values(self, fp: int, radius: int | None = None) -> list[list[int]]:
         """Per band, every value within `radius` (default: the layout's) of the fingerprint's own, its own first."""
-        if radius is None or radius >= self.radius:
-            masks = self.probe_masks
-        else:
-            masks = tuple(_masks(width, radius) for width in self.widths)
-        return [[value ^ mask for mask in band_masks] for value, band_masks in zip(self.values(fp), masks, strict=True)]
+        values = self.values(fp)
+        return [[value ^ mask for mask in masks] for value, masks in zip(values, self.masks(radius), strict=True)]
 
 
 def validate(bands: int, max_distance: int, max_probes: int = MAX_PROBES) -> None:

@@ -20,7 +20,6 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, BandLayout
-from .bands import _masks as _masks_within
 from .fingerprint import fingerprint, format_fingerprint, parse_fingerprint
 from .keys import DEFAULT_NAMESPACE, IndexKeys
 
@@ -264,10 +263,6 @@ class Calls:
             raise
         return replies
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._in_flight)
-
     def _broken(self) -> None:
         # replies may still be on their way: this connection must never be reused
         self._in_flight.clear()
@@ -424,9 +419,9 @@ class FingerprintIndex:
                 own.append(band.key(value))
                 others.extend(band.probes(value))
             return own, others
-        for band, value, width in zip(self._band_keys, values, self.layout.widths, strict=True):
+        for band, value, masks in zip(self._band_keys, values, self.layout.masks(radius), strict=True):
             own.append(band.key(value))
-            others.extend(band.keys(value, _masks_within(width, radius)[1:]))
+            others.extend(band.keys(value, masks[1:]))
         return own, others
 
     def apply_call(
@@ -482,24 +477,28 @@ class FingerprintIndex:
         ]
         return keys, args
 
-    def dead_letter_call(
-        self, stream: StreamTarget, entry_id: str, fields: Mapping[str, str | bytes]
-    ) -> tuple[list[str], list[Any]]:
-        """Keys and arguments of a dead-letter call: publish `fields` and acknowledge the entry, if still pending."""
-        args: list[Any] = [stream.group, entry_id, stream.dead_maxlen]
-        for name, value in fields.items():
-            args += [name, value]
-        return [stream.events, stream.dead], args
-
     def apply_command(self, op: str, incident_id: str, fp: int | None, **kwargs: Any) -> tuple[Any, ...]:
         """One apply call as a command for `execute`; parse its reply with `parse_apply`."""
         keys, args = self.apply_call(op, incident_id, fp, **kwargs)
         return ("FCALL", FN_APPLY, len(keys), *keys, *args)
 
     def dead_letter_command(self, stream: StreamTarget, entry_id: str, fields: Mapping[Any, Any]) -> tuple[Any, ...]:
-        """A dead-letter call as a command for `execute`; its reply is the letter's ID, or '' if not pending."""
-        keys, args = self.dead_letter_call(stream, entry_id, fields)
-        return ("FCALL", FN_DEAD_LETTER, len(keys), *keys, *args)
+        """A dead-letter call for `execute`: publish `fields` and acknowledge the entry, if it is still pending.
+
+        Its reply is the dead letter's ID, or '' when the entry was no longer pending.
+        """
+        pairs = [part for name, value in fields.items() for part in (name, value)]
+        return (
+            "FCALL",
+            FN_DEAD_LETTER,
+            2,
+            stream.events,
+            stream.dead,
+            stream.group,
+            entry_id,
+            stream.dead_maxlen,
+            *pairs,
+        )
 
     def execute(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         """Send commands in one pipeline, in order; returns each reply, or the ResponseError it got."""

@@ -459,31 +459,40 @@ class StreamWorker:
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
 
     def _apply_segment(self, items: list[_Item], *, attempt: int = 0) -> None:
+        self._finish(items, self._send(items), attempt=attempt)
+
+    def _send(self, items: list[_Item]) -> list[Any]:
+        """Run one call per item (upserts and deletes with what they replace, read first); returns the replies."""
         changing = [item.event.incident_id for item in items if item.event and item.event.op != "add"]
         expected = self.index.fingerprints_of(changing)
-        replies = self.index.execute([self._command(item, expected) for item in items])
-        self._finish(items, replies, attempt=attempt)
+        return self.index.execute([self._command(item, expected) for item in items])
 
     def _finish(self, items: list[_Item], replies: list[Any], *, attempt: int = 0) -> None:
         """Act on the replies of a batch's calls: log, count, dead-letter duplicates, retry what can be retried."""
+        held, again = self._settle(items, replies, retry=attempt == 0)
+        if again:
+            self._apply_segment(again, attempt=attempt + 1)
+        if held:
+            self._hold_until_memory(held)
+
+    def _settle(self, items: list[_Item], replies: list[Any], *, retry: bool) -> tuple[list[_Item], list[_Item]]:
+        """Handle each reply. Returns the items Redis refused for want of memory, and (when `retry`) those whose call
+        met a lost state the index has just restored (functions or meta gone): nothing of either happened."""
         held: list[_Item] = []
-        retry: list[_Item] = []
+        again: list[_Item] = []
         for item, reply in zip(items, replies, strict=True):
             if isinstance(reply, OutOfMemoryError):
                 held.append(item)
             elif isinstance(reply, ResponseError):
-                if self.index.handle_error(reply) and attempt == 0:
-                    retry.append(item)
+                if self.index.handle_error(reply) and retry:
+                    again.append(item)
                 else:
                     self._failed(item, reply)
             elif isinstance(reply, Exception):
                 raise reply
             else:
                 self._handle(item, reply)
-        if retry:
-            self._apply_segment(retry, attempt=attempt + 1)
-        if held:
-            self._hold_until_memory(held)
+        return held, again
 
     def _hold_until_memory(self, items: list[_Item]) -> None:
         """Redis refuses writes (maxmemory with noeviction), so nothing of these calls happened: retry them.
@@ -516,21 +525,9 @@ class StreamWorker:
                 justid=True,
             )
             self.heartbeat()
-            changing = [item.event.incident_id for item in items if item.event and item.event.op != "add"]
-            expected = self.index.fingerprints_of(changing)
-            replies = self.index.execute([self._command(item, expected) for item in items])
-            still: list[_Item] = []
-            for item, reply in zip(items, replies, strict=True):
-                if isinstance(reply, OutOfMemoryError):
-                    still.append(item)
-                elif isinstance(reply, ResponseError):
-                    if not self.index.handle_error(reply):
-                        self._failed(item, reply)
-                    else:
-                        still.append(item)
-                else:
-                    self._handle(item, reply)
-            items = still
+            held, again = self._settle(items, self._send(items), retry=True)
+            left = {id(item) for item in held + again}
+            items = [item for item in items if id(item) in left]  # in stream order
         if items:
             self.log.warning("stopping while redis is out of memory; the entries stay pending", entries=len(items))
 
@@ -567,7 +564,7 @@ class StreamWorker:
         event = item.event
         assert event is not None
         result = parse_apply(reply)
-        log = self.log.bind(entry_id=item.entry_id, incident_id=event.incident_id)
+        where = {"entry_id": item.entry_id, "incident_id": event.incident_id}  # bound only when a line is written
         if result.status == "stale":
             self._retry_stale(item)
             return
@@ -582,7 +579,7 @@ class StreamWorker:
                 self._dead_lettered(item, reply)
             return
         if result.status == "not_pending":
-            log.debug("entry already processed by another consumer")
+            self.log.debug("entry already processed by another consumer", **where)
             self.stats.count("not_pending")
             self.metrics.events.labels("not_pending").inc()
             return
@@ -594,8 +591,9 @@ class StreamWorker:
         if result.alert_id:
             self.stats.alerts += 1
             self.metrics.alerts.inc()
-            log.info(
+            self.log.info(
                 "alert",
+                **where,
                 op=event.op,
                 fingerprint=format_fingerprint(event.fingerprint or 0),
                 match_count=result.match_count,
@@ -603,7 +601,7 @@ class StreamWorker:
                 alert_entry=result.alert_id,
             )
         else:
-            log.debug(result.status, op=event.op, candidates=result.candidates)
+            self.log.debug(result.status, **where, op=event.op, candidates=result.candidates)
 
     def _retry_stale(self, item: _Item) -> None:
         """An upsert or delete raced with another consumer changing the same incident: read again, apply again."""
@@ -627,6 +625,7 @@ class StreamWorker:
         assert item.dead is not None
         reason, detail = item.dead
         if not _text(reply):
+            self.stats.count("not_pending")
             self.metrics.events.labels("not_pending").inc()
             return
         self.stats.processed += 1
