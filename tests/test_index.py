@@ -71,6 +71,47 @@ def test_random_fingerprints_match_linear_scan(redis_client: redis.Redis, bands:
     _run_against_oracle(index, rng, 120, fps)
 
 
+def _spread(rng: random.Random, index: FingerprintIndex, query: int, distances: list[int]) -> int:
+    """`query` with `distances[b]` random bits flipped inside band b."""
+    fp = query
+    for offset, width, d in zip(index.layout.offsets, index.layout.widths, distances, strict=True):
+        for bit in rng.sample(range(width), d):
+            fp ^= 1 << (offset + bit)
+    return fp
+
+
+@pytest.mark.parametrize(("bands", "max_distance"), [(3, 7), (4, 7), (5, 7), (6, 7), (8, 3), (4, 5), (2, 3), (1, 2)])
+def test_fingerprints_reachable_through_one_band_only_are_found(
+    redis_client: redis.Redis, bands: int, max_distance: int
+) -> None:
+    """The tightest cases of the probing: for each probed band, a fingerprint at distance r that differs by one bit
+    more than its radius in every other band, so that band alone makes it a candidate; and one at r + 1."""
+    rng = random.Random(bands * 100 + max_distance)
+    index = FingerprintIndex(redis_client, "edge", bands=bands, max_distance=max_distance)
+    oracle = Oracle(max_distance)
+    query = rng.getrandbits(64)
+    beyond = [p + 1 for p in index.layout.radii]
+    for round_ in range(3):
+        for band, radius in enumerate(index.layout.radii):
+            if radius >= 0:
+                distances = [*beyond[:band], radius, *beyond[band + 1 :]]
+                fp = _spread(rng, index, query, distances)
+                assert hamming(fp, query) == max_distance
+                index.add_fingerprint(f"only-{band}-{round_}", fp)
+                oracle.add(f"only-{band}-{round_}", fp)
+        far = _spread(rng, index, query, beyond)
+        assert hamming(far, query) == max_distance + 1
+        index.add_fingerprint(f"far-{round_}", far)
+        oracle.add(f"far-{round_}", far)
+    expected = oracle.neighbours(query)
+    assert len(expected) == 3 * index.layout.probed_bands
+    assert index.neighbours_of(query) == expected
+    assert index.add_fingerprint("query", query) == expected
+    oracle.add("query", query)
+    for limit in range(max_distance + 1):  # a narrower query probes its own, tighter radii
+        assert index.neighbours_of(query, limit) == oracle.neighbours(query, limit)
+
+
 def test_bags_match_linear_scan(redis_client: redis.Redis) -> None:
     rng = random.Random(7)
     vocabulary = [f"word{i}" for i in range(40)]

@@ -1,8 +1,17 @@
 """Band layouts (SPEC section 2): how 64-bit fingerprints are cut into bands and which band values a query probes.
 
-Pure arithmetic, no Redis. The layout of m bands and a maximum distance r probes each band at radius
-p = r // m; since m * (p + 1) > r, two fingerprints within r agree within p on at least one band (pigeonhole),
-so probing every value within p of each of the query's band values finds every fingerprint within r.
+Pure arithmetic, no Redis. SPEC section 2 probes each of the m bands at radius p = r // m: since m * (p + 1) > r,
+two fingerprints within r agree within p on at least one band (pigeonhole), so probing every value within p of
+each of the query's band values finds every fingerprint within r.
+
+The same argument allows less (Norouzi, Punjani and Fleet 2012, Proposition 2). Write r = p * m + a with
+0 <= a < m. If the first a + 1 bands each differed by more than p and the other m - a - 1 bands each by more than
+p - 1, the distance would be at least (a + 1)(p + 1) + (m - a - 1) p = r + 1. So two fingerprints within r agree
+within p on one of the first a + 1 bands or within p - 1 on one of the others: probing the first a + 1 bands at
+radius p and the rest at p - 1 (not at all when p = 0) keeps recall complete, with fewer probes and candidates.
+The first bands are the widest (SPEC section 2), whose extra probes at radius p add the fewest candidates.
+Under the default, 4 bands and r = 7, this is p = 1 on every band; 3 bands probe at 2, 2 and 1 instead of 2, 2, 2
+(508 probes instead of 718 and a third fewer candidates). The posting sets are the same either way.
 """
 
 from __future__ import annotations
@@ -33,10 +42,23 @@ def _widths(bands: int) -> tuple[int, ...]:
     return tuple(base + 1 if b < extra else base for b in range(bands))
 
 
+def probe_radii(bands: int, max_distance: int) -> tuple[int, ...]:
+    """Per band, the radius a query probes it at: r // m for the first r % m + 1 bands, one less for the rest.
+
+    -1 means the band is not probed at all (its postings are still written). See the module's docstring.
+    """
+    radius, extra = divmod(max_distance, bands)
+    return tuple(radius if b <= extra else radius - 1 for b in range(bands))
+
+
+def _ball(width: int, radius: int) -> int:
+    """Values within `radius` of one `width`-bit value (0 for radius -1)."""
+    return sum(comb(width, i) for i in range(radius + 1))
+
+
 def probe_count(bands: int, max_distance: int) -> int:
     """How many band values one query probes under this layout (before any validation)."""
-    radius = max_distance // bands
-    return sum(sum(comb(width, i) for i in range(radius + 1)) for width in _widths(bands))
+    return sum(_ball(w, p) for w, p in zip(_widths(bands), probe_radii(bands, max_distance), strict=True))
 
 
 def _usable(max_distance: int, max_probes: int) -> list[int]:
@@ -70,13 +92,23 @@ class BandLayout:
 
     @property
     def radius(self) -> int:
-        """The probe radius p = floor(r / m)."""
+        """SPEC section 2's probe radius p = floor(r / m), the largest of `radii`."""
         return self.max_distance // self.bands
+
+    @cached_property
+    def radii(self) -> tuple[int, ...]:
+        """Per band, the radius it is probed at (-1: not probed); see the module's docstring."""
+        return probe_radii(self.bands, self.max_distance)
 
     @cached_property
     def probe_masks(self) -> tuple[tuple[int, ...], ...]:
         """Per band, the XOR masks that turn the query's band value into each probed value (zero mask first)."""
-        return tuple(_masks(width, self.radius) for width in self.widths)
+        return self.masks()
+
+    @property
+    def probed_bands(self) -> int:
+        """How many bands a query at the full distance probes: always a prefix, band 0 first."""
+        return sum(1 for p in self.radii if p >= 0)
 
     @property
     def probes(self) -> int:
@@ -93,25 +125,33 @@ class BandLayout:
         """One line for logs and `stats`: '4 bands of 16 bits, radius 1, 68 probes'."""
         widths = sorted(set(self.widths), reverse=True)
         shown = "/".join(str(w) for w in widths)
+        radii = sorted(set(self.radii), reverse=True)
+        probed = "/".join("-" if p < 0 else str(p) for p in radii)
         return (
             f"{self.bands} band{'s' if self.bands > 1 else ''} of {shown} bits, "
-            f"max distance {self.max_distance}, probe radius {self.radius}, {self.probes} probes per query"
+            f"max distance {self.max_distance}, probe radius {probed}, {self.probes} probes per query"
         )
 
     def values(self, fp: int) -> list[int]:
         """The fingerprint's value in each band."""
         return [(fp >> offset) & ((1 << width) - 1) for offset, width in zip(self.offsets, self.widths, strict=True)]
 
-    def masks(self, radius: int | None = None) -> tuple[tuple[int, ...], ...]:
-        """Per band, the XOR masks of popcount <= `radius` (default and at most: the layout's), zero first."""
-        if radius is None or radius >= self.radius:
-            return self.probe_masks
-        return tuple(_masks(width, radius) for width in self.widths)
+    def masks(self, max_distance: int | None = None) -> tuple[tuple[int, ...], ...]:
+        """Per band, the XOR masks a query within `max_distance` (default and at most: the layout's) probes.
 
-    def probe_values(self, fp: int, radius: int | None = None) -> list[list[int]]:
-        """Per band, every value within `radius` (default: the layout's) of the fingerprint's own, its own first."""
+        Zero mask first; an empty tuple for a band that query does not probe.
+        """
+        if max_distance is None or max_distance >= self.max_distance:
+            max_distance = self.max_distance
+            if "probe_masks" in self.__dict__:
+                return self.probe_masks
+        radii = probe_radii(self.bands, max(0, max_distance))
+        return tuple(_masks(width, p) if p >= 0 else () for width, p in zip(self.widths, radii, strict=True))
+
+    def probe_values(self, fp: int, max_distance: int | None = None) -> list[list[int]]:
+        """Per band, every value a query within `max_distance` (default: the layout's) probes, its own first."""
         values = self.values(fp)
-        return [[value ^ mask for mask in masks] for value, masks in zip(values, self.masks(radius), strict=True)]
+        return [[value ^ mask for mask in masks] for value, masks in zip(values, self.masks(max_distance), strict=True)]
 
 
 def validate(bands: int, max_distance: int, max_probes: int = MAX_PROBES) -> None:
@@ -127,7 +167,7 @@ def validate(bands: int, max_distance: int, max_probes: int = MAX_PROBES) -> Non
         usable = _usable(max_distance, max_probes)
         best = ", ".join(f"{m} ({probe_count(m, max_distance)} probes)" for m in usable[:4])
         raise LayoutError(
-            f"bands={bands} with max_distance={max_distance} probes each band at radius {max_distance // bands}: "
+            f"bands={bands} with max_distance={max_distance} probes bands at radius {max_distance // bands}: "
             f"{count:,} probe keys per query, over the limit of {max_probes:,}. "
             f"Use more bands: {best} or more"
         )
@@ -142,8 +182,8 @@ _US_PER_CANDIDATE = 1.8
 
 def expected_candidates(bands: int, max_distance: int, indexed: int) -> float:
     """Candidates one query verifies among `indexed` uniformly random fingerprints (real data clusters: ~1-2x more)."""
-    radius = max_distance // bands
-    share = sum(sum(comb(w, i) for i in range(radius + 1)) / 2**w for w in _widths(bands))
+    radii = probe_radii(bands, max_distance)
+    share = sum(_ball(w, p) / 2**w for w, p in zip(_widths(bands), radii, strict=True))
     return indexed * min(1.0, share)
 
 

@@ -166,12 +166,12 @@ def _key_table(prefix: str, bits: int, digits: int) -> list[str]:
 class _BandKeys:
     """Builds the posting key names of one band fast: one list lookup (and at most one concatenation) per key.
 
-    Each query builds 68 keys under the default layout and 718 under 3 bands; `format` per key would cost more
+    Each query builds 68 keys under the default layout and 508 under 3 bands; `format` per key would cost more
     client time than the server spends on the whole call at small index sizes. The probe keys of recent band
     values are kept too: incident fingerprints cluster, so the same band values come back again and again.
     """
 
-    _CACHE_KEYS = 100_000  # per band: ~6,000 band values under the default layout, ~400 under 3 bands (~30 MB)
+    _CACHE_KEYS = 100_000  # per band: ~6,000 band values under the default layout, 400 to 4,700 under 3 bands (~30 MB)
 
     def __init__(self, prefix: str, width: int, digits: int, masks: Sequence[int]) -> None:
         self.prefix, self.width, self.digits, self.masks = prefix, width, digits, tuple(masks[1:])
@@ -190,7 +190,7 @@ class _BandKeys:
         return self.keys(value, (0,))[0]
 
     def probes(self, value: int) -> tuple[str, ...]:
-        """The keys of every other value this band probes around `value` (the layout's own radius)."""
+        """The keys of every other value this band probes around `value` (at its own radius in the layout)."""
         found = self._probes.get(value)
         if found is None:
             if len(self._probes) >= self._cache_size:
@@ -343,7 +343,7 @@ class FingerprintIndex:
             "bands": str(self.layout.bands),
             "band_widths": ",".join(str(w) for w in self.layout.widths),
             "max_distance": str(self.layout.max_distance),
-            "probe_radius": str(self.layout.radius),
+            "probe_radius": ",".join(str(p) for p in self.layout.radii),
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
 
@@ -409,20 +409,27 @@ class FingerprintIndex:
         """The posting keys of a fingerprint, band 0 first."""
         return [band.key(value) for band, value in zip(self._band_keys, self.layout.values(fp), strict=True)]
 
-    def probe_keys(self, fp: int, radius: int | None = None) -> tuple[list[str], list[str]]:
-        """The posting keys of the fingerprint and, apart, every other key it probes."""
+    def probe_keys(self, fp: int, max_distance: int | None = None) -> tuple[list[str], int, list[str]]:
+        """The fingerprint's posting keys, how many of them (band 0 first) a query probes, and its other probe keys.
+
+        A query within `max_distance` (default: the layout's) probes the bands of `BandLayout.masks`: a prefix of
+        them, each at its own radius.
+        """
         own: list[str] = []
         others: list[str] = []
+        probed = 0
         values = self.layout.values(fp)
-        if radius is None or radius == self.layout.radius:
+        if max_distance is None or max_distance >= self.layout.max_distance:
             for band, value in zip(self._band_keys, values, strict=True):
                 own.append(band.key(value))
                 others.extend(band.probes(value))
-            return own, others
-        for band, value, masks in zip(self._band_keys, values, self.layout.masks(radius), strict=True):
+            return own, self.layout.probed_bands, others
+        for band, value, masks in zip(self._band_keys, values, self.layout.masks(max_distance), strict=True):
             own.append(band.key(value))
-            others.extend(band.keys(value, masks[1:]))
-        return own, others
+            if masks:
+                probed += 1
+                others.extend(band.keys(value, masks[1:]))
+        return own, probed, others
 
     def apply_call(
         self,
@@ -442,8 +449,9 @@ class FingerprintIndex:
         if fp is None:
             own: list[str] = []
             others: list[str] = []
+            probed = 0
         else:
-            own, others = self.probe_keys(fp)
+            own, probed, others = self.probe_keys(fp)
         old = [] if expected in (None, "*") or op == "add" else self.posting_keys(expected)  # type: ignore[arg-type]
         if expected == "*":
             expected_arg = "*"
@@ -474,6 +482,7 @@ class FingerprintIndex:
             entry_id,
             stream.alerts_maxlen if stream else 0,
             max_matches,
+            probed,
         ]
         return keys, args
 
@@ -631,8 +640,8 @@ class FingerprintIndex:
             raise ValueError(
                 f"max_distance={max_distance!r}: this index finds neighbours up to {self.layout.max_distance}"
             )
-        own, others = self.probe_keys(fp, limit // self.layout.bands)
-        keys = [self.keys.meta, self.keys.fingerprints, *own, *others]
+        own, probed, others = self.probe_keys(fp, limit)
+        keys = [self.keys.meta, self.keys.fingerprints, *own[:probed], *others]
         reply = self._fcall(FN_NEIGHBOURS, keys, [format_fingerprint(fp), limit, self.layout_tag], readonly=True)
         return _pairs(reply[2:])
 
@@ -687,7 +696,7 @@ class FingerprintIndex:
             "bands": self.layout.bands,
             "band_widths": list(self.layout.widths),
             "max_distance": self.layout.max_distance,
-            "probe_radius": self.layout.radius,
+            "probe_radius": list(self.layout.radii),
             "probes_per_query": self.layout.probes,
             "meta": {_text(k): _text(v) for k, v in (self.redis.hgetall(self.keys.meta) or {}).items()},
         }

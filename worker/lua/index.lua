@@ -201,6 +201,7 @@ end
 -- args[9] = consumer group ('' = library mode: no acknowledgement, no alert)   args[10] = stream entry ID
 -- args[11] = approximate MAXLEN of the alerts stream (0 = no trimming)
 -- args[12] = most matches to list (0 = all)
+-- args[13] = how many of the new posting keys (band 0 first) are probed too; the rest are only written
 --
 -- Returns {status, match_count, candidates_verified, alert_entry_id_or_'', id1, d1, id2, d2, ...} where status is
 -- indexed | repeat | duplicate | stale | deleted | absent | not_pending. Only indexed, repeat, deleted and absent
@@ -248,7 +249,7 @@ local function apply(keys, args)
     return {'duplicate', 0, 0, old}
   end
 
-  local probes = slice(keys, 6, 5 + n_new)
+  local probes = slice(keys, 6, 5 + (tonumber(args[13]) or n_new))
   for i = 6 + n_new + n_old, #keys do probes[#probes + 1] = keys[i] end
   local verified, matched, flat = find_matches(fp_key, probes, fp, limit, id, cap)
 
