@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 from tests.conftest import require_redis_server
 from tests.streams import clean_env, worker_command
+from worker.bands import BandLayout
 
 
 def test_small_benchmark_measures_every_layout_and_the_baseline() -> None:
     require_redis_server()
-    args = ["bench", "--sizes", "400", "--ingest", "300", "--events", "150", "--cap", "20", "--latency-seconds", "1"]
+    args = ["bench", "--sizes", "400", "--ingest", "300", "--events", "150", "--cap", "20", "--ingest-cap", "30"]
+    args += ["--latency-seconds", "1"]
     done = subprocess.run(
         [*worker_command(), *args, "--json"], env=clean_env(), capture_output=True, text=True, timeout=300
     )
@@ -48,3 +51,37 @@ def test_benchmark_refuses_a_non_empty_redis(server) -> None:  # type: ignore[no
         timeout=60,
     )
     assert done.returncode == 2 and "not empty" in done.stderr and "--force" in done.stderr
+
+
+def test_call_profile_unions_exactly_the_probed_postings(server) -> None:  # type: ignore[no-untyped-def]
+    """benchmarks/profile_call.py: its candidates are those a brute force over the band values finds."""
+    import random
+    import sys
+
+    from tests.oracle import clustered
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import profile_call
+
+    rng = random.Random(5)
+    fps = clustered(rng, 600, 7, centers=20)
+    preload = [(str(i), fp) for i, fp in enumerate(fps)]
+    queries = clustered(rng, 30, 7, centers=20)
+    with server.client() as client:
+        for bands in (3, 4):
+            result = profile_call.profile_layout(client, bands, preload, queries)
+            layout = BandLayout(bands, 7)
+            expected = [
+                sum(
+                    any(
+                        value in probes for value, probes in zip(layout.values(fp), layout.probe_values(q), strict=True)
+                    )
+                    for fp in fps
+                )
+                for q in queries
+            ]
+            assert result["candidates_mean"] == round(sum(expected) / len(expected), 1)
+            assert result["probe_keys"] == layout.probes
+            assert set(result["steps"]) == set(profile_call.STEPS)
+            assert result["steps"]["add"]["sadd"] > 0 and result["steps"]["sunion+hmget"]["hmget"] > 0
+            assert f"{layout.probes} probe keys" in profile_call.report(result)

@@ -30,7 +30,7 @@ DEFAULT_BANDS = 4
 """4 bands of 16 bits probed at radius 1 verify ~20x fewer candidates than the classic 8 exact bands (BENCHMARKS.md)."""
 
 MAX_PROBES = 4096
-"""Probe keys per query: each is a key the client builds and sends and the server looks up (~100 bytes, ~0.2 us)."""
+"""Probe keys per query: each is a key the client builds and sends and the server looks up (~40 bytes, ~1 us)."""
 
 
 class LayoutError(ValueError):
@@ -173,11 +173,12 @@ def validate(bands: int, max_distance: int, max_probes: int = MAX_PROBES) -> Non
         )
 
 
-# Server cost of one query, in microseconds of Redis time, as measured by `incident-worker bench` (BENCHMARKS.md):
-# a probe key costs its argument handling and a set lookup, a candidate a set-union entry, a hash read and a
-# comparison in Lua (~40 us over 68 keys and ~300 us over 718; ~1.8 us a candidate at 1M incidents).
-_US_PER_PROBE = 0.4
-_US_PER_CANDIDATE = 1.8
+# Server cost of one query, in microseconds of Redis time, as taken apart by benchmarks/profile_call.py on a
+# 1M-incident index (BENCHMARKS.md, "Where the time goes"): a probe key costs its passing into the call and a key
+# lookup (~1 us once the keyspace outgrows the caches), a candidate its set-union entry, its fingerprint's hash
+# read, the conversions between Lua and Redis and the comparison (~2.4 us). Smaller indexes cost less of both.
+_US_PER_PROBE = 1.0
+_US_PER_CANDIDATE = 2.4
 
 
 def expected_candidates(bands: int, max_distance: int, indexed: int) -> float:
@@ -198,7 +199,7 @@ def recommend_bands(indexed: int, max_distance: int = DEFAULT_MAX_DISTANCE) -> i
 
     Fewer, wider bands mean fewer candidates but more probes and more, smaller posting sets (more memory per
     incident); `incident-worker bench` measures both sides. A change of layout means a new namespace, so another
-    count is recommended only when it saves at least a quarter of the default's time and 50 us a query.
+    count is recommended only when it saves at least a quarter of the default's time and 100 us a query.
     """
     usable = [m for m in range(1, 65) if probe_count(m, max_distance) <= MAX_PROBES]
     best = min(usable, key=lambda m: query_cost_us(m, max_distance, indexed))
@@ -206,4 +207,4 @@ def recommend_bands(indexed: int, max_distance: int = DEFAULT_MAX_DISTANCE) -> i
         return best
     default = query_cost_us(DEFAULT_BANDS, max_distance, indexed)
     saving = default - query_cost_us(best, max_distance, indexed)
-    return best if saving >= max(50.0, default / 4) else DEFAULT_BANDS
+    return best if saving >= max(100.0, default / 4) else DEFAULT_BANDS
