@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -69,10 +70,26 @@ def test_ties_give_zero_bits(token_list: list[str], weight: int) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(tokens, st.sampled_from([1, 2**15 - 1, 2**15, 2**31, MAX_WEIGHT]), min_size=1, max_size=30))
+@given(
+    st.dictionaries(
+        tokens, st.sampled_from([1, 2, 63, 64, 127, 128, 2**15 - 1, 2**15, 2**31, MAX_WEIGHT]), min_size=1, max_size=30
+    )
+)
 def test_lane_width_boundaries(bag: dict[str, int]) -> None:
-    # total weights just under and over 2**15 switch between the cached 16-bit lanes and wider ones
+    # total weights just under and over 2**7 and 2**15 switch between the cached 8-bit and 16-bit lanes and wider ones
     assert fingerprint(bag) == fingerprint_reference(bag)
+
+
+@pytest.mark.parametrize("limit", [2**7, 2**15])
+def test_total_weight_around_each_cached_lane_limit(limit: int) -> None:
+    rng = random.Random(limit)
+    for total in range(limit - 3, limit + 3):
+        for parts in (1, 2, 3, 7):
+            weights = [total // parts] * (parts - 1)
+            weights.append(total - sum(weights))
+            bag = {f"t{rng.random()}": w for w in weights}
+            assert sum(bag.values()) == total
+            assert fingerprint(bag) == fingerprint_reference(bag), (total, parts)
 
 
 def test_heaviest_bag_of_many_max_weights() -> None:
@@ -88,10 +105,12 @@ def test_total_weight_at_the_16_bit_lane_limit() -> None:
 
 def test_token_cache_bound_does_not_change_results(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fpmod, "_TOKEN_CACHE_SIZE", 8)
-    fpmod._spread16_cache.clear()
-    bags = [{f"w{(i * 7 + j) % 50}": j + 1 for j in range(10)} for i in range(60)]
+    fpmod._spread8.clear()
+    fpmod._spread16.clear()
+    bags = [{f"w{(i * 7 + j) % 50}": j + 1 for j in range(10)} for i in range(60)]  # total weight 55: 8-bit lanes
+    bags += [{f"w{(i * 7 + j) % 50}": 20 * j + 1 for j in range(10)} for i in range(60)]  # 910: 16-bit lanes
     assert fingerprint_many(bags) == [fingerprint_reference(bag) for bag in bags]
-    assert len(fpmod._spread16_cache) <= 8
+    assert 0 < len(fpmod._spread8) <= 8 and 0 < len(fpmod._spread16) <= 8
 
 
 class Weird(str):
