@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import random
+from collections.abc import Mapping
 
 import pytest
 from hypothesis import given, settings
@@ -168,3 +169,36 @@ def test_distance_and_hex_round_trip(a: int, b: int) -> None:
     assert parse_fingerprint(format_fingerprint(a).encode()) == a
     assert len(format_fingerprint(a)) == 16
     assert distance(a, b) == sum(((a >> i) & 1) != ((b >> i) & 1) for i in range(64))
+
+
+class _SortedIteration(dict):  # type: ignore[type-arg]
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(sorted(dict.__iter__(self)))
+
+
+class _ListMapping(Mapping):  # type: ignore[type-arg]
+    """A mapping over a list of pairs: keys need not be hashable, and `values` is not consulted by `items`."""
+
+    def __init__(self, pairs: list[tuple[object, object]]) -> None:
+        self.pairs = pairs
+
+    def __getitem__(self, key: object) -> object:
+        return next(v for k, v in self.pairs if k == key)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(k for k, _ in self.pairs)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+
+def test_other_mappings_are_read_through_their_items_once() -> None:
+    bag = {"zeta": 5, "alpha": 1, "mid": 2}
+    assert fingerprint(_SortedIteration(bag)) == fingerprint_reference(bag)
+    assert fingerprint(_ListMapping(list(bag.items()))) == fingerprint_reference(bag)
+    with pytest.raises(InvalidFeaturesError) as caught:
+        fingerprint(_ListMapping([("a", 1), (["un", "hashable"], 2)]))
+    assert caught.value.reason == "bad_token"
+    with pytest.raises(InvalidFeaturesError) as caught:
+        fingerprint(_ListMapping([("a", 1), ("b", 0)]))
+    assert caught.value.reason == "bad_weight"

@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from tests.oracle import Oracle, assert_postings_match, clustered, flip, hamming
 from worker.bands import MAX_PROBES, probe_count
 from worker.fingerprint import fingerprint, format_fingerprint
-from worker.index import DuplicateIncidentError, FingerprintIndex, LayoutMismatchError
+from worker.index import DuplicateIncidentError, FingerprintIndex, LayoutMismatchError, parse_apply
 
 
 def _text(value: Any) -> str:
@@ -110,6 +110,33 @@ def test_fingerprints_reachable_through_one_band_only_are_found(
     oracle.add("query", query)
     for limit in range(max_distance + 1):  # a narrower query probes its own, tighter radii
         assert index.neighbours_of(query, limit) == oracle.neighbours(query, limit)
+
+
+@pytest.mark.parametrize(("bands", "max_distance"), [(8, 3), (4, 2), (5, 3), (3, 7), (4, 7)])
+def test_a_call_verifies_exactly_the_incidents_of_the_probed_band_values(
+    redis_client: redis.Redis, bands: int, max_distance: int
+) -> None:
+    """Candidates come from the probed bands only: a band probed at no radius is written but never read."""
+    rng = random.Random(bands * 10 + max_distance)
+    index = FingerprintIndex(redis_client, "probed", bands=bands, max_distance=max_distance)
+    index.open()
+    layout = index.layout
+    fps = clustered(rng, 40, max_distance, centers=3)
+    # fingerprints that share only the last (most significant) bands with an earlier one
+    fps += [fp ^ rng.getrandbits(layout.offsets[-1]) for fp in fps[:20]]
+    rng.shuffle(fps)
+    stored: dict[str, int] = {}
+    for i, fp in enumerate(fps):
+        probed = layout.probe_values(fp)
+        expected = {
+            other_id
+            for other_id, other in stored.items()
+            if any(value in values for value, values in zip(layout.values(other), probed, strict=True))
+        }
+        [reply] = index.execute([index.apply_command("add", f"i{i}", fp)])
+        result = parse_apply(reply)
+        assert result.status == "indexed" and result.candidates == len(expected), f"event {i}"
+        stored[f"i{i}"] = fp
 
 
 def test_bags_match_linear_scan(redis_client: redis.Redis) -> None:

@@ -61,6 +61,12 @@ def probe_count(bands: int, max_distance: int) -> int:
     return sum(_ball(w, p) for w, p in zip(_widths(bands), probe_radii(bands, max_distance), strict=True))
 
 
+def _show_radii(radii: tuple[int, ...]) -> str:
+    if len(set(radii)) == 1:
+        return f"probe radius {radii[0]}"
+    return "probe radii " + ",".join(str(p) if p >= 0 else "-" for p in radii)
+
+
 def _usable(max_distance: int, max_probes: int) -> list[int]:
     return [m for m in range(1, 65) if probe_count(m, max_distance) <= max_probes]
 
@@ -122,14 +128,15 @@ class BandLayout:
 
     @property
     def description(self) -> str:
-        """One line for logs and `stats`: '4 bands of 16 bits, radius 1, 68 probes'."""
+        """One line for logs and `stats`: '4 bands of 16 bits, max distance 7, probe radius 1, 68 probes per query'.
+
+        Bands probed at different radii are listed one by one: 'probe radii 2,2,1'; '-' is a band not probed.
+        """
         widths = sorted(set(self.widths), reverse=True)
         shown = "/".join(str(w) for w in widths)
-        radii = sorted(set(self.radii), reverse=True)
-        probed = "/".join("-" if p < 0 else str(p) for p in radii)
         return (
             f"{self.bands} band{'s' if self.bands > 1 else ''} of {shown} bits, "
-            f"max distance {self.max_distance}, probe radius {probed}, {self.probes} probes per query"
+            f"max distance {self.max_distance}, {_show_radii(self.radii)}, {self.probes} probes per query"
         )
 
     def values(self, fp: int) -> list[int]:
@@ -142,9 +149,10 @@ class BandLayout:
         Zero mask first; an empty tuple for a band that query does not probe.
         """
         if max_distance is None or max_distance >= self.max_distance:
+            cached: tuple[tuple[int, ...], ...] | None = self.__dict__.get("probe_masks")
+            if cached is not None:
+                return cached
             max_distance = self.max_distance
-            if "probe_masks" in self.__dict__:
-                return self.probe_masks
         radii = probe_radii(self.bands, max(0, max_distance))
         return tuple(_masks(width, p) if p >= 0 else () for width, p in zip(self.widths, radii, strict=True))
 
@@ -167,7 +175,8 @@ def validate(bands: int, max_distance: int, max_probes: int = MAX_PROBES) -> Non
         usable = _usable(max_distance, max_probes)
         best = ", ".join(f"{m} ({probe_count(m, max_distance)} probes)" for m in usable[:4])
         raise LayoutError(
-            f"bands={bands} with max_distance={max_distance} probes bands at radius {max_distance // bands}: "
+            f"bands={bands} with max_distance={max_distance} probes its bands at "
+            f"{_show_radii(probe_radii(bands, max_distance)).removeprefix('probe ')}: "
             f"{count:,} probe keys per query, over the limit of {max_probes:,}. "
             f"Use more bands: {best} or more"
         )
@@ -176,9 +185,9 @@ def validate(bands: int, max_distance: int, max_probes: int = MAX_PROBES) -> Non
 # Server cost of one query, in microseconds of Redis time, as taken apart by benchmarks/profile_call.py on a
 # 1M-incident index (BENCHMARKS.md, "Where the time goes"): a probe key costs its passing into the call and a key
 # lookup (~1 us once the keyspace outgrows the caches), a candidate its set-union entry, its fingerprint's hash
-# read, the conversions between Lua and Redis and the comparison (~2.4 us). Smaller indexes cost less of both.
-_US_PER_PROBE = 1.0
-_US_PER_CANDIDATE = 2.4
+# read, the conversions between Lua and Redis and the comparison (~2 us). Smaller indexes cost less of both.
+_US_PER_PROBE = 1.2
+_US_PER_CANDIDATE = 2.0
 
 
 def expected_candidates(bands: int, max_distance: int, indexed: int) -> float:

@@ -584,8 +584,8 @@ def register(commands: Any) -> None:
     bench.add_argument(
         "--ingest-cap",
         type=float,
-        default=300.0,
-        help="seconds the full ingest may take (the classic layout needs about three minutes for 100,000 here)",
+        default=600.0,
+        help="seconds the full ingest may take (the classic layout needs four to five minutes for 100,000 here)",
     )
     bench.add_argument("--latency-seconds", type=float, default=8.0, help="length of the half-load latency run")
     bench.add_argument("--seed", type=int, default=1, help="seed of the synthetic workload")

@@ -11,10 +11,10 @@ weight when the bit is 1 and subtract it when it is 0; bit b of the fingerprint 
   and no lane can carry into the next while ``W < 2 ** (L - 1)``.
 * Adding ``2 ** (L - 1) - W - 1`` to every lane of ``2 * S`` makes a lane's top bit the answer to ``2 * S_b > W``;
   the 64 top bits are gathered with one shift, one mask and a bytes translation.
-* The spread integers of recent tokens are cached (incident vocabularies repeat heavily) in two forms: lanes of
-  8 bits, enough for a bag of total weight below 128 (most incident bags; half the big-integer work of 16), tried
-  first, and lanes of 16 bits for bags below 32,768, which take a second pass. Heavier bags, up to weights of
-  2 ** 53 - 1 each, take wider lanes computed on the spot: slower, still exact.
+* The spread integers of recent tokens are cached (incident vocabularies repeat heavily) in two forms, and the
+  bag's total weight chooses: lanes of 8 bits below 128 (most incident bags; half the big-integer work of 16),
+  lanes of 16 bits below 32,768. Heavier bags, up to weights of 2 ** 53 - 1 each, take wider lanes computed on the
+  spot: slower, still exact. The lookups and products run inside `map`, in C.
 
 Every input is validated first: a bad bag raises `InvalidFeaturesError` (a `ValueError`) naming the token and value.
 """
@@ -216,7 +216,9 @@ def fingerprint(features: Mapping[str, int]) -> int:
 
     Raises `InvalidFeaturesError` (a `ValueError`) for anything SPEC section 1 rejects.
     """
-    if type(features) is not dict or not features:
+    if type(features) is not dict:
+        features = _as_dict(features)  # one consistent view of any other mapping
+    elif not features:
         _check_bag(features)
     weights = features.values()
     if {*map(type, weights)} != _INT_ONLY or min(weights) < 1:
@@ -232,13 +234,24 @@ def fingerprint(features: Mapping[str, int]) -> int:
     return _fingerprint_wide(features, weight)
 
 
-def _raise_bad_weight(features: Mapping[str, int]) -> None:
+def _as_dict(features: Any) -> dict[Any, Any]:
+    """A plain dict of any other mapping (its items, once), or `InvalidFeaturesError`."""
+    _check_bag(features)
+    try:
+        copy = dict(features.items())
+    except TypeError as error:  # an unhashable token
+        raise InvalidFeaturesError("bad_token", f"a token of the bag cannot be used: {error}") from None
+    _check_bag(copy)
+    return copy
+
+
+def _raise_bad_weight(features: dict[Any, Any]) -> None:
     """Raise for the first token (in the bag's order) whose weight, or else whose token, is invalid."""
     for token, token_weight in features.items():
         if type(token_weight) is not int or not 0 < token_weight <= MAX_WEIGHT:
             raise _bad_weight(token, token_weight)
         _token_bytes(token)
-    raise AssertionError("unreachable: a weight was out of range")  # pragma: no cover
+    raise InvalidFeaturesError("bad_weight", "a weight of the bag is out of range")  # pragma: no cover
 
 
 def fingerprint_many(bags: Iterable[Mapping[str, int]]) -> list[int]:

@@ -716,10 +716,6 @@ class FingerprintIndex:
             if count:
                 stats["used_memory_per_incident"] = round(int(info["used_memory"]) / count, 1)
         return stats
-        if isinstance(info, dict) and "used_memory" in info:
-            stats["used_memory"] = int(info["used_memory"])
-            if count:
-                stats["used_memory_per_incident"] = round(int(info["used_memory"]) / count, 1)
         if fp_bytes is not None:
             stats["fingerprint_hash_bytes"] = int(fp_bytes)
         return stats
