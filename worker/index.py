@@ -716,6 +716,3 @@ class FingerprintIndex:
             if count:
                 stats["used_memory_per_incident"] = round(int(info["used_memory"]) / count, 1)
         return stats
-        if fp_bytes is not None:
-            stats["fingerprint_hash_bytes"] = int(fp_bytes)
-        return stats
