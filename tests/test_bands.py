@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker.bands import MAX_PROBES, BandLayout, LayoutError, probe_count, probe_radii
+from worker.bands import MAX_PROBES, BandLayout, probe_count, probe_radii
+from worker.errors import LayoutError
 from worker.keys import IndexKeys
 
 ALLOWED_FOR_7 = [m for m in range(1, 65) if probe_count(m, 7) <= MAX_PROBES]

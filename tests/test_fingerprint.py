@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import importlib
 import random
+import subprocess
+import sys
 from collections.abc import Mapping
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from worker.errors import InvalidFeaturesError
 from worker.fingerprint import (
     MAX_WEIGHT,
-    InvalidFeaturesError,
     distance,
     fingerprint,
     fingerprint_many,
@@ -202,3 +204,14 @@ def test_other_mappings_are_read_through_their_items_once() -> None:
     with pytest.raises(InvalidFeaturesError) as caught:
         fingerprint(_ListMapping([("a", 1), ("b", 0)]))
     assert caught.value.reason == "bad_weight"
+
+
+def test_importing_the_pure_core_imports_no_redis_client_nor_pydantic() -> None:
+    """`import worker.fingerprint` (and bands, keys, text, errors) must stay cheap: no redis, no pydantic."""
+    code = (
+        "import sys, worker.fingerprint, worker.bands, worker.keys, worker.text, worker.errors\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('redis', 'pydantic', 'hiredis'))\n"
+        "print(','.join(heavy))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.strip() == "", f"the pure modules imported {done.stdout.strip()}"

@@ -15,8 +15,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from tests.oracle import Oracle, assert_postings_match, clustered, flip, hamming
 from worker.bands import MAX_PROBES, probe_count
+from worker.errors import DuplicateIncidentError, LayoutMismatchError
 from worker.fingerprint import fingerprint, format_fingerprint
-from worker.index import DuplicateIncidentError, FingerprintIndex, LayoutMismatchError, parse_apply
+from worker.index import FingerprintIndex, parse_apply
 
 
 def _text(value: Any) -> str:

@@ -25,8 +25,9 @@ from tests.streams import (
     pending_count,
     publish,
 )
+from worker.errors import LayoutMismatchError
 from worker.fingerprint import fingerprint, format_fingerprint
-from worker.index import FingerprintIndex, LayoutMismatchError
+from worker.index import FingerprintIndex
 from worker.settings import Settings
 from worker.stream import StreamWorker, _segments
 from worker.workload import Workload

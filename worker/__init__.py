@@ -1,10 +1,26 @@
-"""Incident fingerprint worker: near-duplicate incidents from a Redis stream."""
+"""Incident fingerprint worker: near-duplicate incidents from a Redis stream.
 
-from .bands import BandLayout, LayoutError
-from .fingerprint import InvalidFeaturesError, fingerprint, fingerprint_many
-from .index import DuplicateIncidentError, FingerprintIndex, LayoutMismatchError
+The names below are imported on first use, so that `import worker.fingerprint` (pure: no Redis, no pydantic)
+stays cheap and a subcommand imports only what it needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "BandLayout": "bands",
+    "DuplicateIncidentError": "errors",
+    "FingerprintIndex": "index",
+    "InvalidFeaturesError": "errors",
+    "LayoutError": "errors",
+    "LayoutMismatchError": "errors",
+    "fingerprint": "fingerprint",
+    "fingerprint_many": "fingerprint",
+}
 
 __all__ = [
     "BandLayout",
@@ -17,3 +33,18 @@ __all__ = [
     "fingerprint",
     "fingerprint_many",
 ]
+
+if TYPE_CHECKING:
+    from .bands import BandLayout
+    from .errors import DuplicateIncidentError, InvalidFeaturesError, LayoutError, LayoutMismatchError
+    from .fingerprint import fingerprint, fingerprint_many
+    from .index import FingerprintIndex
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value

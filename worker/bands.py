@@ -21,7 +21,9 @@ from functools import cached_property
 from itertools import combinations
 from math import comb
 
-__all__ = ["DEFAULT_BANDS", "DEFAULT_MAX_DISTANCE", "MAX_PROBES", "BandLayout", "LayoutError", "probe_count"]
+from .errors import LayoutError
+
+__all__ = ["DEFAULT_BANDS", "DEFAULT_MAX_DISTANCE", "MAX_PROBES", "BandLayout", "probe_count"]
 
 DEFAULT_MAX_DISTANCE = 7
 """SPEC: every indexed incident within Hamming distance 7 is a near duplicate."""
@@ -31,10 +33,6 @@ DEFAULT_BANDS = 4
 
 MAX_PROBES = 4096
 """Probe keys per query: each is a key the client builds and sends and the server looks up (~40 bytes, ~1 us)."""
-
-
-class LayoutError(ValueError):
-    """A band layout that cannot be used; the message says what would work."""
 
 
 def _widths(bands: int) -> tuple[int, ...]:

@@ -43,6 +43,7 @@ from .formats import IncidentEvent
 from .index import FingerprintIndex
 from .keys import IndexKeys
 from .metrics import Metrics
+from .replies import group_info
 from .workload import Workload
 
 __all__ = ["register", "run_benchmark"]
@@ -174,13 +175,10 @@ def _server_cpu(client: redis.Redis) -> float:
 
 def _backlog_done(client: redis.Redis, events: str, group: str) -> bool:
     try:
-        groups = client.xinfo_groups(events)
+        info = group_info(client, events, group)
     except redis.ResponseError:
         return False
-    for entry in groups:
-        if entry["name"] in (group, group.encode()):
-            return int(entry["pending"]) == 0 and int(entry.get("lag") or 0) == 0
-    return False
+    return info is not None and int(info["pending"]) == 0 and int(info.get("lag") or 0) == 0
 
 
 def _publish(client: redis.Redis, stream: str, events: list[dict[str, str]]) -> None:
@@ -595,7 +593,7 @@ def register(commands: Any) -> None:
 
 
 def _cmd_bench(args: Any) -> int:
-    from .cli import UsageError
+    from .errors import UsageError
     from .localserver import RedisServer, redis_server_available
 
     sizes = sorted(set(args.sizes + ([1_000_000] if args.large else [])))

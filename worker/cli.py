@@ -14,15 +14,12 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import SecretStr, ValidationError
 
 from . import __version__
+from .errors import UsageError
 from .settings import ENV_PREFIX, Settings, shown_default
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    """Bad flags or settings: printed without a traceback, exit code 2."""
 
 
 # -- settings as flags ----------------------------------------------------------------------------------------
@@ -111,7 +108,7 @@ def _install_signals(stop: Callable[[], None]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .connection import connect
-    from .index import LayoutMismatchError
+    from .errors import LayoutMismatchError
     from .logs import configure_logging, get_logger
     from .stream import StreamWorker
 

@@ -1,8 +1,13 @@
-"""Redis clients built from the settings: standalone or cluster, with timeouts and retries sized for the worker."""
+"""Redis clients built from the settings: standalone or cluster, with timeouts and retries sized for the worker.
+
+`RedisClient` is the type every function of the package that talks to Redis takes: a redis-py `Redis` (fakeredis's
+clients are ones) or a `RedisCluster`. The client is made here, by `connect`, and passed in; nothing deeper in the
+package creates one.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
@@ -11,10 +16,13 @@ from redis.retry import Retry
 
 from .settings import Settings
 
-__all__ = ["connect"]
+__all__ = ["RedisClient", "connect"]
+
+RedisClient: TypeAlias = "redis.Redis | RedisCluster"
+"""A standalone or cluster redis-py client, decoding responses or not."""
 
 
-def connect(settings: Settings, *, decode_responses: bool = False, client_name: str | None = None) -> Any:
+def connect(settings: Settings, *, decode_responses: bool = False, client_name: str | None = None) -> RedisClient:
     """A redis-py client for `settings.redis_url` (a cluster client when `settings.cluster`).
 
     redis-py retries a command three times on a dropped connection, with jittered exponential backoff; the worker's

@@ -26,9 +26,10 @@ from collections.abc import Iterable, Mapping
 from operator import mul
 from typing import Any
 
+from .errors import InvalidFeaturesError
+
 __all__ = [
     "MAX_WEIGHT",
-    "InvalidFeaturesError",
     "distance",
     "fingerprint",
     "fingerprint_many",
@@ -67,14 +68,6 @@ _INT_ONLY = {int}
 _BIAS8 = [(127 - weight) * _ONES8 for weight in range(_LANE8_LIMIT)]
 """`_gather`'s bias for 8-bit lanes, by total weight: lane b of 2 * S + bias has its top bit set iff 2 * S_b > W."""
 _BITS_TO_ASCII = bytes.maketrans(b"\x00\x01", b"01")
-
-
-class InvalidFeaturesError(ValueError):
-    """A feature bag that SPEC section 1 does not accept. `reason` is a short machine-readable code."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 def _show(value: Any, limit: int = 60) -> str:

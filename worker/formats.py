@@ -1,4 +1,5 @@
-"""The three stream formats (SPEC section 4), each defined once: the incoming event, the alert, the dead letter.
+"""The stream formats (SPEC section 4), each defined once: the incoming event, the alert, the dead letter; and the
+worker's heartbeat value.
 
 The worker, the CLI and the tests all read and write entries through these models. An event that fails validation
 becomes a dead letter whose `reason` is the machine code of the first error and whose `detail` is its message.
@@ -13,13 +14,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from .fingerprint import InvalidFeaturesError, fingerprint
+from .errors import InvalidFeaturesError
+from .fingerprint import fingerprint
+from .replies import text as _text
 
 __all__ = [
     "DEAD_LETTER_FIELDS",
     "Alert",
     "DeadLetter",
     "EventLimits",
+    "Heartbeat",
     "IncidentEvent",
     "Match",
     "decode_fields",
@@ -79,12 +83,6 @@ _DEFAULT_LIMITS = EventLimits()
 def _error(kind: str, message: str) -> PydanticCustomError:
     """A validation error with a machine code; the message is passed as data, so braces in it stay literal."""
     return PydanticCustomError(kind, "{message}", {"message": message})
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "surrogateescape")
-    return str(value)
 
 
 def decode_fields(raw: Mapping[Any, Any]) -> dict[str, str]:
@@ -331,3 +329,39 @@ class DeadLetter(BaseModel):
                 continue
             original[name.removeprefix("original_")] = value
         return cls.model_validate({**own, "original": original})
+
+
+class Heartbeat(BaseModel):
+    """The value of a worker's heartbeat key `{N}:heartbeat:<consumer>` (JSON, with a TTL of heartbeat_ttl_ms).
+
+    The worker writes it with `to_value`; `check` and `stats` read it with `from_value`, which never fails: a key
+    whose value is not a heartbeat still proves that something beats under that name.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    consumer: str = Field(description="the worker's consumer name")
+    at: float | None = Field(None, description="Unix time of the beat, in seconds")
+    started: float | None = Field(None, description="Unix time the worker started, in seconds")
+    processed: int | None = Field(None, description="entries the worker processed since it started")
+    key: str | None = Field(None, description="the key it was read from (not written)")
+
+    def to_value(self) -> str:
+        """The JSON the worker stores."""
+        return self.model_dump_json(exclude={"key"}, exclude_none=True)
+
+    @classmethod
+    def from_value(cls, key: str, consumer: str, value: bytes | str) -> Heartbeat:
+        """The heartbeat stored under `key` for `consumer` (the name in the key wins over a missing one)."""
+        try:
+            data = json.loads(value)
+        except ValueError:
+            data = None
+        if isinstance(data, dict):
+            data.setdefault("consumer", consumer)
+            data["key"] = key
+            try:
+                return cls.model_validate(data)
+            except ValidationError:
+                pass
+        return cls(consumer=consumer, key=key)

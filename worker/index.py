@@ -15,25 +15,28 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
 from itertools import islice
-from typing import Any
+from typing import Any, TypeVar
 
+from redis import Redis
 from redis.exceptions import ResponseError
 
 from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, BandLayout
+from .connection import RedisClient
+from .errors import DuplicateIncidentError, LayoutMismatchError, StaleRetriesExhaustedError
 from .fingerprint import fingerprint, format_fingerprint, parse_fingerprint
 from .keys import DEFAULT_NAMESPACE, IndexKeys
+from .replies import pairs, text
 
 __all__ = [
     "FORMAT_VERSION",
     "SCHEME",
+    "STALE_RETRIES",
     "ApplyResult",
     "Calls",
-    "DuplicateIncidentError",
     "FingerprintIndex",
-    "FingerprintIndexError",
-    "LayoutMismatchError",
     "Posting",
     "StreamTarget",
+    "retry_while_stale",
 ]
 
 SCHEME = "simhash64-blake2b8le"
@@ -42,8 +45,23 @@ SCHEME = "simhash64-blake2b8le"
 FORMAT_VERSION = 1
 """How the index is laid out in Redis (SPEC section 3); a reader of another version refuses the index."""
 
-_STALE_RETRIES = 32
+STALE_RETRIES = 32
 """Upsert and delete retry when another client changed the incident between their read and their write."""
+
+_Reply = TypeVar("_Reply")
+
+
+def retry_while_stale(attempt: Callable[[], _Reply], status: Callable[[_Reply], str]) -> _Reply | None:
+    """Run `attempt` (read what is stored, then apply) until its `status` is not `stale`; None if it always was.
+
+    An upsert or delete carries the fingerprint it read; another client changing the incident in between makes the
+    server refuse it as stale, and reading again settles it unless someone rewrites the incident in a loop.
+    """
+    for _ in range(STALE_RETRIES):
+        reply = attempt()
+        if status(reply) != "stale":
+            return reply
+    return None
 
 
 def _load_library() -> tuple[str, str]:
@@ -60,35 +78,6 @@ FN_NEIGHBOURS = f"{LIBRARY_NAME}_neighbours"
 FN_DEAD_LETTER = f"{LIBRARY_NAME}_dead_letter"
 FN_ENSURE_META = f"{LIBRARY_NAME}_ensure_meta"
 FN_FORGET_CONSUMER = f"{LIBRARY_NAME}_forget_consumer"
-
-
-class FingerprintIndexError(Exception):
-    """Base class of the index's errors."""
-
-
-class DuplicateIncidentError(FingerprintIndexError):
-    """`add` of an incident ID that is already indexed with another fingerprint."""
-
-    def __init__(self, incident_id: str, stored: int, new: int) -> None:
-        super().__init__(
-            f"incident {incident_id!r} is already indexed with fingerprint {format_fingerprint(stored)}, "
-            f"not {format_fingerprint(new)}; use upsert to replace it, or another ID"
-        )
-        self.incident_id = incident_id
-        self.stored = stored
-        self.new = new
-
-
-class LayoutMismatchError(FingerprintIndexError):
-    """The namespace was built with another layout than this index is configured with."""
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
-
-
-def _pairs(flat: Sequence[Any]) -> list[tuple[str, int]]:
-    return [(_text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +123,8 @@ class Posting:
 
 def parse_apply(reply: Sequence[Any]) -> ApplyResult:
     """Turn the reply of the apply function into an `ApplyResult`."""
-    status = _text(reply[0])
-    extra = _text(reply[3])
+    status = text(reply[0])
+    extra = text(reply[3])
     if status == "duplicate":
         return ApplyResult(status, stored=parse_fingerprint(extra))
     return ApplyResult(
@@ -143,7 +132,7 @@ def parse_apply(reply: Sequence[Any]) -> ApplyResult:
         match_count=int(reply[1]),
         candidates=int(reply[2]),
         alert_id=extra or None,
-        matches=_pairs(reply[4:]),
+        matches=pairs(reply[4:]),
     )
 
 
@@ -293,7 +282,7 @@ class FingerprintIndex:
 
     def __init__(
         self,
-        redis: Any,
+        redis: RedisClient,
         namespace: str = DEFAULT_NAMESPACE,
         bands: int = DEFAULT_BANDS,
         max_distance: int = DEFAULT_MAX_DISTANCE,
@@ -311,7 +300,7 @@ class FingerprintIndex:
         ]
 
     @classmethod
-    def stored(cls, redis: Any, namespace: str = DEFAULT_NAMESPACE) -> FingerprintIndex | None:
+    def stored(cls, redis: RedisClient, namespace: str = DEFAULT_NAMESPACE) -> FingerprintIndex | None:
         """The namespace's index with the layout recorded in `{N}:meta`, or None before any worker opened it.
 
         Writes nothing: read-only tools use it, so that a query cannot fix a namespace's layout by accident.
@@ -328,9 +317,9 @@ class FingerprintIndex:
         return cls(redis, namespace, bands, max_distance)
 
     @staticmethod
-    def read_meta(redis: Any, namespace: str = DEFAULT_NAMESPACE) -> dict[str, str]:
+    def read_meta(redis: RedisClient, namespace: str = DEFAULT_NAMESPACE) -> dict[str, str]:
         """`{N}:meta` as text; {} when no worker has opened the namespace yet."""
-        return {_text(k): _text(v) for k, v in (redis.hgetall(IndexKeys(namespace).meta) or {}).items()}
+        return {text(k): text(v) for k, v in (redis.hgetall(IndexKeys(namespace).meta) or {}).items()}
 
     # -- setting up -------------------------------------------------------------------------------------------
 
@@ -359,7 +348,7 @@ class FingerprintIndex:
         args: list[str] = [layout]
         for name, value in fields.items():
             args += [name, value]
-        stored = _text(self.redis.fcall(FN_ENSURE_META, 1, self.keys.meta, *args))
+        stored = text(self.redis.fcall(FN_ENSURE_META, 1, self.keys.meta, *args))
         if stored != layout:
             raise LayoutMismatchError(self._mismatch_message(stored))
         self._opened = True
@@ -496,7 +485,7 @@ class FingerprintIndex:
 
         Its reply is the dead letter's ID, or '' when the entry was no longer pending.
         """
-        pairs = [part for name, value in fields.items() for part in (name, value)]
+        flat = [part for name, value in fields.items() for part in (name, value)]
         return (
             "FCALL",
             FN_DEAD_LETTER,
@@ -506,7 +495,7 @@ class FingerprintIndex:
             stream.group,
             entry_id,
             stream.dead_maxlen,
-            *pairs,
+            *flat,
         )
 
     def execute(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
@@ -525,9 +514,14 @@ class FingerprintIndex:
 
     def calls(self) -> Calls | None:
         """A `Calls` on a connection of its own, or None for clients it cannot serve (cluster): use `execute`."""
-        if _pack_command is None or type(self.redis).__name__ not in ("Redis", "StrictRedis"):
+        client = self.redis
+        if (
+            _pack_command is None
+            or not isinstance(client, Redis)
+            or type(client).__name__ not in ("Redis", "StrictRedis")
+        ):
             return None
-        return Calls(self.redis.connection_pool)
+        return Calls(client.connection_pool)
 
     def forget_consumer(self, stream: StreamTarget, consumer: str) -> bool:
         """Remove a consumer from the group if, at that moment, it has nothing pending."""
@@ -550,7 +544,7 @@ class FingerprintIndex:
         self._ensure_open()
         total = 0
         for part in batched(items, chunk):
-            fingerprints: dict[str, str] = {}
+            fingerprints: dict[Any, str] = {}
             postings: dict[str, list[str]] = defaultdict(list)
             for incident_id, fp in part:
                 fingerprints[incident_id] = format_fingerprint(self._check_fp(fp))
@@ -619,15 +613,15 @@ class FingerprintIndex:
         return self._retrying("delete", incident_id, None).status == "deleted"
 
     def _retrying(self, op: str, incident_id: str, fp: int | None) -> ApplyResult:
-        for _ in range(_STALE_RETRIES):
-            expected = self.get(incident_id)
-            result = self._apply(op, incident_id, fp, expected=expected)
-            if result.status != "stale":
-                return result
-        raise FingerprintIndexError(
-            f"incident {incident_id!r} changed under {op} {_STALE_RETRIES} times in a row; "
-            "another client is rewriting it in a loop"
+        result = retry_while_stale(
+            lambda: self._apply(op, incident_id, fp, expected=self.get(incident_id)), lambda r: r.status
         )
+        if result is None:
+            raise StaleRetriesExhaustedError(
+                f"incident {incident_id!r} changed under {op} {STALE_RETRIES} times in a row; "
+                "another client is rewriting it in a loop"
+            )
+        return result
 
     def neighbours(self, features: Mapping[str, int], max_distance: int | None = None) -> list[tuple[str, int]]:
         """Every indexed incident within `max_distance` (at most the configured one) of a bag, without indexing it."""
@@ -643,7 +637,7 @@ class FingerprintIndex:
         own, probed, others = self.probe_keys(fp, limit)
         keys = [self.keys.meta, self.keys.fingerprints, *own[:probed], *others]
         reply = self._fcall(FN_NEIGHBOURS, keys, [format_fingerprint(fp), limit, self.layout_tag], readonly=True)
-        return _pairs(reply[2:])
+        return pairs(reply[2:])
 
     def postings(self, incident_id: str, fp: int) -> list[Posting]:
         """Each band's posting set of a fingerprint, its size, and whether it holds the incident (one round trip)."""
@@ -698,7 +692,7 @@ class FingerprintIndex:
             "max_distance": self.layout.max_distance,
             "probe_radius": list(self.layout.radii),
             "probes_per_query": self.layout.probes,
-            "meta": {_text(k): _text(v) for k, v in (self.redis.hgetall(self.keys.meta) or {}).items()},
+            "meta": {text(k): text(v) for k, v in (self.redis.hgetall(self.keys.meta) or {}).items()},
         }
         # Each figure on its own: a server, proxy or ACL user may allow one of MEMORY USAGE and INFO and not the other.
         try:

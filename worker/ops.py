@@ -22,21 +22,29 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import redis
 from pydantic import ValidationError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from .bands import LayoutError, recommend_bands
-from .cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError, add_settings_flags, settings_from_args
-from .connection import connect
-from .fingerprint import InvalidFeaturesError, fingerprint, format_fingerprint
-from .formats import DEAD_LETTER_FIELDS, Alert, DeadLetter, EventLimits, IncidentEvent, event_error
-from .index import FingerprintIndex, LayoutMismatchError
+from . import replies
+from .bands import recommend_bands
+from .cli import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, add_settings_flags, settings_from_args
+from .connection import RedisClient, connect
+from .errors import (
+    CommandError,
+    InvalidFeaturesError,
+    InvalidLineError,
+    LayoutError,
+    LayoutMismatchError,
+    UsageError,
+)
+from .fingerprint import fingerprint, format_fingerprint
+from .formats import DEAD_LETTER_FIELDS, Alert, DeadLetter, EventLimits, Heartbeat, IncidentEvent, event_error
+from .index import FingerprintIndex
 from .keys import IndexKeys
 from .logs import redact
 from .settings import ENV_PREFIX, Settings
@@ -72,15 +80,7 @@ _ENTRY_ID = re.compile(r"^\d+-\d+$")
 _SINCE = re.compile(r"^\d+(-\d+)?$")
 
 
-class _CommandError(Exception):
-    """The command failed in an expected way: printed without a traceback, exit code 1."""
-
-
 # -- shared helpers -------------------------------------------------------------------------------------------
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
 
 
 def _shown(text: str) -> str:
@@ -96,18 +96,6 @@ def _json(value: Any) -> str:
     except UnicodeEncodeError:
         line = json.dumps(value)
     return line
-
-
-def _get(info: Mapping[Any, Any], name: str, default: Any = None) -> Any:
-    """A field of an XINFO/XPENDING reply, whichever way the client decoded its keys."""
-    return info.get(name, info.get(name.encode(), default))
-
-
-def _entry_time(entry_id: str) -> str:
-    """The UTC time in a stream entry ID (the Redis server's clock at XADD)."""
-    millis = int(entry_id.split("-", 1)[0])
-    moment = datetime.fromtimestamp(millis / 1000, tz=UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis % 1000:03d}Z"
 
 
 def _say(command: str, message: str) -> None:
@@ -136,7 +124,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-def _client(settings: Settings, command: str, *, timeout: float | None = None) -> Any:
+def _client(settings: Settings, command: str, *, timeout: float | None = None) -> RedisClient:
     """A client that never decodes: dead letters may hold bytes that are not UTF-8, and one would fail a read."""
     if timeout is not None:
         settings = settings.model_copy(update={"socket_timeout_s": timeout, "reconnect_max_backoff_s": 0.1})
@@ -168,7 +156,7 @@ def _guarded(command: str) -> Callable[[Callable[[argparse.Namespace, Settings],
             except LayoutMismatchError as error:
                 _say(command, str(error))
                 return EXIT_USAGE
-            except _CommandError as error:
+            except CommandError as error:
                 _say(command, str(error))
                 return EXIT_FAILURE
             except (redis.ConnectionError, redis.TimeoutError) as error:
@@ -246,12 +234,12 @@ def _positive_arg(value: str) -> int:
 # -- reading the index (read-only helpers in the style of worker/index.py) ------------------------------------
 
 
-def _stored_index(client: Any, settings: Settings) -> tuple[FingerprintIndex | None, dict[str, str]]:
+def _stored_index(client: RedisClient, settings: Settings) -> tuple[FingerprintIndex | None, dict[str, str]]:
     """The index with the layout it was built with (None when it has no meta yet), and its meta."""
     try:
         index = FingerprintIndex.stored(client, settings.namespace)
     except LayoutMismatchError as error:
-        raise _CommandError(f"{error}; check --namespace") from None
+        raise CommandError(f"{error}; check --namespace") from None
     return index, FingerprintIndex.read_meta(client, settings.namespace) if index else {}
 
 
@@ -260,55 +248,36 @@ def _glob_escape(text: str) -> str:
 
 
 def _heartbeats(
-    client: Any, keys: IndexKeys, consumer: str | None = None, host: str | None = None
-) -> list[dict[str, Any]]:
+    client: RedisClient, keys: IndexKeys, consumer: str | None = None, host: str | None = None
+) -> list[Heartbeat]:
     """Live workers' heartbeats: of one consumer, of the consumers named `<host>-*`, or all of the namespace."""
     if consumer is not None:
         names = [keys.heartbeat(consumer)]
     else:
         pattern = _glob_escape(keys.heartbeat("")) + (_glob_escape(host) + "-*" if host else "*")
-        names = sorted({_text(k) for k in client.scan_iter(match=pattern, count=1000)})[:1000]
+        names = sorted({replies.text(k) for k in client.scan_iter(match=pattern, count=1000)})[:1000]
     if not names:
         return []
     values = client.mget(names)
-    beats: list[dict[str, Any]] = []
-    for name, value in zip(names, values, strict=True):
-        if value is None:  # expired between the scan and the read
-            continue
-        try:
-            beat = json.loads(value)
-            if not isinstance(beat, dict):
-                raise ValueError
-        except ValueError:
-            beat = {}
-        beat.setdefault("consumer", name.removeprefix(keys.heartbeat("")))
-        beat["key"] = name
-        beats.append(beat)
-    return beats
+    return [
+        Heartbeat.from_value(name, name.removeprefix(keys.heartbeat("")), value)
+        for name, value in zip(names, values, strict=True)
+        if value is not None  # expired between the scan and the read
+    ]
 
 
-def _stream_length(client: Any, stream: str) -> int:
+def _stream_length(client: RedisClient, stream: str) -> int:
     return int(client.xlen(stream))
 
 
-def _group_info(client: Any, stream: str, group: str) -> dict[str, Any] | None:
+def _group_info(client: RedisClient, stream: str, group: str) -> dict[str, Any] | None:
     """XINFO GROUPS of the stream, for one group; None when the stream or the group does not exist."""
     if not client.exists(stream):
         return None
-    for info in client.xinfo_groups(stream):
-        if _text(_get(info, "name")) == group:
-            return dict(info)
-    return None
+    return replies.group_info(client, stream, group)
 
 
 # -- publish --------------------------------------------------------------------------------------------------
-
-
-class _LineError(Exception):
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 def _validated(fields: dict[str, str], limits: EventLimits) -> dict[str, str]:
@@ -316,7 +285,7 @@ def _validated(fields: dict[str, str], limits: EventLimits) -> dict[str, str]:
     try:
         IncidentEvent.from_fields(fields, limits)
     except ValidationError as error:
-        raise _LineError(*event_error(error)) from None
+        raise InvalidLineError(*event_error(error)) from None
     return fields
 
 
@@ -326,7 +295,7 @@ def _bag_from_text(text: str) -> dict[str, int]:
     try:
         return features_from_text(text)
     except ValueError as error:
-        raise _LineError("no_token", f"the text has nothing to fingerprint: {error}") from None
+        raise InvalidLineError("no_token", f"the text has nothing to fingerprint: {error}") from None
 
 
 def _event_fields(data: dict[str, Any], limits: EventLimits, default_id: str | None) -> dict[str, str]:
@@ -335,7 +304,7 @@ def _event_fields(data: dict[str, Any], limits: EventLimits, default_id: str | N
     incident_id = data.get("incident_id", default_id)
     if incident_id is not None:
         if not isinstance(incident_id, str):
-            raise _LineError(
+            raise InvalidLineError(
                 "bad_type",
                 f"incident_id must be a JSON string, got {type(incident_id).__name__} "
                 f"{json.dumps(incident_id)[:40]}; quote it",
@@ -343,9 +312,9 @@ def _event_fields(data: dict[str, Any], limits: EventLimits, default_id: str | N
         fields["incident_id"] = incident_id
     if "text" in data:
         if "features" in data:
-            raise _LineError("bad_type", "give features or text, not both")
+            raise InvalidLineError("bad_type", "give features or text, not both")
         if not isinstance(data["text"], str):
-            raise _LineError("bad_type", f"text must be a JSON string, got {type(data['text']).__name__}")
+            raise InvalidLineError("bad_type", f"text must be a JSON string, got {type(data['text']).__name__}")
         fields["features"] = json.dumps(_bag_from_text(data["text"]), ensure_ascii=False, separators=(",", ":"))
     elif "features" in data:
         features = data["features"]
@@ -354,7 +323,9 @@ def _event_fields(data: dict[str, Any], limits: EventLimits, default_id: str | N
         )
     if "op" in data:
         if not isinstance(data["op"], str):
-            raise _LineError("bad_op", f"op must be one of add, upsert, delete, got {json.dumps(data['op'])[:40]}")
+            raise InvalidLineError(
+                "bad_op", f"op must be one of add, upsert, delete, got {json.dumps(data['op'])[:40]}"
+            )
         if data["op"] != "add":
             fields["op"] = data["op"]
     return _validated(fields, limits)
@@ -375,9 +346,9 @@ def _parse_line(line: str, number: int, *, text_mode: bool, id_prefix: str, limi
     try:
         data = json.loads(line)
     except ValueError as error:
-        raise _LineError("bad_json", f"not valid JSON: {error}") from None
+        raise InvalidLineError("bad_json", f"not valid JSON: {error}") from None
     if not isinstance(data, dict):
-        raise _LineError(
+        raise InvalidLineError(
             "bad_type",
             f'a line must be a JSON object like {{"incident_id": "47", "features": {{"disk": 2}}}}, '
             f"got a JSON {type(data).__name__}",
@@ -385,14 +356,14 @@ def _parse_line(line: str, number: int, *, text_mode: bool, id_prefix: str, limi
     return _event_fields(data, limits, None)
 
 
-def _read_lines(source: IO[bytes], progress: _Progress) -> Iterator[tuple[int, str | _LineError]]:
+def _read_lines(source: IO[bytes], progress: _Progress) -> Iterator[tuple[int, str | InvalidLineError]]:
     """Numbered non-blank lines of the input, decoded (an undecodable line comes as its error)."""
     for number, raw in enumerate(source, 1):
         progress.read(len(raw))
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as error:
-            yield number, _LineError("not_utf8", f"the line is not UTF-8: {error}")
+            yield number, InvalidLineError("not_utf8", f"the line is not UTF-8: {error}")
             continue
         if number == 1:
             line = line.removeprefix("\ufeff")
@@ -490,11 +461,7 @@ def _open_input(name: str) -> tuple[IO[bytes], int | None, str]:
 
 
 def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:
-    limits = EventLimits(
-        max_tokens=settings.max_tokens,
-        max_token_length=settings.max_token_length,
-        max_entry_bytes=settings.max_entry_bytes,
-    )
+    limits = settings.event_limits
     if args.id_prefix is not None and not args.text:
         raise UsageError("--id-prefix names the incidents of --text lines; JSON lines carry their own incident_id")
     source, size, name = _open_input(args.file)
@@ -503,7 +470,7 @@ def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:
     report = _PublishReport(settings.events)
     progress = _Progress(size, enabled=sys.stderr.isatty())
 
-    def invalid(number: int, error: _LineError) -> None:
+    def invalid(number: int, error: InvalidLineError) -> None:
         report.skipped += 1
         report.errors.append({"line": number, "reason": error.reason, "detail": error.detail})
         if len(report.errors) <= SHOWN_ERRORS:
@@ -515,19 +482,19 @@ def cmd_publish(args: argparse.Namespace, settings: Settings) -> int:
     def parsed() -> Iterator[tuple[int, dict[str, str]]]:
         for number, line in _read_lines(source, progress):
             report.lines += 1
-            if isinstance(line, _LineError):
+            if isinstance(line, InvalidLineError):
                 invalid(number, line)
                 continue
             try:
                 yield number, _parse_line(line, number, text_mode=args.text, id_prefix=id_prefix, limits=limits)
-            except _LineError as error:
+            except InvalidLineError as error:
                 invalid(number, error)
 
     def send(chunk: list[tuple[int, dict[str, str]]]) -> None:
         pipe = client.pipeline(transaction=False)
         for _, fields in chunk:
-            pipe.xadd(settings.events, fields)
-        entry_ids = [_text(entry_id) for entry_id in pipe.execute()]
+            pipe.xadd(settings.events, cast(dict[Any, Any], fields))
+        entry_ids = [replies.text(entry_id) for entry_id in pipe.execute()]
         report.first_entry = report.first_entry or entry_ids[0]
         report.last_entry = entry_ids[-1]
         report.published += len(chunk)
@@ -665,7 +632,7 @@ def _query_bag(args: argparse.Namespace) -> dict[str, int]:
         text = _read_stdin("text") if args.text == "-" else args.text
         try:
             return _bag_from_text(text)
-        except _LineError as error:
+        except InvalidLineError as error:
             raise UsageError(f"--text: {error.detail}") from None
     raw = args.features if args.features not in (None, "-") else _read_stdin("bag")
     try:
@@ -821,7 +788,7 @@ def cmd_inspect(args: argparse.Namespace, settings: Settings) -> int:
     index, _ = _stored_index(client, settings)
     fp = index.get(args.incident_id) if index is not None else None
     if index is None or fp is None:
-        raise _CommandError(
+        raise CommandError(
             f"incident {_shown(args.incident_id)!r} is not indexed in namespace {settings.namespace!r} "
             f"(no field in {settings.keys.fingerprints}); if it was published, see `incident-worker dead` "
             "for why it may not have been processed"
@@ -917,20 +884,16 @@ def _register_inspect(commands: Any) -> None:
 # -- stats ----------------------------------------------------------------------------------------------------
 
 
-def _dead_reasons(client: Any, stream: str, limit: int) -> tuple[Counter[str], int, bool]:
+def _dead_reasons(client: RedisClient, stream: str, limit: int) -> tuple[Counter[str], int, bool]:
     """Dead letters by reason, newest first, reading at most `limit`; also how many were read and if that capped."""
     reasons: Counter[str] = Counter()
     scanned = 0
-    end = "+"
-    while scanned < limit:
-        page = client.xrevrange(stream, end, "-", count=min(1000, limit - scanned))
-        if not page:
-            return reasons, scanned, False
-        for _, fields in page:
-            reasons[_text(_get(fields, "reason", b"?"))] += 1
-        scanned += len(page)
-        end = "(" + _text(page[-1][0])
-    return reasons, scanned, bool(client.xrevrange(stream, end, "-", count=1))
+    for _, fields in replies.entries(client, stream, reverse=True, limit=limit + 1, page=1000):
+        if scanned == limit:
+            return reasons, scanned, True
+        reasons[replies.text(fields.get(b"reason", fields.get("reason", b"?")))] += 1
+        scanned += 1
+    return reasons, scanned, False
 
 
 def _recommendation(count: int, bands: int, max_distance: int) -> tuple[int, str]:
@@ -983,21 +946,21 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     consumers: list[dict[str, Any]] = []
     group_json: dict[str, Any] | None = None
     if group is not None:
-        lag = _get(group, "lag")
+        lag = group.get("lag")
         group_json = {
             "name": settings.group,
             "lag": None if lag is None else int(lag),
-            "pending": int(_get(group, "pending", 0)),
-            "last_delivered_id": _text(_get(group, "last-delivered-id", b"")),
-            "entries_read": _get(group, "entries-read"),
+            "pending": int(group.get("pending", 0)),
+            "last_delivered_id": group.get("last-delivered-id", ""),
+            "entries_read": group.get("entries-read"),
         }
-        for info in client.xinfo_consumers(settings.events, settings.group):
-            inactive = _get(info, "inactive")
+        for info in replies.consumers_info(client, settings.events, settings.group):
+            inactive = info.get("inactive")
             consumers.append(
                 {
-                    "name": _text(_get(info, "name")),
-                    "pending": int(_get(info, "pending", 0)),
-                    "idle_ms": int(_get(info, "idle", 0)),
+                    "name": info["name"],
+                    "pending": int(info.get("pending", 0)),
+                    "idle_ms": int(info.get("idle", 0)),
                     "inactive_ms": None if inactive is None else int(inactive),
                 }
             )
@@ -1017,7 +980,7 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
                     "streams": streams,
                     "group": group_json,
                     "consumers": consumers,
-                    "workers": beats,
+                    "workers": [beat.model_dump(exclude_none=True) for beat in beats],
                     "dead_letters": {"by_reason": dict(reasons.most_common()), "scanned": scanned, "capped": capped},
                 }
             )
@@ -1075,10 +1038,11 @@ def cmd_stats(args: argparse.Namespace, settings: Settings) -> int:
     if beats:
         print(f"workers alive (heartbeat keys): {len(beats)}")
         for beat in beats:
-            at, started = beat.get("at"), beat.get("started")
-            ago = f"last beat {_duration(max(0.0, now - at))} ago" if isinstance(at, int | float) else "beating"
-            up = f", up {_duration(max(0.0, now - started))}" if isinstance(started, int | float) else ""
-            print(f"  {_shown(str(beat['consumer']))}: {ago}{up}, processed {beat.get('processed', '?')}")
+            at, started = beat.at, beat.started
+            ago = "beating" if at is None else f"last beat {_duration(max(0.0, now - at))} ago"
+            up = "" if started is None else f", up {_duration(max(0.0, now - started))}"
+            processed = "?" if beat.processed is None else beat.processed
+            print(f"  {_shown(beat.consumer)}: {ago}{up}, processed {processed}")
     else:
         print("workers alive (heartbeat keys): none")
     if not scanned:
@@ -1148,34 +1112,28 @@ class _AlertPrinter:
             return
         self.printed += 1
         if self.as_json:
-            print(_json({"entry_id": entry_id, "time": _entry_time(entry_id), **alert.model_dump()}), flush=True)
+            print(
+                _json({"entry_id": entry_id, "time": replies.entry_time_text(entry_id), **alert.model_dump()}),
+                flush=True,
+            )
             return
         shown = ", ".join(f"{_shown(m.incident_id)} ({m.distance})" for m in alert.matches[:5])
         more = alert.match_count - min(5, len(alert.matches))
         if more > 0:
             shown += f" and {more:,} more"
         print(
-            f"{_entry_time(entry_id)}  {entry_id}  incident {_shown(alert.incident_id)} ({alert.op}, "
+            f"{replies.entry_time_text(entry_id)}  {entry_id}  incident {_shown(alert.incident_id)} ({alert.op}, "
             f"fp {alert.fingerprint}): {_plural(alert.match_count, 'match', 'matches')} within "
             f"{alert.max_distance}: {shown}",
             flush=True,
         )
 
 
-def _entries(reply: Any) -> list[tuple[str, Any]]:
-    """The entries of an XREAD/XREADGROUP reply on one stream (RESP2 list or RESP3 map)."""
-    if not reply:
-        return []
-    if isinstance(reply, dict):
-        return [(_text(i), f) for entries in reply.values() for i, f in entries[0]]
-    return [(_text(entry_id), fields) for entry_id, fields in reply[0][1]]
-
-
 def _raise_interrupt(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _alerts_backlog(client: Any, stream: str, args: argparse.Namespace, emit: _AlertPrinter) -> str:
+def _alerts_backlog(client: RedisClient, stream: str, args: argparse.Namespace, emit: _AlertPrinter) -> str:
     """Print the newest --count alerts, or those after --since; returns the ID to follow from."""
     if args.since is not None:
         if "-" in args.since:  # an entry ID: what came after it
@@ -1183,28 +1141,19 @@ def _alerts_backlog(client: Any, stream: str, args: argparse.Namespace, emit: _A
         else:  # a time in milliseconds: from that time on; following starts just before it
             millis = int(args.since)
             start, last = f"{millis}-0", f"{millis - 1}-{2**64 - 1}" if millis else "0-0"
-        left = args.count
-        while left is None or left > 0:
-            page = client.xrange(stream, start, "+", count=500 if left is None else min(500, left))
-            if not page:
-                break
-            for entry_id, fields in page:
-                last = _text(entry_id)
-                emit(last, fields)
-            start = "(" + last
-            if left is not None:
-                left -= len(page)
+        for last, fields in replies.entries(client, stream, start, limit=args.count):
+            emit(last, fields)
         return last
     count = 10 if args.count is None else args.count
     newest = client.xrevrange(stream, "+", "-", count=max(count, 1))
     if not newest:
         return "0-0"  # nothing yet: follow from the very start, so an alert added now is not missed
-    for entry_id, fields in reversed(newest[:count]):
-        emit(_text(entry_id), fields)
-    return _text(newest[0][0])
+    for entry_id, raw in reversed(newest[:count]):
+        emit(replies.text(entry_id), raw or {})
+    return replies.text(newest[0][0])
 
 
-def _alerts_group(client: Any, stream: str, args: argparse.Namespace, emit: _AlertPrinter) -> None:
+def _alerts_group(client: RedisClient, stream: str, args: argparse.Namespace, emit: _AlertPrinter) -> None:
     """Read as a consumer of a group of the alerts stream: own pending alerts first, then new ones; ack each batch."""
     group, consumer = args.subscriber_group, args.consumer_name
     try:
@@ -1219,7 +1168,7 @@ def _alerts_group(client: Any, stream: str, args: argparse.Namespace, emit: _Ale
     while left is None or left > 0:
         block = FOLLOW_BLOCK_MS if args.follow and cursor == ">" else None
         size = 100 if left is None else min(100, left)
-        entries = _entries(client.xreadgroup(group, consumer, {stream: cursor}, count=size, block=block))
+        entries = replies.stream_entries(client.xreadgroup(group, consumer, {stream: cursor}, count=size, block=block))
         if not entries:
             if cursor != ">":
                 cursor = ">"
@@ -1271,7 +1220,9 @@ def cmd_alerts(args: argparse.Namespace, settings: Settings) -> int:
                 "alerts", f"no alerts {'after ' + args.since + ' ' if args.since else ''}in {settings.alerts}" + waiting
             )
         while args.follow:
-            for entry_id, fields in _entries(client.xread({settings.alerts: last}, count=100, block=FOLLOW_BLOCK_MS)):
+            for entry_id, fields in replies.stream_entries(
+                client.xread({settings.alerts: last}, count=100, block=FOLLOW_BLOCK_MS)
+            ):
                 emit(entry_id, fields)
                 last = entry_id
     except KeyboardInterrupt:
@@ -1352,11 +1303,11 @@ def _original_fields(raw: Mapping[bytes, bytes]) -> dict[bytes, bytes]:
 
 
 def _letter_json(entry_id: str, letter: DeadLetter) -> dict[str, Any]:
-    return {"entry_id": entry_id, "time": _entry_time(entry_id), **letter.model_dump()}
+    return {"entry_id": entry_id, "time": replies.entry_time_text(entry_id), **letter.model_dump()}
 
 
 def _print_letter(entry_id: str, letter: DeadLetter) -> None:
-    print(f"{_entry_time(entry_id)}  {entry_id}  {letter.reason}: {_shown(letter.detail)}")
+    print(f"{replies.entry_time_text(entry_id)}  {entry_id}  {letter.reason}: {_shown(letter.detail)}")
     print(
         f"    from {letter.source_stream} entry {letter.source_entry}, consumer {_shown(letter.consumer)}, "
         f"delivered {_plural(letter.deliveries, 'time')}"
@@ -1374,23 +1325,16 @@ def cmd_dead(args: argparse.Namespace, settings: Settings) -> int:
     client = _client(settings, "dead")
     total = _stream_length(client, settings.dead)
     found: list[tuple[str, DeadLetter]] = []
-    end = "+"
-    while args.count == 0 or len(found) < args.count:
-        page = client.xrevrange(settings.dead, end, "-", count=500)
-        if not page:
-            break
-        for raw_id, fields in page:
-            entry_id = _text(raw_id)
-            try:
-                letter = DeadLetter.from_fields(fields)
-            except ValidationError as error:
-                _say("dead", f"entry {entry_id} is not a dead letter, skipped: {error.errors()[0]['msg']}")
-                continue
-            if args.reason is None or letter.reason == args.reason:
-                found.append((entry_id, letter))
-                if args.count and len(found) >= args.count:
-                    break
-        end = "(" + _text(page[-1][0])
+    for entry_id, fields in replies.entries(client, settings.dead, reverse=True):
+        try:
+            letter = DeadLetter.from_fields(fields)
+        except ValidationError as error:
+            _say("dead", f"entry {entry_id} is not a dead letter, skipped: {error.errors()[0]['msg']}")
+            continue
+        if args.reason is None or letter.reason == args.reason:
+            found.append((entry_id, letter))
+            if args.count and len(found) >= args.count:
+                break
     found.reverse()
     for entry_id, letter in found:
         if args.json:
@@ -1417,7 +1361,7 @@ class _Replay:
 
 
 def _replay_transaction(
-    client: Any,
+    client: RedisClient,
     settings: Settings,
     read: Callable[[Any], list[tuple[str, Any]]],
     wanted: Callable[[DeadLetter], bool],
@@ -1460,10 +1404,10 @@ def _replay_transaction(
                 else:
                     pipe.multi()
                     for entry_id, _, original in chosen:
-                        pipe.xadd(settings.events, original)
+                        pipe.xadd(settings.events, cast(dict[Any, Any], original))
                         pipe.xdel(settings.dead, entry_id)
-                    replies = pipe.execute()
-                    new_ids = [_text(reply) for reply in replies[0::2]]
+                    results = pipe.execute()
+                    new_ids = [replies.text(result) for result in results[0::2]]
             except redis.WatchError:
                 continue
             report.skipped.extend(skipped)
@@ -1478,7 +1422,7 @@ def _replay_transaction(
                     }
                 )
             return entries
-    raise _CommandError(
+    raise CommandError(
         f"{settings.dead} changed under every one of {WATCH_RETRIES} attempts to replay a chunk; "
         "try again when the workers are quieter"
     )
@@ -1514,12 +1458,12 @@ def cmd_dead_replay(args: argparse.Namespace, settings: Settings) -> int:
     else:
         newest = client.xrevrange(settings.dead, "+", "-", count=1)
         # Only what is there now: an entry replayed now may fail again and come back, and must not loop.
-        end = _text(newest[0][0]) if newest else None
+        end = replies.text(newest[0][0]) if newest else None
         cursor = "-"
         while end is not None:
 
             def read_page(pipe: Any, cursor: str = cursor, end: str = end) -> list[tuple[str, Any]]:
-                return [(_text(i), f) for i, f in pipe.xrange(settings.dead, cursor, end, count=REPLAY_CHUNK)]
+                return [(replies.text(i), f) for i, f in pipe.xrange(settings.dead, cursor, end, count=REPLAY_CHUNK)]
 
             def wanted(letter: DeadLetter) -> bool:
                 return args.all or letter.reason == args.replay_reason
@@ -1650,7 +1594,7 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
             beats = _heartbeats(client, settings.keys, host=host)
     except redis.RedisError as error:
         return done(False, f"Redis at {url} does not answer: {redact(str(error))}")
-    result["workers"] = beats
+    result["workers"] = [beat.model_dump(exclude_none=True) for beat in beats]
     if not beats:
         where = settings.keys.heartbeat(settings.consumer) if explicit else settings.keys.heartbeat(f"{host}-*")
         whom = f"consumer {settings.consumer!r}" if explicit else f"any worker on host {host!r}"
@@ -1662,9 +1606,10 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     now = time.time()
     parts = []
     for beat in beats:
-        at = beat.get("at")
-        ago = f"beat {max(0.0, now - at):.1f} s ago" if isinstance(at, int | float) else "beating"
-        parts.append(f"{_shown(str(beat['consumer']))} {ago}, processed {beat.get('processed', '?')}")
+        at = beat.at
+        ago = "beating" if at is None else f"beat {max(0.0, now - at):.1f} s ago"
+        processed = "?" if beat.processed is None else beat.processed
+        parts.append(f"{_shown(beat.consumer)} {ago}, processed {processed}")
     return done(True, f"Redis answers at {url}; " + "; ".join(parts))
 
 

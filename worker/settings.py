@@ -15,11 +15,15 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.connection import parse_url
 
 from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, validate
+from .formats import EventLimits
 from .keys import DEFAULT_NAMESPACE, IndexKeys, hash_tag, validate_namespace
 
 __all__ = ["ENV_PREFIX", "Settings", "redact_url"]
 
 ENV_PREFIX = "INCIDENT_WORKER_"
+
+_LIMITS = EventLimits()
+"""The event size limits' defaults live with `EventLimits`; the settings only expose them as flags."""
 
 
 def _default_consumer() -> str:
@@ -90,10 +94,12 @@ class Settings(BaseSettings):
     max_matches: int = Field(
         0, ge=0, description="Most matches listed in one alert, closest first (0 = all); match_count counts all."
     )
-    max_tokens: int = Field(10_000, ge=1, description="Most tokens in one bag; a larger bag is dead-lettered.")
-    max_token_length: int = Field(1024, ge=1, description="Longest token, in characters.")
+    max_tokens: int = Field(
+        _LIMITS.max_tokens, ge=1, description="Most tokens in one bag; a larger bag is dead-lettered."
+    )
+    max_token_length: int = Field(_LIMITS.max_token_length, ge=1, description="Longest token, in characters.")
     max_entry_bytes: int = Field(
-        1_048_576, ge=64, description="Largest stream entry (field names and values), in bytes."
+        _LIMITS.max_entry_bytes, ge=64, description="Largest stream entry (field names and values), in bytes."
     )
     heartbeat_ttl_ms: int = Field(
         30_000, ge=1000, description="TTL of the worker's heartbeat key; `check` fails once it has expired."
@@ -181,6 +187,15 @@ class Settings(BaseSettings):
     @property
     def dead(self) -> str:
         return self.dead_stream or self.keys.dead
+
+    @property
+    def event_limits(self) -> EventLimits:
+        """The size limits an event must meet (max_tokens, max_token_length, max_entry_bytes)."""
+        return EventLimits(
+            max_tokens=self.max_tokens,
+            max_token_length=self.max_token_length,
+            max_entry_bytes=self.max_entry_bytes,
+        )
 
     @property
     def safe_redis_url(self) -> str:

@@ -16,7 +16,6 @@ One loop, one thread:
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
 from collections import deque
@@ -30,27 +29,20 @@ from pydantic import ValidationError
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import OutOfMemoryError, ResponseError
 
+from .connection import RedisClient
+from .errors import DuplicateIncidentError, LayoutMismatchError
 from .fingerprint import format_fingerprint
-from .formats import DeadLetter, EventLimits, IncidentEvent, event_error
-from .index import DuplicateIncidentError, FingerprintIndex, LayoutMismatchError, StreamTarget, parse_apply
+from .formats import DeadLetter, Heartbeat, IncidentEvent, event_error
+from .index import FingerprintIndex, StreamTarget, parse_apply, retry_while_stale
 from .logs import get_logger
 from .metrics import Metrics
+from .replies import consumers_info, entry_time_ms, group_info, stream_entries, text
 from .settings import Settings
 
-__all__ = ["StreamWorker", "WorkerStats", "entry_time_ms"]
+__all__ = ["StreamWorker", "WorkerStats"]
 
-_STALE_RETRIES = 32
 _DEAD_CONSUMER_IDLE_MS = 3_600_000
 """A consumer with nothing pending and silent for an hour has gone; its name is removed from the group."""
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
-
-
-def entry_time_ms(entry_id: str) -> int:
-    """The millisecond timestamp in a stream entry ID (the Redis server's clock at XADD)."""
-    return int(entry_id.split("-", 1)[0])
 
 
 @dataclass
@@ -84,7 +76,7 @@ class StreamWorker:
 
     def __init__(
         self,
-        redis: Any,
+        redis: RedisClient,
         settings: Settings,
         *,
         index: FingerprintIndex | None = None,
@@ -108,11 +100,7 @@ class StreamWorker:
             alerts_maxlen=settings.alerts_maxlen,
             dead_maxlen=settings.dead_maxlen,
         )
-        self.limits = EventLimits(
-            max_tokens=settings.max_tokens,
-            max_token_length=settings.max_token_length,
-            max_entry_bytes=settings.max_entry_bytes,
-        )
+        self.limits = settings.event_limits
         self.stats = WorkerStats()
         self.log = get_logger(consumer=settings.consumer, stream=settings.events)
         self._stop = threading.Event()
@@ -241,14 +229,12 @@ class StreamWorker:
     def heartbeat(self) -> None:
         """Refresh the heartbeat key (a JSON value with a TTL) that `incident-worker check` reads."""
         ttl = self.settings.heartbeat_ttl_ms
-        value = json.dumps(
-            {
-                "consumer": self.settings.consumer,
-                "at": round(time.time(), 3),
-                "started": round(self._started, 3),
-                "processed": self.stats.processed,
-            }
-        )
+        value = Heartbeat(
+            consumer=self.settings.consumer,
+            at=round(time.time(), 3),
+            started=round(self._started, 3),
+            processed=self.stats.processed,
+        ).to_value()
         try:
             self.redis.set(self._heartbeat_key, value, px=ttl)
         except OutOfMemoryError:
@@ -257,15 +243,13 @@ class StreamWorker:
 
     def _group_lag(self) -> int:
         """Entries not yet delivered to the group (at least 1 when Redis cannot count them exactly)."""
-        for group in self.redis.xinfo_groups(self.target.events):
-            if _text(group.get("name", group.get(b"name"))) == self.target.group:
-                lag = group.get("lag", group.get(b"lag"))
-                if lag is not None:
-                    return int(lag)
-                # Redis 7 cannot count after deletions or trimming in the range: look past the last delivered
-                last = _text(group.get("last-delivered-id", group.get(b"last-delivered-id")))
-                return len(self.redis.xrange(self.target.events, min=f"({last}", count=1))
-        return 0
+        group = group_info(self.redis, self.target.events, self.target.group)
+        if group is None:
+            return 0
+        if group.get("lag") is not None:
+            return int(group["lag"])
+        # Redis 7 cannot count after deletions or trimming in the range: look past the last delivered
+        return len(self.redis.xrange(self.target.events, min=f"({group['last-delivered-id']}", count=1) or [])
 
     def summary(self) -> None:
         """One log line with what this worker did and where the group stands."""
@@ -291,7 +275,7 @@ class StreamWorker:
 
     # -- reading ----------------------------------------------------------------------------------------------
 
-    def _read(self, entry_id: str, block: int | None) -> list[tuple[Any, Any]]:
+    def _read(self, entry_id: str, block: int | None) -> list[tuple[str, Any]]:
         reply = self.redis.xreadgroup(
             self.target.group,
             self.settings.consumer,
@@ -299,11 +283,7 @@ class StreamWorker:
             count=self.settings.batch_size,
             block=block,
         )
-        if not reply:
-            return []
-        if isinstance(reply, dict):  # RESP3
-            return [entry for entries in reply.values() for entry in entries[0]]
-        return list(reply[0][1])
+        return stream_entries(reply)
 
     def read_and_process(self) -> int:
         """Read new entries (blocking up to block_ms) and process them; returns how many were read.
@@ -364,7 +344,7 @@ class StreamWorker:
             entries = self._read(after, None)
             if not entries:
                 break
-            after = _text(entries[-1][0])
+            after = entries[-1][0]
             self.process(entries, history=True)
             total += len(entries)
         if total:
@@ -384,7 +364,7 @@ class StreamWorker:
                 start_id=cursor,
                 count=self.settings.batch_size,
             )
-            cursor = _text(reply[0])
+            cursor = text(reply[0])
             entries = [(entry_id, fields) for entry_id, fields in reply[1] if entry_id is not None]
             if entries:
                 total += len(entries)
@@ -398,10 +378,10 @@ class StreamWorker:
 
     def forget_gone_consumers(self) -> None:
         """Remove consumers that have nothing pending and have been silent for an hour (crashed workers' names)."""
-        for consumer in self.redis.xinfo_consumers(self.target.events, self.target.group):
-            name = _text(consumer.get("name", consumer.get(b"name")))
-            pending = int(consumer.get("pending", consumer.get(b"pending", 0)))
-            idle = int(consumer.get("idle", consumer.get(b"idle", 0)))
+        for consumer in consumers_info(self.redis, self.target.events, self.target.group):
+            name = consumer["name"]
+            pending = int(consumer.get("pending", 0))
+            idle = int(consumer.get("idle", 0))
             gone = name != self.settings.consumer and pending == 0 and idle > _DEAD_CONSUMER_IDLE_MS
             if gone and self.index.forget_consumer(self.target, name):
                 self.log.info("removed gone consumer", gone=name, idle_ms=idle)
@@ -418,7 +398,7 @@ class StreamWorker:
             count=len(entry_ids) + 1,
             consumername=self.settings.consumer,
         )
-        return {_text(row["message_id"]): int(row["times_delivered"]) for row in rows}
+        return {text(row["message_id"]): int(row["times_delivered"]) for row in rows}
 
     # -- processing -------------------------------------------------------------------------------------------
 
@@ -428,7 +408,7 @@ class StreamWorker:
 
     def _prepare(self, entries: Sequence[tuple[Any, Any]], *, history: bool = False) -> list[_Item]:
         """Validate and fingerprint entries; entries read again from the pending list get their delivery count."""
-        ids = [_text(entry_id) for entry_id, _ in entries]
+        ids = [text(entry_id) for entry_id, _ in entries]
         deliveries = self._deliveries(ids) if history else {}
         items: list[_Item] = []
         for entry_id, (_, fields) in zip(ids, entries, strict=True):
@@ -607,14 +587,18 @@ class StreamWorker:
         """An upsert or delete raced with another consumer changing the same incident: read again, apply again."""
         event = item.event
         assert event is not None
-        for _ in range(_STALE_RETRIES):
+
+        def attempt() -> Any:
             expected = self.index.fingerprints_of([event.incident_id])
             [reply] = self.index.execute([self._command(item, expected)])
             if isinstance(reply, Exception):
                 raise reply
-            if _text(reply[0]) != "stale":
-                self._handle(item, reply)
-                return
+            return reply
+
+        reply = retry_while_stale(attempt, lambda reply: text(reply[0]))
+        if reply is not None:
+            self._handle(item, reply)
+            return
         self.log.error(
             "incident keeps changing under this entry; leaving it pending",
             entry_id=item.entry_id,
@@ -624,7 +608,7 @@ class StreamWorker:
     def _dead_lettered(self, item: _Item, reply: Any) -> None:
         assert item.dead is not None
         reason, detail = item.dead
-        if not _text(reply):
+        if not text(reply):
             self.stats.count("not_pending")
             self.metrics.events.labels("not_pending").inc()
             return
@@ -637,10 +621,10 @@ class StreamWorker:
         self.log.warning(
             "dead letter",
             entry_id=item.entry_id,
-            incident_id=_text(incident_id)[:256] if incident_id is not None else None,
+            incident_id=text(incident_id)[:256] if incident_id is not None else None,
             reason=reason,
             detail=detail,
-            dead_entry=_text(reply),
+            dead_entry=text(reply),
         )
 
     def _failed(self, item: _Item, error: ResponseError) -> None:

@@ -1,0 +1,86 @@
+"""Every exception type of the package, in one place. Pure: importing it imports neither Redis nor pydantic.
+
+Library errors (what a caller of `worker.fingerprint`, `worker.bands` or `worker.index` may catch):
+
+* `InvalidFeaturesError` (a ValueError): a feature bag the fingerprint does not accept; `reason` is the dead-letter
+  code (`bad_token`, `bad_weight`, ...).
+* `LayoutError` (a ValueError): band settings that cannot be used; the message says what would work.
+* `FingerprintIndexError`: base of the index's own errors.
+  * `DuplicateIncidentError`: `add` of an ID already indexed with another fingerprint.
+  * `LayoutMismatchError`: the namespace was built with another layout.
+  * `StaleRetriesExhaustedError`: an upsert or delete kept racing another client rewriting the same incident.
+
+Command-line errors (how a subcommand ends without a traceback):
+
+* `UsageError`: bad flags or settings, exit code 2.
+* `CommandError`: the command failed in an expected way (not found, unhealthy), exit code 1.
+* `InvalidLineError`: one input line of `publish` that is not an event (`reason` is a dead-letter code).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CommandError",
+    "DuplicateIncidentError",
+    "FingerprintIndexError",
+    "InvalidFeaturesError",
+    "InvalidLineError",
+    "LayoutError",
+    "LayoutMismatchError",
+    "StaleRetriesExhaustedError",
+    "UsageError",
+]
+
+
+class InvalidFeaturesError(ValueError):
+    """A feature bag that the fingerprint does not accept. `reason` is a short machine-readable code."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class LayoutError(ValueError):
+    """A band layout that cannot be used; the message says what would work."""
+
+
+class FingerprintIndexError(Exception):
+    """Base class of the index's errors."""
+
+
+class DuplicateIncidentError(FingerprintIndexError):
+    """`add` of an incident ID that is already indexed with another fingerprint."""
+
+    def __init__(self, incident_id: str, stored: int, new: int) -> None:
+        super().__init__(
+            f"incident {incident_id!r} is already indexed with fingerprint {stored:016x}, "
+            f"not {new:016x}; use upsert to replace it, or another ID"
+        )
+        self.incident_id = incident_id
+        self.stored = stored
+        self.new = new
+
+
+class LayoutMismatchError(FingerprintIndexError):
+    """The namespace was built with another layout than this index is configured with."""
+
+
+class StaleRetriesExhaustedError(FingerprintIndexError):
+    """An upsert or delete found the incident changed between its read and its write, too many times in a row."""
+
+
+class UsageError(Exception):
+    """Bad flags or settings: printed without a traceback, exit code 2."""
+
+
+class CommandError(Exception):
+    """The command failed in an expected way: printed without a traceback, exit code 1."""
+
+
+class InvalidLineError(Exception):
+    """An input line that is not a valid event: `reason` is a dead-letter code, `detail` says what was wrong."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
