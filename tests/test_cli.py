@@ -1,4 +1,4 @@
-"""The operator subcommands (worker/ops.py) through the real `incident-worker` entry point, against a real Redis.
+"""The operator subcommands (worker/commands/) through the real `incident-worker` entry point, against a real Redis.
 
 Each test starts from an empty server, prepares what it needs (mostly with `publish` and `run --until-idle`, as an
 operator would), and checks what the commands print (the --json forms, parsed) and what they change in Redis.
@@ -198,8 +198,19 @@ def test_publish_says_how_far_it_got_when_redis_refuses(server: RedisServer, cli
     client.set(EVENTS, "not a stream")
     done = cli(server, "publish", stdin=json.dumps(SPEC_EVENTS[0]) + "\n")
     assert done.returncode == 1
-    assert "WRONGTYPE" in done.stderr and "after publishing 0 events" in done.stderr
+    assert "WRONGTYPE" in done.stderr and "before any event was confirmed published" in done.stderr
+    assert "Sending the whole input again is safe" in done.stderr
+    assert "lines 1 to 0" not in done.stderr and ".;" not in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_an_interrupted_publish_names_the_lines_sent_and_where_to_resume() -> None:
+    from worker.commands.publish import PublishReport, stopped_message
+
+    report = PublishReport("{incidents}:events", lines=1200, published=1000, last_line=1004)
+    message = stopped_message(report, "interrupted")
+    assert "after publishing 1,000 events (input lines 1 to 1004)" in message
+    assert "again from line 1005 is safe" in message
 
 
 # -- query and inspect ------------------------------------------------------------------------------------------
@@ -323,7 +334,7 @@ def test_alerts_prints_the_newest_or_those_after_an_id(server: RedisServer, clie
     after = json_lines(cli(server, "alerts", "--since", ids[1], "--json").stdout)
     assert [a["entry_id"] for a in after] == ids[2:]
     human = cli(server, "alerts", "--count", "1")
-    assert human.returncode == 0 and "incident i4" in human.stdout and "m4 (4)" in human.stdout
+    assert human.returncode == 0 and "incident i4" in human.stdout and "m4 (distance 4)" in human.stdout
     client.delete(ALERTS)
     empty = cli(server, "alerts")
     assert empty.returncode == 0 and empty.stdout == "" and "no alerts" in empty.stderr
@@ -486,6 +497,27 @@ def test_check_is_healthy_while_a_worker_runs_and_unhealthy_after(
     assert len(gone.stderr.strip().splitlines()) == 1 and "no live heartbeat" in gone.stderr
 
 
+def test_plain_check_finds_a_named_worker_of_this_host_and_names_those_elsewhere(
+    server: RedisServer, client: redis.Redis, tmp_path: Path
+) -> None:
+    elsewhere = json.dumps({"consumer": "far-away", "at": time.time(), "host": "another-host", "processed": 3})
+    client.set("{incidents}:heartbeat:far-away", elsewhere, px=60_000)
+    lonely = cli(server, "check")
+    assert lonely.returncode == 1, "a worker on another host does not make this one healthy"
+    assert "no live heartbeat of a worker on host" in lonely.stderr and "far-away on another-host" in lonely.stderr
+    assert len(lonely.stderr.strip().splitlines()) == 1
+    worker = start_worker(server.url, log=tmp_path / "w.log", consumer="named-worker", **FAST)
+    try:
+        _wait_for_heartbeat(client, "{incidents}:heartbeat:named-worker")
+        healthy = cli(server, "check")  # no consumer given: any worker of this host counts, whatever its name
+        assert healthy.returncode == 0, healthy.stderr
+        assert "named-worker" in healthy.stdout and "far-away" not in healthy.stdout
+        verdict = json.loads(cli(server, "check", "--json").stdout)
+        assert [beat["consumer"] for beat in verdict["workers"]] == ["named-worker"]
+    finally:
+        assert stop(worker) == 0
+
+
 def test_check_fails_fast_with_one_line_when_redis_is_down() -> None:
     url = f"redis://:hunter2-secret@127.0.0.1:{free_port()}/0"
     started = time.monotonic()
@@ -502,6 +534,7 @@ def test_commands_fail_with_exit_1_and_a_redacted_url_when_redis_is_down() -> No
     done = cli(url, "stats")
     assert done.returncode == 1 and "cannot reach Redis" in done.stderr and "Traceback" not in done.stderr
     assert "hunter2-secret" not in done.stderr
+    assert ".;" not in done.stderr, "the error's own full stop does not run into our sentence"
 
 
 # -- usage ------------------------------------------------------------------------------------------------------
@@ -521,6 +554,8 @@ def test_commands_fail_with_exit_1_and_a_redacted_url_when_redis_is_down() -> No
         (["dead", "replay"], "choose what to replay"),
         (["dead", "replay", "--all", "--reason", "poison"], "choose what to replay"),
         (["dead", "replay", "not-an-id"], "not a stream entry ID"),
+        (["dead", "--reason", "nope"], "'nope': no dead letter has that reason; the reasons are bad_features, "),
+        (["dead", "replay", "--reason", "nope"], "no dead letter has that reason; the reasons are "),
         (["stats", "--redis-url", "http://localhost:6379"], "must start with redis://"),
         (["check", "--namespace", "{bad}"], "namespace"),
     ],

@@ -15,9 +15,9 @@ from redis.cluster import RedisCluster
 from tests.conftest import IN_CI
 from tests.redis_server import RedisServer, free_port
 from tests.streams import FAST, assert_pairs_reported_once, fingerprints, start_worker
+from worker.devtools.workload import Workload
 from worker.formats import Alert, DeadLetter
 from worker.index import FingerprintIndex
-from worker.workload import Workload
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,32 @@ from tests.redis_server import free_port
 from tests.streams import clean_env, worker_command
 
 
-def _demo(*args: str) -> subprocess.Popen[str]:
+def _demo(*args: str, background: bool = False) -> subprocess.Popen[str]:
     # A Redis URL that points nowhere: the demo must not need (or touch) any Redis of the machine.
     env = clean_env(redis_url="redis://127.0.0.1:9/0")
     return subprocess.Popen(
-        [*worker_command(), "demo", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [*worker_command(), "demo", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        # as a shell starts `incident-worker demo --keep &`: SIGINT ignored, so Python raises no KeyboardInterrupt
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if background else None,
     )
+
+
+def _wait_for(demo: subprocess.Popen[str], text: str, deadline: float) -> list[str]:
+    assert demo.stdout is not None
+    lines: list[str] = []
+    while time.monotonic() < deadline:
+        line = demo.stdout.readline()
+        lines.append(line)
+        if text in line:
+            return lines
+        if not line and demo.poll() is not None:
+            break
+    demo.kill()
+    pytest.fail(f"the demo never printed {text!r}:\n" + "".join(lines))
 
 
 def test_demo_runs_the_sample_and_prints_the_alerts() -> None:
@@ -42,16 +62,8 @@ def test_demo_keep_serves_redis_cli_and_alerts_new_events() -> None:
     port = free_port()
     demo = _demo("--keep", "--port", str(port))
     assert demo.stdout is not None
-    lines: list[str] = []
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = demo.stdout.readline()
-        lines.append(line)
-        if "Waiting for more events" in line:
-            break
-    else:
-        demo.kill()
-        pytest.fail("the demo never got ready:\n" + "".join(lines))
+    _wait_for(demo, "Waiting for more events", deadline)
 
     def cli(*args: str) -> str:
         return subprocess.run(
@@ -65,6 +77,8 @@ def test_demo_keep_serves_redis_cli_and_alerts_new_events() -> None:
     while time.monotonic() < deadline and "ALERT  91" not in alert:
         alert = demo.stdout.readline()
     assert alert.startswith("ALERT  91 matches 47 (distance 0), 90 (distance 0)")
+    # an incident the demo did not publish is described by its bag, read back from the events stream
+    assert demo.stdout.readline().split() == ["91:", "dockx3", "scannerx2", "timeoutx1"]
     demo.send_signal(signal.SIGINT)
     demo.communicate(timeout=30)
     assert demo.returncode == 0
@@ -85,3 +99,11 @@ def test_demo_in_a_network_without_any_redis() -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ALERT  90 matches 47 (distance 0)" in done.stdout
+
+
+def test_demo_keep_started_in_the_background_stops_on_sigint() -> None:
+    demo = _demo("--keep", background=True)
+    _wait_for(demo, "Waiting for more events", time.monotonic() + 60)
+    demo.send_signal(signal.SIGINT)
+    out, _ = demo.communicate(timeout=30)
+    assert demo.returncode == 0, out

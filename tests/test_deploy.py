@@ -735,7 +735,7 @@ def test_one_band_index_works_as_the_acl_user(admin: redis.Redis, worker_client:
 
 
 def test_operator_reads_and_replays_work_as_the_acl_user(admin: redis.Redis, worker_client: redis.Redis) -> None:
-    # What the operator subcommands send, command by command, so the ACL is held to it even without worker/ops.py.
+    # What the operator subcommands send, command by command, so the ACL is held to it even without worker/commands/.
     client = worker_client
     dead = "{incidents}:dead"
     letter = client.xadd(dead, {"reason": "bad_json", "original_incident_id": "1"})

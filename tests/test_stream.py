@@ -25,12 +25,12 @@ from tests.streams import (
     pending_count,
     publish,
 )
+from worker.devtools.workload import Workload
 from worker.errors import LayoutMismatchError
 from worker.fingerprint import fingerprint, format_fingerprint
 from worker.index import FingerprintIndex
 from worker.settings import Settings
 from worker.stream import StreamWorker, _segments
-from worker.workload import Workload
 
 DOCK = {"dock": 3, "scanner": 2, "timeout": 1}
 ROAD = {"weather": 4, "road": 2}

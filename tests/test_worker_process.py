@@ -27,8 +27,8 @@ from tests.streams import (
     start_worker,
     stop,
 )
+from worker.devtools.workload import Workload
 from worker.fingerprint import fingerprint, format_fingerprint
-from worker.workload import Workload
 
 
 def _workload(count: int, seed: int, bad_every: int = 0) -> tuple[list[dict[str, object]], int]:

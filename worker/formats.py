@@ -8,6 +8,7 @@ becomes a dead letter whose `reason` is the machine code of the first error and 
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -344,6 +345,11 @@ class Heartbeat(BaseModel):
     at: float | None = Field(None, description="Unix time of the beat, in seconds")
     started: float | None = Field(None, description="Unix time the worker started, in seconds")
     processed: int | None = Field(None, description="entries the worker processed since it started")
+    host: str | None = Field(
+        default_factory=socket.gethostname,
+        description="the host name of the worker's machine, so that `check` finds a named consumer by host "
+        "(None when read from a worker that did not write it)",
+    )
     key: str | None = Field(None, description="the key it was read from (not written)")
 
     def to_value(self) -> str:
@@ -359,9 +365,10 @@ class Heartbeat(BaseModel):
             data = None
         if isinstance(data, dict):
             data.setdefault("consumer", consumer)
+            data.setdefault("host", None)  # not the reader's own host name
             data["key"] = key
             try:
                 return cls.model_validate(data)
             except ValidationError:
                 pass
-        return cls(consumer=consumer, key=key)
+        return cls(consumer=consumer, key=key, host=None)

@@ -1,4 +1,5 @@
-"""`incident-worker bench`: the benchmark anyone can run, on a real Redis, through the real worker pipeline.
+"""The benchmark behind `incident-worker bench` (worker/commands/bench.py), on a real Redis, through the real
+worker pipeline.
 
 What it measures, in one run, so that ratios compare like with like on a noisy machine:
 
@@ -19,13 +20,11 @@ measured through a queue.
 from __future__ import annotations
 
 import csv
-import json
 import multiprocessing as mp
 import os
 import platform
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -37,16 +36,16 @@ from typing import Any
 
 import redis
 
-from .bands import DEFAULT_BANDS, BandLayout, recommend_bands
-from .fingerprint import fingerprint, fingerprint_reference
-from .formats import IncidentEvent
-from .index import FingerprintIndex
-from .keys import IndexKeys
-from .metrics import Metrics
-from .replies import group_info
+from ..bands import DEFAULT_BANDS, BandLayout, recommend_bands
+from ..fingerprint import fingerprint, fingerprint_reference
+from ..formats import IncidentEvent
+from ..index import FingerprintIndex
+from ..keys import IndexKeys
+from ..metrics import Metrics
+from ..replies import group_info
 from .workload import Workload
 
-__all__ = ["register", "run_benchmark"]
+__all__ = ["markdown", "run_benchmark"]
 
 CLASSIC_BANDS = 8
 
@@ -72,10 +71,10 @@ class _Recorder:
 
 def _worker_process(url: str, options: dict[str, Any], stop: Any, results: Any) -> None:
     """One benchmark worker: StreamWorker with recording metrics, until `stop` is set."""
-    from .connection import connect
-    from .logs import configure_logging
-    from .settings import Settings
-    from .stream import StreamWorker
+    from ..connection import connect
+    from ..logs import configure_logging
+    from ..settings import Settings
+    from ..stream import StreamWorker
 
     configure_logging("json", "error")
     settings = Settings(redis_url=url, **options)
@@ -196,7 +195,7 @@ class _Events:
         self.real: list[dict[str, int]] | None = None
         self.next_id = 1
         if real_data is not None:
-            from .text import features_from_text
+            from ..text import features_from_text
 
             bags = []
             for path in sorted(real_data.glob("*.csv")):
@@ -554,82 +553,9 @@ def markdown(results: dict[str, Any]) -> str:
             ratios.append(f"recommended ({recommended['bands']} bands) / default {rate / max(default, 1e-9):.1f}x")
         two = row["layouts"]["default"]["two_workers"]["events_per_s"]
         ratios.append(f"two workers / one {two / max(default, 1e-9):.2f}x")
-        out.append(f"\nRatios: {', '.join(ratios)}. (* capped at the time limit.)")
+        capped_any = base_capped or any(
+            layout[run]["capped"] for layout in row["layouts"].values() for run in ("one_worker", "two_workers")
+        )
+        footnote = " (* capped at the time limit.)" if capped_any else ""
+        out.append(f"\nRatios: {', '.join(ratios)}.{footnote}")
     return "\n".join(out)
-
-
-def register(commands: Any) -> None:
-    bench = commands.add_parser(
-        "bench",
-        help="measure throughput, latency, candidates and memory on a real Redis",
-        description="Benchmark the real pipeline (worker processes, Redis Functions) on a real redis-server it "
-        "starts on a free port (or --redis-url). Prints Markdown tables for BENCHMARKS.md; --json for the numbers.",
-        epilog="Examples: incident-worker bench; incident-worker bench --large (adds N = 1,000,000); "
-        "incident-worker bench --sizes 10000 --ingest 0 --json",
-    )
-    bench.add_argument("--redis-url", help="use this Redis instead of starting one (it must be empty, or --force)")
-    bench.add_argument("--force", action="store_true", help="with --redis-url: allow a non-empty database (FLUSHED)")
-    bench.add_argument(
-        "--sizes",
-        type=lambda s: [int(x) for x in s.split(",") if x],
-        default=[10_000, 100_000],
-        help="index sizes N, comma-separated (default 10000,100000; '' for none)",
-    )
-    bench.add_argument("--large", action="store_true", help="add N = 1,000,000 (takes a few minutes more)")
-    bench.add_argument("--ingest", type=int, default=100_000, help="events of the full-ingest test (0 = skip)")
-    bench.add_argument("--events", type=int, default=5000, help="events per throughput measurement")
-    bench.add_argument("--cap", type=float, default=60.0, help="seconds a single measurement may take at most")
-    bench.add_argument(
-        "--ingest-cap",
-        type=float,
-        default=600.0,
-        help="seconds the full ingest may take (the classic layout needs four to five minutes for 100,000 here)",
-    )
-    bench.add_argument("--latency-seconds", type=float, default=8.0, help="length of the half-load latency run")
-    bench.add_argument("--seed", type=int, default=1, help="seed of the synthetic workload")
-    bench.add_argument("--real-data", type=Path, help="a directory of Loghub *_structured.csv files to use instead")
-    bench.add_argument("--json", action="store_true", help="print the results as JSON")
-    bench.set_defaults(handler=_cmd_bench)
-
-
-def _cmd_bench(args: Any) -> int:
-    from .errors import UsageError
-    from .localserver import RedisServer, redis_server_available
-
-    sizes = sorted(set(args.sizes + ([1_000_000] if args.large else [])))
-
-    def log(message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
-
-    server = None
-    url = args.redis_url
-    with tempfile.TemporaryDirectory(prefix="incident-bench-") as directory:
-        if url is None:
-            if not redis_server_available():
-                raise UsageError("redis-server is not on PATH: install Redis 7, or pass --redis-url")
-            server = RedisServer(Path(directory))
-            server.start()
-            url = server.url
-            log(f"redis-server {server.port} started for the benchmark")
-        else:
-            with redis.Redis.from_url(url) as probe:
-                if probe.dbsize() and not args.force:
-                    raise UsageError("the Redis at --redis-url is not empty; the benchmark flushes it: add --force")
-        try:
-            results = run_benchmark(
-                url=url,
-                sizes=sizes,
-                ingest=args.ingest,
-                measure=args.events,
-                cap_s=args.cap,
-                ingest_cap_s=args.ingest_cap,
-                latency_s=args.latency_seconds,
-                seed=args.seed,
-                real_data=args.real_data,
-                log=log,
-            )
-        finally:
-            if server is not None:
-                server.stop()
-    print(json.dumps(results, indent=2) if args.json else markdown(results))
-    return 0

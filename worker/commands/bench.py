@@ -1,0 +1,100 @@
+"""`incident-worker bench`: the benchmark (worker/devtools/benchmark.py) on a real redis-server it starts itself."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import redis
+
+from ._shared import EXIT_OK, UsageError
+
+__all__ = ["configure"]
+
+
+def _sizes(value: str) -> list[int]:
+    try:
+        return [int(size) for size in value.split(",") if size]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of whole numbers") from None
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from ..devtools.benchmark import markdown, run_benchmark
+    from ..devtools.redis_server import RedisServer, redis_server_available
+
+    sizes = sorted(set(args.sizes + ([1_000_000] if args.large else [])))
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    server = None
+    url = args.redis_url
+    with tempfile.TemporaryDirectory(prefix="incident-bench-") as directory:
+        if url is None:
+            if not redis_server_available():
+                raise UsageError("redis-server is not on PATH: install Redis 7, or pass --redis-url")
+            server = RedisServer(Path(directory))
+            server.start()
+            url = server.url
+            log(f"redis-server {server.port} started for the benchmark")
+        else:
+            with redis.Redis.from_url(url) as probe:
+                if probe.dbsize() and not args.force:
+                    raise UsageError("the Redis at --redis-url is not empty; the benchmark flushes it: add --force")
+        try:
+            results = run_benchmark(
+                url=url,
+                sizes=sizes,
+                ingest=args.ingest,
+                measure=args.events,
+                cap_s=args.cap,
+                ingest_cap_s=args.ingest_cap,
+                latency_s=args.latency_seconds,
+                seed=args.seed,
+                real_data=args.real_data,
+                log=log,
+            )
+        finally:
+            if server is not None:
+                server.stop()
+    print(json.dumps(results, indent=2) if args.json else markdown(results))
+    return EXIT_OK
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Benchmark the real pipeline (worker processes, Redis Functions) on a real redis-server it starts on a free "
+        "port (or --redis-url). Prints Markdown tables for BENCHMARKS.md; --json for the numbers."
+    )
+    parser.epilog = (
+        "Examples: incident-worker bench; incident-worker bench --large (adds N = 1,000,000); "
+        "incident-worker bench --sizes 10000 --ingest 0 --json. Exit codes: 0 measured, 2 bad usage (no "
+        "redis-server on PATH, a non-empty Redis without --force)."
+    )
+    parser.add_argument("--redis-url", help="use this Redis instead of starting one (it must be empty, or --force)")
+    parser.add_argument("--force", action="store_true", help="with --redis-url: allow a non-empty database (FLUSHED)")
+    parser.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=[10_000, 100_000],
+        help="index sizes N, comma-separated (default 10000,100000; '' for none)",
+    )
+    parser.add_argument("--large", action="store_true", help="add N = 1,000,000 (takes a few minutes more)")
+    parser.add_argument("--ingest", type=int, default=100_000, help="events of the full-ingest test (0 = skip)")
+    parser.add_argument("--events", type=int, default=5000, help="events per throughput measurement")
+    parser.add_argument("--cap", type=float, default=60.0, help="seconds a single measurement may take at most")
+    parser.add_argument(
+        "--ingest-cap",
+        type=float,
+        default=600.0,
+        help="seconds the full ingest may take (the classic layout needs four to five minutes for 100,000 here)",
+    )
+    parser.add_argument("--latency-seconds", type=float, default=8.0, help="length of the half-load latency run")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the synthetic workload")
+    parser.add_argument("--real-data", type=Path, help="a directory of Loghub *_structured.csv files to use instead")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.set_defaults(handler=_bench)

@@ -1,0 +1,193 @@
+"""`incident-worker check`: the health check behind Docker's HEALTHCHECK and Kubernetes probes.
+
+Light on purpose: a probe runs it every few seconds, so it imports neither the index, the metrics server nor the
+benchmark (tests/test_commands.py pins that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from ..connection import RedisClient
+from ..formats import Heartbeat
+from ..keys import IndexKeys
+from ..replies import text
+from ..settings import ENV_PREFIX, Settings
+from ._format import json_line, shown
+from ._shared import (
+    CONNECTION,
+    EXIT_FAILURE,
+    EXIT_OK,
+    add_settings_flags,
+    command_client,
+    describe,
+    error_text,
+    json_flag,
+    setting_given,
+    with_settings,
+)
+
+__all__ = ["Health", "check_health", "configure", "live_heartbeats"]
+
+CHECK_TIMEOUT_S = 2.0
+"""Health checks must answer well within a Docker or Kubernetes probe's timeout."""
+
+LISTED_HEARTBEATS = 1000
+"""Heartbeat keys read at most: enough for any deployment, and bounded for a probe."""
+
+
+def _glob_escape(pattern: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", pattern)
+
+
+def live_heartbeats(client: RedisClient, keys: IndexKeys, consumer: str | None = None) -> list[Heartbeat]:
+    """The live heartbeats of one consumer, or of every worker of the namespace (by consumer name)."""
+    if consumer is not None:
+        names = [keys.heartbeat(consumer)]
+    else:
+        pattern = _glob_escape(keys.heartbeat("")) + "*"
+        names = sorted({text(k) for k in client.scan_iter(match=pattern, count=1000)})[:LISTED_HEARTBEATS]
+    if not names:
+        return []
+    prefix = keys.heartbeat("")
+    return [
+        Heartbeat.from_value(name, name.removeprefix(prefix), value)
+        for name, value in zip(names, client.mget(names), strict=True)
+        if value is not None  # expired between the scan and the read
+    ]
+
+
+def on_host(beat: Heartbeat, host: str) -> bool:
+    """Whether the worker beating runs on `host`: it says so, or (a worker that does not) its name is the default
+    `<host>-<pid>`."""
+    if beat.host is not None:
+        return beat.host == host
+    return beat.consumer.startswith(f"{host}-")
+
+
+@dataclass
+class Health:
+    """The verdict of a check: healthy or not, why, and the heartbeats it rests on."""
+
+    healthy: bool
+    message: str
+    redis: str
+    namespace: str
+    workers: list[Heartbeat] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "healthy": self.healthy,
+            "redis": self.redis,
+            "namespace": self.namespace,
+            "workers": [beat.model_dump(exclude_none=True) for beat in self.workers],
+            "message": self.message,
+        }
+
+
+def _beats_text(beats: list[Heartbeat], now: float) -> str:
+    parts = []
+    for beat in beats:
+        ago = f"beat {max(0.0, now - beat.at):.1f} s ago" if beat.at is not None else "beating"
+        where = f" on {shown(beat.host)}" if beat.host else ""
+        processed = "?" if beat.processed is None else beat.processed
+        parts.append(f"{shown(beat.consumer)}{where} {ago}, processed {processed}")
+    return "; ".join(parts)
+
+
+def check_health(
+    client: RedisClient, settings: Settings, *, consumer: str | None, redis_only: bool, host: str
+) -> Health:
+    """Redis answers PING, and a heartbeat is alive: the consumer's, or (no consumer given) one of a worker of this
+    host, whatever its consumer name. Never raises for Redis errors: they make the verdict unhealthy."""
+    url, namespace = settings.safe_redis_url, settings.namespace
+    try:
+        client.ping()
+        if redis_only:
+            return Health(True, f"Redis answers at {url}", url, namespace)
+        beats = live_heartbeats(client, settings.keys, consumer)
+    except redis.RedisError as error:
+        return Health(False, f"Redis at {url} does not answer: {error_text(error)}", url, namespace)
+    now = time.time()
+    if consumer is not None:
+        if beats:
+            return Health(True, f"Redis answers at {url}; {_beats_text(beats, now)}", url, namespace, beats)
+        return Health(
+            False,
+            f"no live heartbeat of consumer {consumer!r} ({settings.keys.heartbeat(consumer)}): the worker is not "
+            "running, has not started yet (use --redis-only for readiness), or stopped beating for longer than "
+            "heartbeat_ttl_ms",
+            url,
+            namespace,
+        )
+    here = [beat for beat in beats if on_host(beat, host)]
+    if here:
+        return Health(True, f"Redis answers at {url}; {_beats_text(here, now)}", url, namespace, here)
+    elsewhere = f"; live elsewhere: {_beats_text(beats, now)} (check one with --consumer NAME)" if beats else ""
+    return Health(
+        False,
+        f"no live heartbeat of a worker on host {host!r} in namespace {namespace!r}: the worker is not running, "
+        "has not started yet (use --redis-only for readiness), or stopped beating for longer than "
+        f"heartbeat_ttl_ms{elsewhere}",
+        url,
+        namespace,
+        beats,
+    )
+
+
+@with_settings("check")
+def _check(args: argparse.Namespace, settings: Settings) -> int:
+    consumer = settings.consumer if setting_given(args, "consumer") else None
+    try:
+        client = command_client(settings, "check", timeout=CHECK_TIMEOUT_S)
+        health = check_health(
+            client, settings, consumer=consumer, redis_only=args.redis_only, host=socket.gethostname()
+        )
+    except redis.RedisError as error:  # the client itself could not be made (a cluster that does not answer)
+        url = settings.safe_redis_url
+        health = Health(False, f"Redis at {url} does not answer: {error_text(error)}", url, settings.namespace)
+    if args.json:
+        print(json_line(health.as_json()))
+    elif health.healthy:
+        print(f"healthy: {health.message}")
+    else:
+        print(f"unhealthy: {health.message}", file=sys.stderr)
+    return EXIT_OK if health.healthy else EXIT_FAILURE
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    describe(
+        parser,
+        "Exit 0 when Redis answers PING and a worker's heartbeat key is alive, else exit 1 with a one-line "
+        "reason on stderr. The worker refreshes {N}:heartbeat:<consumer> (a key with a TTL of heartbeat_ttl_ms) "
+        f"while its loop runs and deletes it on a clean stop. With --consumer or {ENV_PREFIX}CONSUMER set, that "
+        "consumer's key is checked; otherwise any worker running on this host counts, whatever its consumer name "
+        "(and when none does, the message names the workers alive elsewhere). Socket timeouts are 2 s.",
+        examples="""
+  HEALTHCHECK --interval=30s --timeout=5s CMD incident-worker check
+  livenessProbe:  exec: {command: [incident-worker, check]}
+  readinessProbe: exec: {command: [incident-worker, check, --redis-only]}
+  incident-worker check --consumer worker-0 --json
+""",
+        exits="""
+  0  healthy
+  1  unhealthy: Redis does not answer, or no live heartbeat (reason on stderr)
+  2  bad usage or settings
+""",
+    )
+    parser.add_argument(
+        "--redis-only",
+        action="store_true",
+        help="only check that Redis answers (readiness before the worker's first heartbeat)",
+    )
+    json_flag(parser, "the verdict and the live heartbeats as one JSON object")
+    add_settings_flags(parser, only=[*CONNECTION, "consumer"])
+    parser.set_defaults(handler=_check)

@@ -1,0 +1,366 @@
+"""`incident-worker dead` (list dead letters) and `dead replay` (re-queue them after a fix).
+
+`read_dead_letters` and `replay` read and write; `print_letter` and the handlers print.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from pydantic import ValidationError
+
+from ..connection import RedisClient
+from ..formats import DEAD_LETTER_FIELDS, REASONS, DeadLetter
+from ..replies import entries, entry_time_text, text
+from ..settings import Settings
+from ._format import json_line, plural, shown
+from ._shared import (
+    CONNECTION,
+    EXIT_FAILURE,
+    EXIT_OK,
+    CommandError,
+    UsageError,
+    add_settings_flags,
+    command_client,
+    count_arg,
+    describe,
+    json_flag,
+    say,
+    with_settings,
+)
+
+__all__ = ["ReplayReport", "configure", "read_dead_letters", "replay"]
+
+REPLAY_CHUNK = 100
+"""Dead letters moved per MULTI/EXEC: one transaction, so a crash moves all of them or none."""
+
+WATCH_RETRIES = 50
+"""Replay re-reads a chunk when the dead stream changed under its WATCH (workers append to it meanwhile)."""
+
+_ENTRY_ID = re.compile(r"^\d+-\d+$")
+_OWN_FIELDS = {name.encode() for name in DEAD_LETTER_FIELDS}
+
+
+def known_reason(reason: str | None, flag: str) -> None:
+    """UsageError unless `reason` is None or one of the dead-letter reasons (which the message lists)."""
+    if reason is None or reason in REASONS:
+        return
+    raise UsageError(
+        f"{flag} {reason!r}: no dead letter has that reason; the reasons are " + ", ".join(sorted(REASONS))
+    )
+
+
+# -- listing --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DeadListing:
+    """The dead letters found (oldest first), how many the stream holds, and entries that were not dead letters."""
+
+    letters: list[tuple[str, DeadLetter]]
+    total: int
+    not_letters: list[tuple[str, str]] = field(default_factory=list)
+
+
+def read_dead_letters(client: RedisClient, stream: str, reason: str | None, count: int) -> DeadListing:
+    """The newest `count` dead letters (0: all) with this reason (None: any), oldest first."""
+    listing = DeadListing([], int(client.xlen(stream)))
+    for entry_id, fields in entries(client, stream, reverse=True):
+        try:
+            letter = DeadLetter.from_fields(fields)
+        except ValidationError as error:
+            listing.not_letters.append((entry_id, error.errors()[0]["msg"]))
+            continue
+        if reason is None or letter.reason == reason:
+            listing.letters.append((entry_id, letter))
+            if count and len(listing.letters) >= count:
+                break
+    listing.letters.reverse()
+    return listing
+
+
+def letter_json(entry_id: str, letter: DeadLetter) -> dict[str, Any]:
+    return {"entry_id": entry_id, "time": entry_time_text(entry_id), **letter.model_dump()}
+
+
+def print_letter(entry_id: str, letter: DeadLetter) -> None:
+    print(f"{entry_time_text(entry_id)}  {entry_id}  {letter.reason}: {shown(letter.detail)}")
+    print(
+        f"    from {letter.source_stream} entry {letter.source_entry}, consumer {shown(letter.consumer)}, "
+        f"delivered {plural(letter.deliveries, 'time')}"
+    )
+    if not letter.original:
+        print("    original: (no fields: the entry was gone before it was processed)")
+    for name, value in letter.original.items():
+        line = shown(value)
+        if len(line) > 200:
+            line = line[:200] + f"... ({len(value):,} characters)"
+        print(f"    {shown(name)} = {line}")
+
+
+@with_settings("dead")
+def _dead(args: argparse.Namespace, settings: Settings) -> int:
+    known_reason(args.reason, "--reason")
+    listing = read_dead_letters(command_client(settings, "dead"), settings.dead, args.reason, args.count)
+    for entry_id, why in listing.not_letters:
+        say("dead", f"entry {entry_id} is not a dead letter, skipped: {why}")
+    for entry_id, letter in listing.letters:
+        if args.json:
+            print(json_line(letter_json(entry_id, letter)))
+        else:
+            print_letter(entry_id, letter)
+    if args.json:
+        return EXIT_OK
+    which = f" with reason {args.reason!r}" if args.reason else ""
+    in_all = plural(listing.total, "entry", "entries")
+    if not listing.letters:
+        print(f"no dead letters{which} in {settings.dead} ({in_all} in all)")
+    else:
+        print(
+            f"{plural(len(listing.letters), 'dead letter')}{which} shown, newest last; {settings.dead} holds "
+            f"{in_all}. After fixing the cause, re-queue them with: "
+            "incident-worker dead replay ID... | --reason R | --all"
+        )
+    return EXIT_OK
+
+
+# -- replay ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ReplayReport:
+    """What a replay moved (or, dry, would move) back to the events stream, and what it skipped and why."""
+
+    replayed: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _original_fields(raw: Mapping[bytes, bytes]) -> dict[bytes, bytes]:
+    """The dead-lettered entry's own fields, raw, with their names as they were (see DeadLetter.to_fields)."""
+    return {name.removeprefix(b"original_"): value for name, value in raw.items() if name not in _OWN_FIELDS}
+
+
+def _replay_transaction(
+    client: RedisClient,
+    settings: Settings,
+    read: Callable[[Any], list[tuple[str, Any]]],
+    wanted: Callable[[DeadLetter], bool],
+    dry_run: bool,
+    report: ReplayReport,
+) -> list[tuple[str, Any]]:
+    """Read dead letters under WATCH, then re-add their originals to the events stream and delete them, in one
+    MULTI/EXEC: a crash or a concurrent replay can neither lose a letter nor queue it twice. Returns what was read."""
+    with client.pipeline(transaction=True) as pipe:
+        for _ in range(WATCH_RETRIES):
+            try:
+                pipe.watch(settings.dead)
+                found = read(pipe)
+                chosen: list[tuple[str, DeadLetter, dict[bytes, bytes]]] = []
+                skipped: list[dict[str, Any]] = []
+                for entry_id, fields in found:
+                    if fields is None:
+                        skipped.append({"dead_entry": entry_id, "why": "not found in the dead-letter stream"})
+                        continue
+                    try:
+                        letter = DeadLetter.from_fields(fields)
+                    except ValidationError:
+                        skipped.append({"dead_entry": entry_id, "why": "not a dead letter"})
+                        continue
+                    if not wanted(letter):
+                        continue
+                    original = _original_fields(fields)
+                    if not original:
+                        skipped.append(
+                            {
+                                "dead_entry": entry_id,
+                                "why": "no original fields to replay (the entry was deleted before it was processed)",
+                            }
+                        )
+                        continue
+                    chosen.append((entry_id, letter, original))
+                if dry_run or not chosen:
+                    pipe.unwatch()
+                    new_ids: list[str | None] = [None] * len(chosen)
+                else:
+                    pipe.multi()
+                    for entry_id, _, original in chosen:
+                        pipe.xadd(settings.events, original)  # type: ignore[arg-type]
+                        pipe.xdel(settings.dead, entry_id)
+                    replies = pipe.execute()
+                    new_ids = [text(reply) for reply in replies[0::2]]
+            except redis.WatchError:
+                continue
+            report.skipped.extend(skipped)
+            for (entry_id, letter, _), new_id in zip(chosen, new_ids, strict=True):
+                report.replayed.append(
+                    {
+                        "dead_entry": entry_id,
+                        "event_entry": new_id,
+                        "reason": letter.reason,
+                        "incident_id": letter.original.get("incident_id"),
+                        "source_entry": letter.source_entry,
+                    }
+                )
+            return found
+    raise CommandError(
+        f"{settings.dead} changed under every one of {WATCH_RETRIES} attempts to replay a chunk; "
+        "try again when the workers are quieter"
+    )
+
+
+def replay(
+    client: RedisClient, settings: Settings, *, ids: list[str], reason: str | None, dry_run: bool
+) -> ReplayReport:
+    """Move dead letters back to the events stream: those of `ids`, or (no IDs) every one with `reason` (None: all)
+    present when the replay starts, chunk by chunk, each chunk in one transaction."""
+    report = ReplayReport()
+    if ids:
+        unique = list(dict.fromkeys(ids))
+        for start in range(0, len(unique), REPLAY_CHUNK):
+            chunk = unique[start : start + REPLAY_CHUNK]
+
+            def read_ids(pipe: Any, chunk: list[str] = chunk) -> list[tuple[str, Any]]:
+                found = []
+                for entry_id in chunk:
+                    page = pipe.xrange(settings.dead, entry_id, entry_id)
+                    found.append((entry_id, page[0][1] if page else None))
+                return found
+
+            _replay_transaction(client, settings, read_ids, lambda letter: True, dry_run, report)
+        return report
+
+    def wanted(letter: DeadLetter) -> bool:
+        return reason is None or letter.reason == reason
+
+    newest = client.xrevrange(settings.dead, "+", "-", count=1)
+    # Only what is there now: an entry replayed now may fail again and come back, and must not loop.
+    end = text(newest[0][0]) if newest else None
+    cursor = "-"
+    while end is not None:
+
+        def read_page(pipe: Any, cursor: str = cursor, end: str = end) -> list[tuple[str, Any]]:
+            return [(text(i), f) for i, f in pipe.xrange(settings.dead, cursor, end, count=REPLAY_CHUNK)]
+
+        page = _replay_transaction(client, settings, read_page, wanted, dry_run, report)
+        if len(page) < REPLAY_CHUNK:
+            break
+        cursor = "(" + page[-1][0]
+    return report
+
+
+def print_replay(report: ReplayReport, settings: Settings, dry_run: bool) -> None:
+    verb = "would replay" if dry_run else "replayed"
+    for item in report.replayed:
+        target = f" as {settings.events} {item['event_entry']}" if item["event_entry"] else ""
+        incident = item["incident_id"]
+        about = f", incident {shown(incident)}" if incident is not None else ""
+        print(f"{verb} {item['dead_entry']} ({item['reason']}{about}){target}")
+    for item in report.skipped:
+        say("dead replay", f"{item['dead_entry']}: {item['why']}")
+    count = plural(len(report.replayed), "dead letter")
+    if dry_run:
+        print(f"dry run: {verb} {count}; nothing changed")
+    elif report.replayed:
+        print(f"{verb} {count} to {settings.events}: the workers process them as new entries")
+    else:
+        print("nothing to replay")
+
+
+@with_settings("dead replay")
+def _replay(args: argparse.Namespace, settings: Settings) -> int:
+    selectors = sum([bool(args.ids), args.replay_reason is not None, args.all])
+    if selectors != 1:
+        raise UsageError(
+            "choose what to replay, one way: dead-letter entry IDs (as `incident-worker dead` shows "
+            "them), --reason R, or --all"
+        )
+    known_reason(args.replay_reason, "--reason")
+    bad = [entry_id for entry_id in args.ids if not _ENTRY_ID.match(entry_id)]
+    if bad:
+        raise UsageError(
+            f"{bad[0]!r} is not a stream entry ID like 1714564800123-0; copy the IDs from `incident-worker dead`"
+        )
+    client = command_client(settings, "dead replay")
+    report = replay(client, settings, ids=args.ids, reason=args.replay_reason, dry_run=args.dry_run)
+    if args.json:
+        print(
+            json_line(
+                {
+                    "dry_run": args.dry_run,
+                    "events_stream": settings.events,
+                    "replayed": report.replayed,
+                    "skipped": report.skipped,
+                }
+            )
+        )
+    else:
+        print_replay(report, settings, args.dry_run)
+    return EXIT_FAILURE if report.skipped else EXIT_OK
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    describe(
+        parser,
+        "List the dead-letter stream, newest last: each entry's reason (a machine code such as "
+        "bad_json, bad_weight, duplicate_id, poison), the detail for people, the events-stream entry it came from, "
+        "and the entry's original fields. After fixing the cause (the producer, a setting, a conflicting "
+        "incident), `incident-worker dead replay` puts them back on the events stream. The reasons: "
+        + ", ".join(sorted(REASONS))
+        + ".",
+        examples="""
+  incident-worker dead
+  incident-worker dead --reason duplicate_id --count 0 --json | jq -r .original.incident_id
+  incident-worker dead replay 1714564800123-0 1714564800456-0
+  incident-worker dead replay --reason too_many_tokens --dry-run
+""",
+        exits="""
+  0  listed
+  1  Redis failed
+  2  bad usage: an unknown --reason
+""",
+    )
+    parser.add_argument("--reason", metavar="R", help="only dead letters with this reason")
+    parser.add_argument(
+        "--count",
+        type=count_arg,
+        default=50,
+        metavar="N",
+        help="the newest N matching dead letters (default 50; 0 = all)",
+    )
+    json_flag(parser, "each dead letter as a JSON object, one a line (JSON Lines)")
+    add_settings_flags(parser, only=[*CONNECTION, "dead_stream"])
+    parser.set_defaults(handler=_dead)
+
+    actions = parser.add_subparsers(dest="dead_action", metavar="ACTION")
+    replay_parser = actions.add_parser("replay", help="re-queue dead letters on the events stream after a fix")
+    describe(
+        replay_parser,
+        "Re-add the original fields of chosen dead letters to the events stream, exactly as they came "
+        "(bytes and field names included), and delete each dead letter in the same MULTI/EXEC transaction: a "
+        "crash or a second replay running at the same time can neither lose one nor queue it twice. Only the dead "
+        "letters present when the command starts are considered, so entries that fail again are not looped.",
+        examples="""
+  incident-worker dead replay 1714564800123-0
+  incident-worker dead replay --reason duplicate_id --dry-run
+  incident-worker dead replay --all --json
+""",
+        exits="""
+  0  every chosen dead letter was replayed (or would be, with --dry-run), or none matched
+  1  a given ID was not found or had nothing to replay, or Redis failed
+  2  bad usage: nothing chosen, more than one way of choosing, an ID that is not an entry ID, an unknown --reason
+""",
+    )
+    replay_parser.add_argument(
+        "ids", nargs="*", metavar="ID", help="dead-letter entry IDs, as `incident-worker dead` shows"
+    )
+    replay_parser.add_argument("--reason", dest="replay_reason", metavar="R", help="every dead letter with this reason")
+    replay_parser.add_argument("--all", action="store_true", help="every dead letter")
+    replay_parser.add_argument("--dry-run", action="store_true", help="show what would be replayed; change nothing")
+    json_flag(replay_parser, "what was replayed (and skipped) as one JSON object")
+    add_settings_flags(replay_parser, only=[*CONNECTION, "events_stream", "dead_stream"])
+    replay_parser.set_defaults(handler=_replay)

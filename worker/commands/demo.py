@@ -1,0 +1,201 @@
+"""`incident-worker demo`: the whole pipeline on an embedded Redis, with no Redis to install.
+
+It starts fakeredis's TCP server in-process on a local port, runs a real `StreamWorker` on it, publishes the built-in
+sample (SPEC section 4's example, then a few dozen incident texts with near duplicates among them), prints each
+alert as a subscriber receives it, and prints the `redis-cli` commands that show what is inside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any
+
+import redis
+
+from ..fingerprint import format_fingerprint
+from ..formats import Alert, IncidentEvent
+from ..index import FingerprintIndex
+from ..logs import configure_logging
+from ..replies import text
+from ..settings import Settings
+from ..stream import StreamWorker
+from ..text import features_from_text
+from ._format import matches_text
+from ._shared import EXIT_OK
+from .run import install_stop_signals
+
+__all__ = ["configure", "run_demo", "sample_events"]
+
+FROM_OUTSIDE = "(not in the events stream any more)"
+"""What the demo says of an incident whose event it cannot read back."""
+
+
+def sample_events() -> list[tuple[dict[str, str], str]]:
+    """The built-in sample as (stream fields, a one-line description) pairs, in publishing order."""
+    events = []
+    source = resources.files("worker").joinpath("data/sample_incidents.jsonl").read_text(encoding="utf-8")
+    for line in source.splitlines():
+        if not line.strip():
+            continue
+        item = json.loads(line)
+        if "text" in item:
+            features = features_from_text(item["text"])
+            shown = item["text"]
+        else:
+            features = item["features"]
+            shown = _bag_text(features)
+        event = IncidentEvent(incident_id=item["incident_id"], features=features)
+        events.append((event.to_fields(), shown))
+    return events
+
+
+def _bag_text(features: Mapping[str, int]) -> str:
+    return " ".join(f"{token}x{weight}" for token, weight in features.items())
+
+
+def _start_server(port: int) -> Any:
+    from fakeredis import TcpFakeServer
+
+    server = TcpFakeServer(("127.0.0.1", port), server_version=(7, 0))
+    threading.Thread(target=server.serve_forever, name="embedded-redis", daemon=True).start()
+    return server
+
+
+def _clip(line: str, width: int = 70) -> str:
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+class _Descriptions:
+    """What each incident is, for the alert lines: the sample's texts, and the bag of any event published from
+    outside (redis-cli, `incident-worker publish`), read back from the events stream."""
+
+    def __init__(self, client: Any, stream: str, samples: list[tuple[dict[str, str], str]]) -> None:
+        self.client = client
+        self.stream = stream
+        self.known = {fields["incident_id"]: shown for fields, shown in samples}
+        self.last = "0-0"
+
+    def of(self, incident_id: str) -> str:
+        if incident_id not in self.known:
+            self._read_new_events()
+        return self.known.get(incident_id, FROM_OUTSIDE)
+
+    def _read_new_events(self) -> None:
+        for entry_id, fields in self.client.xrange(self.stream, f"({self.last}", "+"):
+            self.last = text(entry_id)
+            found = {text(name): text(value) for name, value in fields.items()}
+            incident_id = found.get("incident_id")
+            if incident_id is None or incident_id in self.known:
+                continue
+            try:
+                bag = json.loads(found.get("features", ""))
+                self.known[incident_id] = _bag_text(bag) if isinstance(bag, dict) else FROM_OUTSIDE
+            except ValueError:
+                continue
+
+
+def run_demo(port: int = 0, keep: bool = False, out: Any = None) -> int:
+    """Run the demo; returns the exit code. `out` is where it prints (stdout by default).
+
+    Ctrl-C (or SIGTERM) stops it, also when a shell started it in the background; a second one exits at once."""
+    out = out or sys.stdout
+
+    def say(line: str = "") -> None:
+        print(line, file=out, flush=True)
+
+    stopping = threading.Event()
+    install_stop_signals(stopping.set)
+    server = _start_server(port)
+    port = server.server_address[1]
+    url = f"redis://127.0.0.1:{port}/0"
+    configure_logging("console", "warning")
+    settings = Settings(redis_url=url, consumer="demo", block_ms=200, claim_interval_ms=1000)
+    client = redis.Redis(port=port)
+    worker = StreamWorker(client, settings)
+    thread = threading.Thread(target=worker.run, name="worker", daemon=True)
+
+    say(f"Embedded Redis (fakeredis, in this process) on 127.0.0.1:{port}")
+    say(f"Worker {settings.consumer!r} in group {settings.group!r}: {worker.index.layout.description}")
+    samples = sample_events()
+    described = _Descriptions(client, settings.events, samples)
+    thread.start()
+    say(f"Publishing {len(samples)} sample incidents to {settings.events} ...")
+    say()
+    pipe = client.pipeline(transaction=False)
+    for fields, _ in samples:
+        pipe.xadd(settings.events, fields)  # type: ignore[arg-type]
+    pipe.execute()
+
+    shown_alerts = 0
+    last_id = "0-0"
+
+    def print_new_alerts(block_ms: int | None) -> int:
+        nonlocal last_id
+        reply: Any = client.xread({settings.alerts: last_id}, block=block_ms)
+        count = 0
+        for _, entries in reply or []:
+            for entry_id, fields in entries:
+                last_id = text(entry_id)
+                alert = Alert.from_fields(fields)
+                say(f"ALERT  {alert.incident_id} matches {matches_text(alert.matches, alert.match_count)}")
+                for incident_id in [alert.incident_id, *(m.incident_id for m in alert.matches[:5])]:
+                    say(f"       {incident_id}: {_clip(described.of(incident_id))}")
+                count += 1
+        return count
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not stopping.is_set():
+        shown_alerts += print_new_alerts(200)
+        if worker.stats.processed >= len(samples):
+            shown_alerts += print_new_alerts(None)
+            break
+    index = FingerprintIndex(client)
+    dead = client.xlen(settings.dead)
+    say()
+    say(f"Done: {len(index)} incidents indexed, {shown_alerts} alerts, {dead} dead letters.")
+    fp47 = index.get("47")
+    band_key = index.posting_keys(fp47)[3] if fp47 is not None else f"{settings.keys.tag}:band:3:0000"
+    say()
+    say("Look inside with redis-cli" + (" (Ctrl-C stops the demo):" if keep else " (add --keep to keep it running):"))
+    for command in (
+        f"HGET '{settings.keys.fingerprints}' 47" + (f"        # {format_fingerprint(fp47)}" if fp47 else ""),
+        f"SMEMBERS '{band_key}'",
+        f"XRANGE '{settings.alerts}' - +",
+        f"HGETALL '{settings.keys.meta}'",
+        f"XADD '{settings.events}' '*' incident_id 91 features '{{\"dock\":3,\"scanner\":2,\"timeout\":1}}'",
+    ):
+        say(f"  redis-cli -p {port} {command}")
+    if keep and not stopping.is_set():
+        say()
+        say("Waiting for more events; new alerts print here (Ctrl-C stops).")
+        while not stopping.is_set():
+            print_new_alerts(500)
+        say()
+    worker.stop()
+    thread.join(timeout=10)
+    client.close()
+    server.shutdown()
+    server.server_close()
+    return EXIT_OK
+
+
+def _demo(args: argparse.Namespace) -> int:
+    return run_demo(args.port, args.keep)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Start an in-process Redis (fakeredis's TCP server) on a local port, run a worker on it, publish the "
+        "built-in sample incidents (SPEC section 4's example and a few dozen incident texts with near duplicates), "
+        "print each alert as it arrives and the redis-cli commands to look inside. Ctrl-C or SIGTERM stops it "
+        "(exit 0), also when started in the background; a second one exits at once (130 after Ctrl-C)."
+    )
+    parser.add_argument("--port", type=int, default=0, help="port of the embedded Redis (default: a free one)")
+    parser.add_argument("--keep", action="store_true", help="stay up after the sample, printing new alerts")
+    parser.set_defaults(handler=_demo)

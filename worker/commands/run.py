@@ -1,0 +1,76 @@
+"""`incident-worker run`: the worker itself, consuming the events stream until a signal (or, for batch jobs, idle)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..settings import Settings
+from ._shared import EXIT_OK, EXIT_USAGE, add_settings_flags, with_settings
+
+__all__ = ["configure", "install_stop_signals"]
+
+
+def install_stop_signals(stop: Callable[[], None]) -> None:
+    """First SIGTERM or SIGINT: call `stop` (finish the batch, exit 0). A second one: exit at once with 128 + the
+    signal's number (130 after Ctrl-C, 143 after SIGTERM); entries being processed stay pending for another worker.
+
+    Installed explicitly, so that it also holds when the shell started the process in the background with SIGINT
+    ignored (where Python would not raise KeyboardInterrupt)."""
+    received: list[int] = []
+
+    def handler(signum: int, _frame: Any) -> None:
+        if received:
+            os._exit(128 + signum)
+        received.append(signum)
+        # not stop() itself: it takes a lock the interrupted main thread may hold at this very moment
+        threading.Thread(target=stop, name="stop", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+@with_settings("run")
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    from ..connection import connect
+    from ..errors import LayoutMismatchError
+    from ..logs import configure_logging, get_logger
+    from ..stream import StreamWorker
+
+    configure_logging(settings.log_format, settings.log_level)
+    log = get_logger(consumer=settings.consumer)
+    worker = StreamWorker(connect(settings), settings)
+    if settings.metrics_port:
+        worker.metrics.serve(settings.metrics_port)
+        log.info("metrics endpoint listening", port=settings.metrics_port, path="/metrics")
+    install_stop_signals(worker.stop)
+    try:
+        worker.run(until_idle=args.until_idle)
+    except LayoutMismatchError as error:
+        log.error("index layout mismatch; not starting", error=str(error))
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Consume the events stream through the consumer group: fingerprint each incident, find every indexed "
+        "incident within max_distance, index it, publish an alert, acknowledge; dead-letter bad input. SIGTERM or "
+        "SIGINT (Ctrl-C) finishes the batch and exits 0; a second one exits at once with 130 (Ctrl-C) or 143 "
+        "(SIGTERM), leaving the entries in hand pending for another worker to take over."
+    )
+    parser.epilog = (
+        "Exit codes: 0 stopped cleanly (or idle, with --until-idle), 1 Redis refused a command, 2 bad configuration "
+        "or a layout mismatch, 130 or 143 stopped at once by a second Ctrl-C or SIGTERM."
+    )
+    parser.add_argument(
+        "--until-idle",
+        action="store_true",
+        help="exit 0 once nothing is left to read or pending (for batch jobs and tests)",
+    )
+    add_settings_flags(parser)
+    parser.set_defaults(handler=_run)

@@ -1,0 +1,336 @@
+"""`incident-worker stats`: one look at a namespace. `collect_stats` reads everything into a `Stats`; `print_stats`
+and `Stats.as_json` show it, for people and for scripts."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from ..bands import recommend_bands
+from ..connection import RedisClient
+from ..formats import Heartbeat
+from ..replies import consumers_info, entries, group_info, text
+from ..settings import Settings
+from ._format import duration, json_line, plural, print_table, shown, size
+from ._index import stored_index
+from ._shared import (
+    CONNECTION,
+    EXIT_OK,
+    add_settings_flags,
+    command_client,
+    describe,
+    json_flag,
+    positive_arg,
+    with_settings,
+)
+from .check import live_heartbeats
+
+__all__ = ["Stats", "collect_stats", "configure", "print_stats"]
+
+DEAD_SCAN_LIMIT = 10_000
+"""Dead letters `stats` reads to count reasons: bounded so that `stats` stays quick on a flooded dead stream."""
+
+
+@dataclass
+class DeadReasons:
+    """Dead letters counted by reason, newest first: how many were read, and whether the limit stopped the count."""
+
+    by_reason: Counter[str]
+    scanned: int
+    capped: bool
+
+
+@dataclass
+class Stats:
+    """Everything `stats` shows about a namespace, read at one moment (`now`, Unix seconds)."""
+
+    namespace: str
+    redis: str
+    now: float
+    index: dict[str, Any]
+    meta: dict[str, str]
+    has_layout: bool
+    configured: dict[str, int]
+    layout_mismatch: bool
+    recommended_bands: int
+    recommendation: str
+    streams: dict[str, dict[str, Any]]
+    group_name: str
+    group: dict[str, Any] | None
+    consumers: list[dict[str, Any]]
+    workers: list[Heartbeat]
+    dead: DeadReasons
+
+    @property
+    def incidents(self) -> int:
+        return int(self.index["incidents"])
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "redis": self.redis,
+            "index": self.index,
+            "configured_layout": self.configured,
+            "layout_mismatch": self.layout_mismatch,
+            "recommended_bands": self.recommended_bands,
+            "recommendation": self.recommendation,
+            "streams": self.streams,
+            "group": self.group,
+            "consumers": self.consumers,
+            "workers": [beat.model_dump(exclude_none=True) for beat in self.workers],
+            "dead_letters": {
+                "by_reason": dict(self.dead.by_reason.most_common()),
+                "scanned": self.dead.scanned,
+                "capped": self.dead.capped,
+            },
+        }
+
+
+# -- reading --------------------------------------------------------------------------------------------------
+
+
+def dead_reasons(client: RedisClient, stream: str, limit: int) -> DeadReasons:
+    """Dead letters by reason, newest first, reading at most `limit`."""
+    reasons: Counter[str] = Counter()
+    scanned = 0
+    oldest = None
+    for entry_id, fields in entries(client, stream, reverse=True, limit=limit, page=1000):
+        reasons[text(fields.get("reason", fields.get(b"reason", b"?")))] += 1
+        scanned += 1
+        oldest = entry_id
+    capped = scanned == limit and bool(client.xrevrange(stream, f"({oldest}", "-", count=1))
+    return DeadReasons(reasons, scanned, capped)
+
+
+def recommendation(count: int, bands: int, max_distance: int) -> tuple[int, str]:
+    """The band count that would cost least at this size, and why, for people."""
+    best = recommend_bands(count, max_distance)
+    if count == 0:
+        return best, "no incidents yet: the best band count depends on the size the index grows to"
+    if best == bands:
+        return best, f"{bands} bands suit {plural(count, 'incident')}: the layout in use"
+    if best < bands:
+        why = (
+            "fewer, wider bands mean fewer candidates to verify per query, at the price of more and smaller "
+            "posting sets: more memory per incident"
+        )
+    else:
+        why = (
+            "more, narrower bands mean fewer probe keys per query, at the price of one more posting-set "
+            "membership per incident for each band added: more memory per incident"
+        )
+    return best, (
+        f"{best} bands would cost less Redis time per query than {bands} at {plural(count, 'incident')}: {why}. "
+        "A new layout needs a new namespace, built by replaying the events (measure first: incident-worker bench)"
+    )
+
+
+def _group(client: RedisClient, settings: Settings) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The consumer group (None before the first worker creates it) and its consumers."""
+    if not client.exists(settings.events):
+        return None, []
+    found = group_info(client, settings.events, settings.group)
+    if found is None:
+        return None, []
+    lag = found.get("lag")
+    group = {
+        "name": settings.group,
+        "lag": None if lag is None else int(lag),
+        "pending": int(found.get("pending", 0)),
+        "last_delivered_id": str(found.get("last-delivered-id", "")),
+        "entries_read": found.get("entries-read"),
+    }
+    consumers = []
+    for row in consumers_info(client, settings.events, settings.group):
+        inactive = row.get("inactive")
+        consumers.append(
+            {
+                "name": str(row.get("name")),
+                "pending": int(row.get("pending", 0)),
+                "idle_ms": int(row.get("idle", 0)),
+                "inactive_ms": None if inactive is None else int(inactive),
+            }
+        )
+    return group, consumers
+
+
+def collect_stats(client: RedisClient, settings: Settings, dead_scan: int = DEAD_SCAN_LIMIT) -> Stats:
+    """Read the index, its layout and memory, the three streams, the consumer group, the live workers and the dead
+    letters' reasons (the newest `dead_scan`). Reads only."""
+    index, meta = stored_index(client, settings)
+    now = time.time()
+    if index is not None:
+        index_stats = index.stats()
+        stored = (index.layout.bands, index.layout.max_distance)
+    else:
+        index_stats = {
+            "namespace": settings.namespace,
+            "incidents": int(client.hlen(settings.keys.fingerprints)),
+            "layout": None,
+            "meta": {},
+        }
+        stored = (settings.bands, settings.max_distance)
+    best, advice = recommendation(int(index_stats["incidents"]), *stored)
+    streams = {
+        name: {"key": key, "length": int(client.xlen(key))}
+        for name, key in (("events", settings.events), ("alerts", settings.alerts), ("dead", settings.dead))
+    }
+    group, consumers = _group(client, settings)
+    return Stats(
+        namespace=settings.namespace,
+        redis=settings.safe_redis_url,
+        now=now,
+        index=index_stats,
+        meta=meta,
+        has_layout=index is not None,
+        configured={"bands": settings.bands, "max_distance": settings.max_distance},
+        layout_mismatch=index is not None and (settings.bands, settings.max_distance) != stored,
+        recommended_bands=best,
+        recommendation=advice,
+        streams=streams,
+        group_name=settings.group,
+        group=group,
+        consumers=consumers,
+        workers=live_heartbeats(client, settings.keys),
+        dead=dead_reasons(client, settings.dead, dead_scan),
+    )
+
+
+# -- printing -------------------------------------------------------------------------------------------------
+
+
+def _print_index(stats: Stats, settings: Settings) -> None:
+    print(f"index {settings.keys.tag} at {stats.redis}")
+    print(f"  incidents    {stats.incidents:,}")
+    if not stats.has_layout:
+        print(
+            f"  layout       none yet ({settings.keys.meta} is written by the first worker); configured: "
+            f"bands={stats.configured['bands']}, max_distance={stats.configured['max_distance']}"
+        )
+    else:
+        meta = stats.meta
+        print(
+            f"  layout       {stats.index['layout']} (built {meta.get('created_at', '?')}, {meta.get('scheme', '?')}, "
+            f"format {meta.get('format_version', '?')})"
+        )
+        if stats.layout_mismatch:
+            print(
+                f"  WARNING      configured bands={stats.configured['bands']}, "
+                f"max_distance={stats.configured['max_distance']} differ from the stored layout: a worker with "
+                "this configuration refuses to start"
+            )
+    if "used_memory" in stats.index:
+        per = stats.index.get("used_memory_per_incident")
+        memory = f"Redis uses {size(stats.index['used_memory'])} in all"
+        if per is not None:
+            memory += f", {size(per)} per incident (the whole server, streams included)"
+        if "fingerprint_hash_bytes" in stats.index:
+            memory += f"; the fingerprint hash {size(stats.index['fingerprint_hash_bytes'])}"
+        print(f"  memory       {memory}")
+    print(f"  bands        {stats.recommendation}")
+
+
+def _print_streams(stats: Stats) -> None:
+    print("streams")
+    print_table(
+        [(name, stream["key"], f"{stream['length']:,}") for name, stream in stats.streams.items()],
+        ("STREAM", "KEY", "ENTRIES"),
+        "  ",
+        right=(2,),
+    )
+
+
+def _print_group(stats: Stats) -> None:
+    group = stats.group
+    if group is None:
+        print(f"consumer group {stats.group_name!r}: not created yet (the first worker creates it)")
+        return
+    lag = "unknown (entries were deleted)" if group["lag"] is None else f"{group['lag']:,}"
+    print(
+        f"consumer group {stats.group_name!r}: lag {lag}, pending {group['pending']:,}, "
+        f"last delivered {group['last_delivered_id']}"
+    )
+    if stats.consumers:
+        print_table(
+            [(c["name"], c["pending"], duration(c["idle_ms"] / 1000)) for c in stats.consumers],
+            ("CONSUMER", "PENDING", "IDLE"),
+            "  ",
+            right=(1, 2),
+        )
+
+
+def _print_workers(stats: Stats) -> None:
+    if not stats.workers:
+        print("workers alive (heartbeat keys): none")
+        return
+    print(f"workers alive (heartbeat keys): {len(stats.workers)}")
+    for beat in stats.workers:
+        ago = f"last beat {duration(max(0.0, stats.now - beat.at))} ago" if beat.at is not None else "beating"
+        up = f", up {duration(max(0.0, stats.now - beat.started))}" if beat.started is not None else ""
+        processed = "?" if beat.processed is None else beat.processed
+        print(f"  {shown(beat.consumer)}: {ago}{up}, processed {processed}")
+
+
+def _print_dead(stats: Stats) -> None:
+    dead = stats.dead
+    if not dead.scanned:
+        print("dead letters: none")
+        return
+    length = stats.streams["dead"]["length"]
+    scope = f"the newest {dead.scanned:,} of {length:,} read (--dead-scan)" if dead.capped else f"all {dead.scanned:,}"
+    print(f"dead letters by reason ({scope})")
+    print_table(list(dead.by_reason.most_common()), ("REASON", "COUNT"), "  ", right=(1,))
+
+
+def print_stats(stats: Stats, settings: Settings) -> None:
+    """The stats for people: the index, the streams, the group, the workers, the dead letters."""
+    _print_index(stats, settings)
+    _print_streams(stats)
+    _print_group(stats)
+    _print_workers(stats)
+    _print_dead(stats)
+
+
+@with_settings("stats")
+def _stats(args: argparse.Namespace, settings: Settings) -> int:
+    stats = collect_stats(command_client(settings, "stats"), settings, args.dead_scan)
+    if args.json:
+        print(json_line(stats.as_json()))
+    else:
+        print_stats(stats, settings)
+    return EXIT_OK
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    describe(
+        parser,
+        "One look at a namespace: incidents indexed, the layout stored in {N}:meta, Redis memory per "
+        "incident, the band count that would cost least at this size, the length of the events, alerts and dead "
+        "streams, the consumer group's lag and pending entries, each consumer's pending count and idle time, the "
+        "workers whose heartbeat is alive, and the dead letters counted by reason.",
+        examples="""
+  incident-worker stats
+  incident-worker stats --json | jq '.group.lag, .dead_letters.by_reason'
+  INCIDENT_WORKER_REDIS_URL=redis://redis:6379/0 incident-worker stats --namespace staging
+""",
+        exits="""
+  0  shown
+  1  Redis failed
+  2  bad usage or settings
+""",
+    )
+    parser.add_argument(
+        "--dead-scan",
+        type=positive_arg,
+        default=DEAD_SCAN_LIMIT,
+        metavar="N",
+        help=f"read at most the N newest dead letters to count reasons (default {DEAD_SCAN_LIMIT:,})",
+    )
+    json_flag(parser, "everything as one JSON object")
+    add_settings_flags(
+        parser, only=[*CONNECTION, "group", "events_stream", "alerts_stream", "dead_stream", "bands", "max_distance"]
+    )
+    parser.set_defaults(handler=_stats)
