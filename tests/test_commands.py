@@ -139,3 +139,19 @@ def test_bench_explains_the_capped_mark_only_when_something_was_capped() -> None
     assert "capped" not in markdown(_results(capped=False))
     report = markdown(_results(capped=True))
     assert "100*" in report and "(* capped at the time limit.)" in report
+
+
+def test_a_heartbeat_says_its_host_and_an_old_one_is_matched_by_its_default_name() -> None:
+    import socket
+
+    from worker.commands.check import on_host
+    from worker.formats import Heartbeat
+
+    here = socket.gethostname()
+    written = Heartbeat(consumer="worker-0", at=1.0, started=0.5, processed=3).to_value()
+    read = Heartbeat.from_value("{incidents}:heartbeat:worker-0", "worker-0", written)
+    assert read.host == here and on_host(read, here) and not on_host(read, "elsewhere")
+    old = Heartbeat.from_value("k", f"{here}-4242", json.dumps({"consumer": f"{here}-4242", "at": 1.0}))
+    assert old.host is None and on_host(old, here), "a worker that does not write its host: its default name"
+    assert not on_host(Heartbeat.from_value("k", "worker-1", b'{"at": 1}'), here)
+    assert Heartbeat.from_value("k", "worker-1", b"not json").host is None
