@@ -40,7 +40,7 @@ def test_classic_layout_when_bands_divide_64(bands: int) -> None:
 def test_three_bands_are_22_21_21_bits_probed_at_2_2_1() -> None:
     layout = BandLayout(3, 7)
     assert layout.widths == (22, 21, 21)
-    assert layout.radius == 2  # SPEC section 2's p
+    assert max(layout.radii) == 7 // 3  # SPEC section 2's p
     assert layout.radii == (2, 2, 1)  # 7 = 2 * 3 + 1: the first two bands at 2, the last at 1
     assert layout.probes == 254 + 232 + 22
     assert [len(masks) for masks in layout.probe_masks] == [254, 232, 22]
@@ -48,7 +48,7 @@ def test_three_bands_are_22_21_21_bits_probed_at_2_2_1() -> None:
 
 def test_four_bands_probe_17_values_each() -> None:
     layout = BandLayout(4, 7)
-    assert layout.radius == 1
+    assert max(layout.radii) == 1
     assert layout.radii == (1, 1, 1, 1)
     assert layout.probes == 68
     assert [len(masks) for masks in layout.probe_masks] == [17] * 4
@@ -168,8 +168,10 @@ def test_key_names_follow_spec_section_3() -> None:
     assert keys.events == "{incidents}:events"
     assert keys.alerts == "{incidents}:alerts"
     assert keys.dead == "{incidents}:dead"
-    assert keys.band(3, 0xA7, 2) == "{incidents}:band:3:a7"
-    assert keys.band(0, 0x5, 4) == "{incidents}:band:0:0005"
+    assert keys.band_keys(BandLayout(8, 7))[3].key(0xA7) == "{incidents}:band:3:a7"
+    assert keys.band_keys(BandLayout(4, 7))[0].key(0x5) == "{incidents}:band:0:0005"
+    assert keys.band_keys(BandLayout(3, 7))[1].key(0x5) == "{incidents}:band:1:000005"
+    assert keys.band_keys(BandLayout(1, 0))[0].key(0x5) == "{incidents}:band:0:0000000000000005"
     layout = BandLayout(3, 7)
     assert layout.hex_digits == (6, 6, 6)  # ceil(22 / 4), ceil(21 / 4)
     assert BandLayout(8, 7).hex_digits == (2,) * 8

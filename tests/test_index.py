@@ -17,7 +17,8 @@ from tests.oracle import Oracle, assert_postings_match, clustered, flip, hamming
 from worker.bands import MAX_PROBES, probe_count
 from worker.errors import DuplicateIncidentError, LayoutMismatchError
 from worker.fingerprint import fingerprint, format_fingerprint
-from worker.index import FingerprintIndex, parse_apply
+from worker.index import FingerprintIndex
+from worker.library import parse_apply
 
 
 def _text(value: Any) -> str:
@@ -470,7 +471,7 @@ def test_concurrent_upserts_and_deletes_leave_postings_consistent(redis_client: 
 
 
 def test_max_matches_keeps_the_closest(redis_client: redis.Redis) -> None:
-    from worker.index import FN_APPLY, parse_apply
+    from worker.library import FN_APPLY, parse_apply
 
     index = FingerprintIndex(redis_client)
     base = 0x0F0F_0F0F_0F0F_0F0F

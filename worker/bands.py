@@ -94,11 +94,6 @@ class BandLayout:
         object.__setattr__(self, "widths", widths)
         object.__setattr__(self, "offsets", offsets)
 
-    @property
-    def radius(self) -> int:
-        """SPEC section 2's probe radius p = floor(r / m), the largest of `radii`."""
-        return self.max_distance // self.bands
-
     @cached_property
     def radii(self) -> tuple[int, ...]:
         """Per band, the radius it is probed at (-1: not probed); see the module's docstring."""

@@ -1,41 +1,39 @@
-"""The Redis-backed near-duplicate index (SPEC sections 2 to 4): every Redis access of one index goes through here.
+"""The index API (SPEC sections 2 to 4): add, upsert, delete, neighbours, get, postings, stats of one namespace.
 
 `FingerprintIndex` keeps fingerprints in `{N}:fp` and band postings in `{N}:band:<b>:<v>` sets. Each change is one
-call of a Redis Function (worker/lua/index.lua) that finds the matches, indexes, and in stream mode publishes the
-alert and acknowledges the entry, all in one atomic step on the server.
+call of a Redis Function (worker/library.py, worker/lua/index.lua) that finds the matches, indexes, and in stream
+mode publishes the alert and acknowledges the entry, all in one atomic step on the server. Batches of calls travel
+through worker/transport.py; key names come from worker/keys.py.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from importlib import resources
 from itertools import islice
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-from redis import Redis
 from redis.exceptions import ResponseError
 
+from . import library
 from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, BandLayout
 from .connection import RedisClient
 from .errors import DuplicateIncidentError, LayoutMismatchError, StaleRetriesExhaustedError
 from .fingerprint import fingerprint, format_fingerprint, parse_fingerprint
 from .keys import DEFAULT_NAMESPACE, IndexKeys
+from .library import ApplyResult, StreamTarget, parse_apply
 from .replies import pairs, text
+from .transport import Command, Transport, execute, open_transport
 
 __all__ = [
     "FORMAT_VERSION",
     "SCHEME",
     "STALE_RETRIES",
-    "ApplyResult",
-    "Calls",
     "FingerprintIndex",
     "Posting",
-    "StreamTarget",
+    "batched",
     "retry_while_stale",
 ]
 
@@ -47,6 +45,9 @@ FORMAT_VERSION = 1
 
 STALE_RETRIES = 32
 """Upsert and delete retry when another client changed the incident between their read and their write."""
+
+ANY: Literal["*"] = "*"
+"""`expected` of a call that does not check what is stored (an add)."""
 
 _Reply = TypeVar("_Reply")
 
@@ -64,50 +65,6 @@ def retry_while_stale(attempt: Callable[[], _Reply], status: Callable[[_Reply], 
     return None
 
 
-def _load_library() -> tuple[str, str]:
-    """The Lua library with its name and function names made unique to this code (a hash of it)."""
-    source = resources.files(__package__).joinpath("lua/index.lua").read_text(encoding="utf-8")
-    digest = hashlib.sha1(source.encode()).hexdigest()[:10]
-    name = f"incident_index_{digest}"
-    return name, source.replace("incident_index_v1", name)
-
-
-LIBRARY_NAME, LIBRARY_SOURCE = _load_library()
-FN_APPLY = f"{LIBRARY_NAME}_apply"
-FN_NEIGHBOURS = f"{LIBRARY_NAME}_neighbours"
-FN_DEAD_LETTER = f"{LIBRARY_NAME}_dead_letter"
-FN_ENSURE_META = f"{LIBRARY_NAME}_ensure_meta"
-FN_FORGET_CONSUMER = f"{LIBRARY_NAME}_forget_consumer"
-
-
-@dataclass(frozen=True, slots=True)
-class StreamTarget:
-    """Where stream-mode calls acknowledge entries and publish alerts and dead letters."""
-
-    events: str
-    alerts: str
-    dead: str
-    group: str
-    alerts_maxlen: int = 0
-    dead_maxlen: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ApplyResult:
-    """What one atomic index step did.
-
-    `status` is one of indexed, repeat, duplicate, stale, deleted, absent, not_pending; `matches` lists the matches
-    (at most max_matches of them when that is set), closest first, while `match_count` counts them all.
-    """
-
-    status: str
-    match_count: int = 0
-    candidates: int = 0
-    alert_id: str | None = None
-    matches: list[tuple[str, int]] = field(default_factory=list)
-    stored: int | None = None  # for a duplicate: the fingerprint already indexed
-
-
 @dataclass(frozen=True, slots=True)
 class Posting:
     """One band of a fingerprint: where its bits are, its value, its posting set and whether that holds an ID."""
@@ -121,155 +78,11 @@ class Posting:
     member: bool
 
 
-def parse_apply(reply: Sequence[Any]) -> ApplyResult:
-    """Turn the reply of the apply function into an `ApplyResult`."""
-    status = text(reply[0])
-    extra = text(reply[3])
-    if status == "duplicate":
-        return ApplyResult(status, stored=parse_fingerprint(extra))
-    return ApplyResult(
-        status,
-        match_count=int(reply[1]),
-        candidates=int(reply[2]),
-        alert_id=extra or None,
-        matches=pairs(reply[4:]),
-    )
-
-
 def batched(items: Iterable[Any], size: int) -> Iterable[list[Any]]:
     """Lists of `size` items (the last one shorter); itertools.batched arrives only with Python 3.12."""
     iterator = iter(items)
     while part := list(islice(iterator, size)):
         yield part
-
-
-_HEX4 = [f"{v:04x}" for v in range(1 << 16)]
-
-
-@functools.lru_cache(maxsize=64)
-def _key_table(prefix: str, bits: int, digits: int) -> list[str]:
-    """`prefix` + each `bits`-bit value in `digits` hex digits; shared by every index of a namespace."""
-    return [f"{prefix}{v:0{digits}x}" for v in range(1 << bits)]
-
-
-class _BandKeys:
-    """Builds the posting key names of one band fast: one list lookup (and at most one concatenation) per key.
-
-    Each query builds 68 keys under the default layout and 508 under 3 bands; `format` per key would cost more
-    client time than the server spends on the whole call at small index sizes. The probe keys of recent band
-    values are kept too: incident fingerprints cluster, so the same band values come back again and again.
-    """
-
-    _CACHE_KEYS = 100_000  # per band: ~6,000 band values under the default layout, 400 to 4,700 under 3 bands (~30 MB)
-
-    def __init__(self, prefix: str, width: int, digits: int, masks: Sequence[int]) -> None:
-        self.prefix, self.width, self.digits, self.masks = prefix, width, digits, tuple(masks[1:])
-        self._cache_size = max(64, self._CACHE_KEYS // max(1, len(self.masks)))
-        self._full: list[str] | None = None
-        self._high: list[str] | None = None
-        self._probes: dict[int, tuple[str, ...]] = {}
-        if width <= 16:
-            self._full = _key_table(prefix, width, digits)
-        elif width <= 32:
-            self._high = _key_table(prefix, width - 16, digits - 4)
-
-    def key(self, value: int) -> str:
-        if self._full is not None:
-            return self._full[value]
-        return self.keys(value, (0,))[0]
-
-    def probes(self, value: int) -> tuple[str, ...]:
-        """The keys of every other value this band probes around `value` (at its own radius in the layout)."""
-        found = self._probes.get(value)
-        if found is None:
-            if len(self._probes) >= self._cache_size:
-                self._probes.clear()
-            found = self._probes[value] = tuple(self.keys(value, self.masks))
-        return found
-
-    def keys(self, value: int, masks: Sequence[int]) -> list[str]:
-        """The key of `value ^ mask` for each mask."""
-        if self._full is not None:
-            full = self._full
-            return [full[value ^ mask] for mask in masks]
-        if self._high is not None:
-            high, low = self._high, _HEX4
-            return [high[(v := value ^ mask) >> 16] + low[v & 0xFFFF] for mask in masks]
-        return [f"{self.prefix}{value ^ mask:0{self.digits}x}" for mask in masks]
-
-
-_pack_command: Callable[[tuple[Any, ...]], bytes] | None
-try:
-    from hiredis import pack_command as _pack_command
-except ImportError:  # pragma: no cover - hiredis is a dependency; without it, redis-py's pipeline does the packing
-    _pack_command = None
-
-
-def _is_missing_function(error: ResponseError) -> bool:
-    return "function not found" in str(error).lower()
-
-
-class Calls:
-    """Batches of commands pipelined on one connection, with more than one batch in flight.
-
-    A worker sends batch k + 1 before it reads the replies of batch k, so the server always has work while the
-    client handles replies and prepares the next batch: on two cores that overlap is worth a third of the
-    throughput. Commands are packed by hiredis and written directly: redis-py's pipeline inspects each of ~90
-    arguments per event in Python first. Standalone clients only.
-    """
-
-    def __init__(self, pool: Any) -> None:
-        self._pool = pool
-        self._connection: Any = pool.get_connection()
-        self._in_flight: deque[int] = deque()
-
-    def send(self, commands: Sequence[tuple[Any, ...]]) -> None:
-        """Write a batch; its replies come from a later `receive`."""
-        try:
-            # no health check here: its PING would read the replies of the batch in flight
-            assert _pack_command is not None
-            self._connection.send_packed_command(
-                [b"".join([_pack_command(c) for c in commands])],
-                check_health=False,
-            )
-        except BaseException:
-            self._broken()
-            raise
-        self._in_flight.append(len(commands))
-
-    def receive(self) -> list[Any]:
-        """The replies of the oldest batch sent, in order: each reply, or the ResponseError it got."""
-        count = self._in_flight.popleft()
-        replies: list[Any] = []
-        try:
-            for _ in range(count):
-                try:
-                    replies.append(self._connection.read_response())
-                except ResponseError as error:
-                    replies.append(error)
-        except BaseException:
-            self._broken()
-            raise
-        return replies
-
-    def _broken(self) -> None:
-        # replies may still be on their way: this connection must never be reused
-        self._in_flight.clear()
-        self._connection.disconnect()
-
-    def close(self) -> None:
-        if self._connection is None:
-            return
-        if self._in_flight:
-            self._broken()
-        self._pool.release(self._connection)
-        self._connection = None
-
-    def __enter__(self) -> Calls:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
 
 
 class FingerprintIndex:
@@ -292,12 +105,7 @@ class FingerprintIndex:
         self.layout = BandLayout(bands, max_distance)
         self.layout_tag = f"{SCHEME}/bands={bands}/max_distance={max_distance}/format={FORMAT_VERSION}"
         self._opened = False
-        self._band_keys = [
-            _BandKeys(self.keys.band_prefix(b), width, digits, masks)
-            for b, (width, digits, masks) in enumerate(
-                zip(self.layout.widths, self.layout.hex_digits, self.layout.probe_masks, strict=True)
-            )
-        ]
+        self._band_keys = self.keys.band_keys(self.layout)
 
     @classmethod
     def stored(cls, redis: RedisClient, namespace: str = DEFAULT_NAMESPACE) -> FingerprintIndex | None:
@@ -338,7 +146,7 @@ class FingerprintIndex:
 
     def load_library(self) -> None:
         """Load (or reload) the server-side functions; on a cluster, on every primary."""
-        self.redis.function_load(LIBRARY_SOURCE, replace=True)
+        library.load(self.redis)
 
     def open(self) -> None:
         """Load the functions and check `{N}:meta` (writing it on first use). Called by the first operation."""
@@ -348,7 +156,7 @@ class FingerprintIndex:
         args: list[str] = [layout]
         for name, value in fields.items():
             args += [name, value]
-        stored = text(self.redis.fcall(FN_ENSURE_META, 1, self.keys.meta, *args))
+        stored = text(self.redis.fcall(library.FN_ENSURE_META, 1, self.keys.meta, *args))
         if stored != layout:
             raise LayoutMismatchError(self._mismatch_message(stored))
         self._opened = True
@@ -385,7 +193,7 @@ class FingerprintIndex:
         both are put back. A layout mismatch raises `LayoutMismatchError`.
         """
         message = str(error)
-        if _is_missing_function(error) or message.startswith("NOMETA"):
+        if library.is_missing_function(error) or message.startswith("NOMETA"):
             self.open()
             return True
         if message.startswith("LAYOUT"):
@@ -426,14 +234,14 @@ class FingerprintIndex:
         incident_id: str,
         fp: int | None,
         *,
-        expected: int | str | None = "*",
+        expected: int | Literal["*"] | None = ANY,
         stream: StreamTarget | None = None,
         entry_id: str = "",
         max_matches: int = 0,
     ) -> tuple[list[str], list[Any]]:
         """Keys and arguments of one apply call (see index.lua): for a pipeline, or for `_fcall`.
 
-        `expected` is the fingerprint the caller believes is stored (None: not indexed; "*": don't check).
+        `expected` is the fingerprint the caller believes is stored (None: not indexed; ANY, "*": don't check).
         """
         if fp is None:
             own: list[str] = []
@@ -441,91 +249,48 @@ class FingerprintIndex:
             probed = 0
         else:
             own, probed, others = self.probe_keys(fp)
-        old = [] if expected in (None, "*") or op == "add" else self.posting_keys(expected)  # type: ignore[arg-type]
-        if expected == "*":
-            expected_arg = "*"
-        elif expected is None:
-            expected_arg = "-"
+        if isinstance(expected, int):
+            old = [] if op == "add" else self.posting_keys(expected)
+            expected_hex = format_fingerprint(expected)
         else:
-            expected_arg = format_fingerprint(expected)  # type: ignore[arg-type]
-        keys = [
-            self.keys.meta,
-            self.keys.fingerprints,
-            self.keys.changes,
-            stream.events if stream else self.keys.events,
-            stream.alerts if stream else self.keys.alerts,
-            *own,
-            *old,
-            *others,
-        ]
-        args = [
-            op,
-            incident_id,
-            "" if fp is None else format_fingerprint(fp),
-            expected_arg,
-            self.layout_tag,
-            self.layout.max_distance,
-            len(own),
-            len(old),
-            stream.group if stream else "",
-            entry_id,
-            stream.alerts_maxlen if stream else 0,
-            max_matches,
-            probed,
-        ]
-        return keys, args
-
-    def apply_command(self, op: str, incident_id: str, fp: int | None, **kwargs: Any) -> tuple[Any, ...]:
-        """One apply call as a command for `execute`; parse its reply with `parse_apply`."""
-        keys, args = self.apply_call(op, incident_id, fp, **kwargs)
-        return ("FCALL", FN_APPLY, len(keys), *keys, *args)
-
-    def dead_letter_command(self, stream: StreamTarget, entry_id: str, fields: Mapping[Any, Any]) -> tuple[Any, ...]:
-        """A dead-letter call for `execute`: publish `fields` and acknowledge the entry, if it is still pending.
-
-        Its reply is the dead letter's ID, or '' when the entry was no longer pending.
-        """
-        flat = [part for name, value in fields.items() for part in (name, value)]
-        return (
-            "FCALL",
-            FN_DEAD_LETTER,
-            2,
-            stream.events,
-            stream.dead,
-            stream.group,
-            entry_id,
-            stream.dead_maxlen,
-            *flat,
+            old, expected_hex = [], "-" if expected is None else ANY
+        return library.apply_call(
+            meta=self.keys.meta,
+            fingerprints=self.keys.fingerprints,
+            changes=self.keys.changes,
+            events=stream.events if stream else self.keys.events,
+            alerts=stream.alerts if stream else self.keys.alerts,
+            new_keys=own,
+            old_keys=old,
+            probe_keys=others,
+            probed=probed,
+            op=op,
+            incident_id=incident_id,
+            fingerprint="" if fp is None else format_fingerprint(fp),
+            expected=expected_hex,
+            layout_tag=self.layout_tag,
+            max_distance=self.layout.max_distance,
+            stream=stream,
+            entry_id=entry_id,
+            max_matches=max_matches,
         )
 
-    def execute(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
-        """Send commands in one pipeline, in order; returns each reply, or the ResponseError it got."""
-        if not commands:
-            return []
-        calls = self.calls()
-        if calls is None:
-            pipe = self.redis.pipeline(transaction=False)
-            for command in commands:
-                pipe.execute_command(*command)
-            return list(pipe.execute(raise_on_error=False))
-        with calls:
-            calls.send(commands)
-            return calls.receive()
+    def apply_command(self, op: str, incident_id: str, fp: int | None, **kwargs: Any) -> Command:
+        """One apply call as a command for `execute`; parse its reply with `parse_apply`."""
+        keys, args = self.apply_call(op, incident_id, fp, **kwargs)
+        return library.fcall(library.FN_APPLY, keys, args)
 
-    def calls(self) -> Calls | None:
-        """A `Calls` on a connection of its own, or None for clients it cannot serve (cluster): use `execute`."""
-        client = self.redis
-        if (
-            _pack_command is None
-            or not isinstance(client, Redis)
-            or type(client).__name__ not in ("Redis", "StrictRedis")
-        ):
-            return None
-        return Calls(client.connection_pool)
+    def execute(self, commands: Sequence[Command]) -> list[Any]:
+        """Send commands in one round trip, in order; returns each reply, or the ResponseError it got."""
+        return execute(self.redis, commands)
+
+    def transport(self) -> Transport:
+        """A transport of this index's client, for batches pipelined ahead of their replies (close it when done)."""
+        return open_transport(self.redis)
 
     def forget_consumer(self, stream: StreamTarget, consumer: str) -> bool:
         """Remove a consumer from the group if, at that moment, it has nothing pending."""
-        return bool(self._fcall(FN_FORGET_CONSUMER, [stream.events], [stream.group, consumer]))
+        return bool(self._fcall(library.FN_FORGET_CONSUMER, [stream.events], [stream.group, consumer]))
 
     def fingerprints_of(self, incident_ids: Sequence[str]) -> dict[str, int | None]:
         """The stored fingerprint of each ID (None when not indexed), in one round trip."""
@@ -564,7 +329,7 @@ class FingerprintIndex:
 
     def _apply(self, op: str, incident_id: str, fp: int | None, **kwargs: Any) -> ApplyResult:
         keys, args = self.apply_call(op, incident_id, fp, **kwargs)
-        return parse_apply(self._fcall(FN_APPLY, keys, args))
+        return parse_apply(self._fcall(library.FN_APPLY, keys, args))
 
     @staticmethod
     def _check_id(incident_id: Any) -> str:
@@ -636,7 +401,8 @@ class FingerprintIndex:
             )
         own, probed, others = self.probe_keys(fp, limit)
         keys = [self.keys.meta, self.keys.fingerprints, *own[:probed], *others]
-        reply = self._fcall(FN_NEIGHBOURS, keys, [format_fingerprint(fp), limit, self.layout_tag], readonly=True)
+        args = [format_fingerprint(fp), limit, self.layout_tag]
+        reply = self._fcall(library.FN_NEIGHBOURS, keys, args, readonly=True)
         return pairs(reply[2:])
 
     def postings(self, incident_id: str, fp: int) -> list[Posting]:

@@ -33,11 +33,13 @@ from .connection import RedisClient
 from .errors import DuplicateIncidentError, LayoutMismatchError
 from .fingerprint import format_fingerprint
 from .formats import DeadLetter, Heartbeat, IncidentEvent, event_error
-from .index import FingerprintIndex, StreamTarget, parse_apply, retry_while_stale
+from .index import FingerprintIndex, retry_while_stale
+from .library import StreamTarget, dead_letter_command, parse_apply
 from .logs import get_logger
 from .metrics import Metrics
 from .replies import consumers_info, entry_time_ms, group_info, stream_entries, text
 from .settings import Settings
+from .transport import Command
 
 __all__ = ["StreamWorker", "WorkerStats"]
 
@@ -301,29 +303,25 @@ class StreamWorker:
         items = self._prepare(entries)
         total = 0
         until = time.monotonic() + 1.0
-        calls = self.index.calls()
         sent: deque[tuple[list[_Item], float]] = deque()
-        try:
+        with self.index.transport() as calls:
             while items:
                 ahead = None
                 if not self.stopping and time.monotonic() < until:
                     ahead = self._reader.submit(self._read_ahead)
-                if calls is not None and all(item.event is None or item.event.op == "add" for item in items):
+                if all(item.event is None or item.event.op == "add" for item in items):
                     calls.send([self._command(item, {}) for item in items])
                     sent.append((items, time.perf_counter()))
                     if len(sent) > 1:
                         self._finish_sent(sent.popleft(), calls.receive())
                 else:  # upserts and deletes read what they replace first: no batch may be in flight
                     while sent:
-                        self._finish_sent(sent.popleft(), calls.receive())  # type: ignore[union-attr]
+                        self._finish_sent(sent.popleft(), calls.receive())
                     self._apply(items)
                 total += len(items)
                 items = ahead.result() if ahead is not None else []
             while sent:
-                self._finish_sent(sent.popleft(), calls.receive())  # type: ignore[union-attr]
-        finally:
-            if calls is not None:
-                calls.close()
+                self._finish_sent(sent.popleft(), calls.receive())
         return total
 
     def _finish_sent(self, batch: tuple[list[_Item], float], replies: list[Any]) -> None:
@@ -511,7 +509,7 @@ class StreamWorker:
         if items:
             self.log.warning("stopping while redis is out of memory; the entries stay pending", entries=len(items))
 
-    def _command(self, item: _Item, expected: Mapping[str, int | None]) -> tuple[Any, ...]:
+    def _command(self, item: _Item, expected: Mapping[str, int | None]) -> Command:
         if item.dead is not None:
             return self._dead_command(item, *item.dead)
         event = item.event
@@ -526,7 +524,7 @@ class StreamWorker:
             max_matches=self.settings.max_matches,
         )
 
-    def _dead_command(self, item: _Item, reason: str, detail: str) -> tuple[Any, ...]:
+    def _dead_command(self, item: _Item, reason: str, detail: str) -> Command:
         letter = DeadLetter(
             reason=reason,
             detail=detail,
@@ -535,7 +533,7 @@ class StreamWorker:
             consumer=self.settings.consumer,
             deliveries=item.deliveries,
         )
-        return self.index.dead_letter_command(self.target, item.entry_id, letter.to_fields(original=item.fields))
+        return dead_letter_command(self.target, item.entry_id, letter.to_fields(original=item.fields))
 
     def _handle(self, item: _Item, reply: Any) -> None:
         if item.dead is not None:

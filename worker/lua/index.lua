@@ -1,7 +1,7 @@
 #!lua name=incident_index_v1
 --
 -- The server side of one incident fingerprint index (SPEC sections 2 to 4), as a Redis Functions library.
--- Loaded once per server by worker/index.py (FUNCTION LOAD REPLACE); the version is part of every name, so
+-- Loaded once per server by worker/library.py (FUNCTION LOAD REPLACE); the version is part of every name, so
 -- workers of two versions can share a server during a rolling upgrade.
 --
 -- Each call is one atomic step: it reads everything it needs, decides, and only then writes, so a call that

@@ -1,0 +1,178 @@
+"""The server side of the index: the Redis Functions library `worker/lua/index.lua`, and the calls of its functions.
+
+* `LIBRARY_NAME`, `LIBRARY_SOURCE`: the library, named after a hash of its source, so that workers of two versions
+  can share a server during a rolling upgrade; `FN_APPLY`, `FN_NEIGHBOURS`, ... its functions' names.
+* `load(client)`: FUNCTION LOAD REPLACE (on a cluster, on every primary); `is_missing_function(error)` tells an
+  error reply that means the server lost the library (a restart without persistence).
+* Call builders: `apply_call`, `dead_letter_command`, `fcall`: the KEYS and ARGV of each function, in the order
+  the Lua header of that function documents, and `parse_apply` for the apply function's reply.
+* `StreamTarget`: the streams and group a stream-mode call acknowledges in and publishes to.
+
+Which keys a call touches is the index's business (worker/index.py builds them); the order they travel in is here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from .connection import RedisClient
+from .fingerprint import parse_fingerprint
+from .replies import pairs, text
+from .transport import Command
+
+__all__ = [
+    "FN_APPLY",
+    "FN_DEAD_LETTER",
+    "FN_ENSURE_META",
+    "FN_FORGET_CONSUMER",
+    "FN_NEIGHBOURS",
+    "LIBRARY_NAME",
+    "LIBRARY_SOURCE",
+    "ApplyResult",
+    "StreamTarget",
+    "apply_call",
+    "dead_letter_command",
+    "fcall",
+    "is_missing_function",
+    "load",
+    "parse_apply",
+]
+
+_SOURCE_NAME = "incident_index_v1"
+"""The library's name as written in index.lua; replaced by the versioned name when loaded."""
+
+
+def _versioned_source() -> tuple[str, str]:
+    """The Lua library with its name and function names made unique to this code (a hash of it)."""
+    source = resources.files(__package__).joinpath("lua/index.lua").read_text(encoding="utf-8")
+    digest = hashlib.sha1(source.encode()).hexdigest()[:10]
+    name = f"incident_index_{digest}"
+    return name, source.replace(_SOURCE_NAME, name)
+
+
+LIBRARY_NAME, LIBRARY_SOURCE = _versioned_source()
+FN_APPLY = f"{LIBRARY_NAME}_apply"
+FN_NEIGHBOURS = f"{LIBRARY_NAME}_neighbours"
+FN_DEAD_LETTER = f"{LIBRARY_NAME}_dead_letter"
+FN_ENSURE_META = f"{LIBRARY_NAME}_ensure_meta"
+FN_FORGET_CONSUMER = f"{LIBRARY_NAME}_forget_consumer"
+
+
+def load(client: RedisClient) -> None:
+    """Load (or reload) the library; on a cluster, on every primary."""
+    client.function_load(LIBRARY_SOURCE, replace=True)
+
+
+def is_missing_function(error: ResponseError) -> bool:
+    """Whether an error reply says the function does not exist (the server lost the library)."""
+    return "function not found" in str(error).lower()
+
+
+def fcall(function: str, keys: Sequence[str], args: Sequence[Any]) -> Command:
+    """One FCALL as a command for a pipeline or a transport."""
+    return ("FCALL", function, len(keys), *keys, *args)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTarget:
+    """Where stream-mode calls acknowledge entries and publish alerts and dead letters."""
+
+    events: str
+    alerts: str
+    dead: str
+    group: str
+    alerts_maxlen: int = 0
+    dead_maxlen: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """What one atomic index step did.
+
+    `status` is one of indexed, repeat, duplicate, stale, deleted, absent, not_pending; `matches` lists the matches
+    (at most max_matches of them when that is set), closest first, while `match_count` counts them all.
+    """
+
+    status: str
+    match_count: int = 0
+    candidates: int = 0
+    alert_id: str | None = None
+    matches: list[tuple[str, int]] = field(default_factory=list)
+    stored: int | None = None  # for a duplicate: the fingerprint already indexed
+
+
+def parse_apply(reply: Sequence[Any]) -> ApplyResult:
+    """Turn the reply of the apply function into an `ApplyResult`."""
+    status = text(reply[0])
+    extra = text(reply[3])
+    if status == "duplicate":
+        return ApplyResult(status, stored=parse_fingerprint(extra))
+    return ApplyResult(
+        status,
+        match_count=int(reply[1]),
+        candidates=int(reply[2]),
+        alert_id=extra or None,
+        matches=pairs(reply[4:]),
+    )
+
+
+def apply_call(
+    *,
+    meta: str,
+    fingerprints: str,
+    changes: str,
+    events: str,
+    alerts: str,
+    new_keys: Sequence[str],
+    old_keys: Sequence[str],
+    probe_keys: Sequence[str],
+    probed: int,
+    op: str,
+    incident_id: str,
+    fingerprint: str,
+    expected: str,
+    layout_tag: str,
+    max_distance: int,
+    stream: StreamTarget | None,
+    entry_id: str,
+    max_matches: int,
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of the apply function, in the order index.lua documents.
+
+    `new_keys` are the new fingerprint's posting keys (band 0 first; the first `probed` of them are probed too),
+    `old_keys` those of the fingerprint it replaces, `probe_keys` its other probe keys. `fingerprint` and
+    `expected` are hex ('' for a delete; expected '-' for "not indexed", '*' for "don't check"). Without a
+    `stream` the call runs in library mode: no acknowledgement and no alert, `events` and `alerts` unused.
+    """
+    keys = [meta, fingerprints, changes, events, alerts, *new_keys, *old_keys, *probe_keys]
+    args = [
+        op,
+        incident_id,
+        fingerprint,
+        expected,
+        layout_tag,
+        max_distance,
+        len(new_keys),
+        len(old_keys),
+        stream.group if stream else "",
+        entry_id,
+        stream.alerts_maxlen if stream else 0,
+        max_matches,
+        probed,
+    ]
+    return keys, args
+
+
+def dead_letter_command(stream: StreamTarget, entry_id: str, fields: Mapping[Any, Any]) -> Command:
+    """A dead-letter call: publish `fields` and acknowledge the entry, if it is still pending.
+
+    Its reply is the dead letter's ID, or '' when the entry was no longer pending.
+    """
+    flat = [part for name, value in fields.items() for part in (name, value)]
+    return fcall(FN_DEAD_LETTER, [stream.events, stream.dead], [stream.group, entry_id, stream.dead_maxlen, *flat])

@@ -1,0 +1,146 @@
+"""Pipelined calls, one interface for standalone and cluster clients.
+
+`open_transport(client)` gives a `Transport`: `send` a batch of commands, later `receive` its replies (each reply, or
+the ResponseError it got), oldest batch first; `close` when done (or use it as a context manager). `execute(client,
+commands)` does one batch in one round trip. Meant for FCALL and other commands whose replies redis-py passes through
+unchanged: a reply that redis-py would convert (SET's OK to True) may come back either way.
+
+* `ConnectionTransport` (a standalone `redis.Redis`, fakeredis included): commands packed by hiredis and written
+  directly on one connection, with more than one batch in flight. A worker sends batch k + 1 before it reads the
+  replies of batch k, so the server always has work while the client handles replies and prepares the next batch:
+  on two cores that overlap is worth a third of the throughput. redis-py's pipeline would inspect each of ~90
+  arguments per event in Python first.
+* `PipelineTransport` (a `RedisCluster`, which routes each command to its slot's node): one redis-py pipeline per
+  batch, run when it is sent; its replies wait for `receive`. Same results, without the overlap.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis import Redis
+from redis.connection import ConnectionPool
+from redis.exceptions import ResponseError
+
+from .connection import RedisClient
+
+__all__ = ["Command", "ConnectionTransport", "PipelineTransport", "Transport", "execute", "open_transport"]
+
+Command = tuple[Any, ...]
+"""A Redis command as its arguments: ("FCALL", name, numkeys, *keys, *args)."""
+
+_pack_command: Callable[[Command], bytes] | None
+try:
+    from hiredis import pack_command as _pack_command
+except ImportError:  # pragma: no cover - hiredis is a dependency; without it every client gets a PipelineTransport
+    _pack_command = None
+
+
+class Transport(ABC):
+    """Batches of commands sent in order; the replies of each batch come back from `receive`, oldest batch first."""
+
+    @abstractmethod
+    def send(self, commands: Sequence[Command]) -> None:
+        """Send a batch; its replies come from a later `receive`."""
+
+    @abstractmethod
+    def receive(self) -> list[Any]:
+        """The replies of the oldest batch sent, in order: each reply, or the ResponseError it got."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Give the connection back; replies not received yet are dropped with it."""
+
+    def __enter__(self) -> Transport:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class ConnectionTransport(Transport):
+    """Batches packed by hiredis and written on one connection of a standalone client, several in flight."""
+
+    def __init__(self, pool: ConnectionPool) -> None:
+        self._pool = pool
+        self._connection: Any = pool.get_connection()
+        self._in_flight: deque[int] = deque()
+
+    def send(self, commands: Sequence[Command]) -> None:
+        assert _pack_command is not None
+        try:
+            # no health check here: its PING would read the replies of the batch in flight
+            self._connection.send_packed_command(
+                [b"".join([_pack_command(c) for c in commands])],
+                check_health=False,
+            )
+        except BaseException:
+            self._broken()
+            raise
+        self._in_flight.append(len(commands))
+
+    def receive(self) -> list[Any]:
+        count = self._in_flight.popleft()
+        replies: list[Any] = []
+        try:
+            for _ in range(count):
+                try:
+                    replies.append(self._connection.read_response())
+                except ResponseError as error:
+                    replies.append(error)
+        except BaseException:
+            self._broken()
+            raise
+        return replies
+
+    def _broken(self) -> None:
+        # replies may still be on their way: this connection must never be reused
+        self._in_flight.clear()
+        self._connection.disconnect()
+
+    def close(self) -> None:
+        if self._connection is None:
+            return
+        if self._in_flight:
+            self._broken()
+        self._pool.release(self._connection)
+        self._connection = None
+
+
+class PipelineTransport(Transport):
+    """One redis-py pipeline per batch (the way to pipeline on a cluster client), run when it is sent."""
+
+    def __init__(self, client: RedisClient) -> None:
+        self._client = client
+        self._done: deque[list[Any]] = deque()
+
+    def send(self, commands: Sequence[Command]) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        self._done.append(list(pipe.execute(raise_on_error=False)))
+
+    def receive(self) -> list[Any]:
+        return self._done.popleft()
+
+    def close(self) -> None:
+        self._done.clear()
+
+
+def open_transport(client: RedisClient) -> Transport:
+    """The fastest transport the client allows: its own connection for a standalone client, else pipelines."""
+    if isinstance(client, Redis) and _pack_command is not None:
+        return ConnectionTransport(client.connection_pool)
+    return PipelineTransport(client)
+
+
+def execute(client: RedisClient, commands: Sequence[Command]) -> list[Any]:
+    """Send commands in one round trip, in order; returns each reply, or the ResponseError it got."""
+    if not commands:
+        return []
+    with open_transport(client) as transport:
+        transport.send(commands)
+        return transport.receive()
