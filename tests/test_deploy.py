@@ -454,6 +454,27 @@ def test_metrics_service_reaches_the_metrics_port() -> None:
     assert [p["targetPort"] for p in service["ports"]] == [container_port["name"]]
 
 
+@pytest.mark.parametrize("source", [*_compose_sources(), "kubernetes"])
+def test_containers_serve_metrics_beyond_their_loopback(source: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The default, 127.0.0.1, is right on a host and wrong in a container: a scraper comes from another address.
+    if source == "kubernetes":
+        env = kubernetes_environment(kubernetes_documents())
+    else:
+        env = compose_environment(load_compose()["services"][source.removeprefix("compose:")])
+    settings = settings_from(worker_variables(env), monkeypatch)
+    assert settings.metrics_port and settings.metrics_address == "0.0.0.0"
+    assert Settings.model_fields["metrics_address"].default == "127.0.0.1"
+    assert "INCIDENT_WORKER_METRICS_ADDRESS" in (DEPLOY / "README.md").read_text(), "deploy/README.md must say why"
+
+
+def test_deploy_docs_do_not_say_an_out_of_memory_spell_makes_poison() -> None:
+    # It once did; now a worker holds its batch through the spell (tests/test_worker_process.py pins that).
+    for path in (DEPLOY / "README.md", REDIS_CONF):
+        for paragraph in re.split(r"\n\s*\n|\n- ", path.read_text()):
+            if re.search(r"\bOOM\b|out-of-memory|out of memory|noeviction", paragraph):
+                assert "poison" not in paragraph, f"{path.name}: {paragraph[:200]}"
+
+
 # -- the Dockerfile and its build context ---------------------------------------------------------------------
 
 

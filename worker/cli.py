@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
+import types
 from collections.abc import Sequence
 
 from . import __version__
@@ -50,10 +52,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return EXIT_OK
+    from .logs import redact
+
+    def excepthook(kind: type[BaseException], error: BaseException, trace: types.TracebackType | None) -> None:
+        # a bug's traceback quotes exception texts, which may quote a URL: shown without secrets like everything else
+        sys.stderr.write(redact("".join(traceback.format_exception(kind, error, trace))))
+
+    sys.excepthook = excepthook
     try:
         return int(handler(args))
     except UsageError as error:
-        print(f"incident-worker {args.command}: {error}", file=sys.stderr)
+        print(redact(f"incident-worker {args.command}: {error}"), file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -14,6 +14,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
+from .logs import hide_secrets
 from .settings import Settings
 
 __all__ = ["RedisClient", "connect"]
@@ -36,6 +37,8 @@ def connect(settings: Settings, *, decode_responses: bool = False, client_name: 
         "health_check_interval": 30,
         "client_name": client_name or f"incident-worker:{settings.consumer}",
     }
+    # whatever goes wrong from here on, its message and log lines show none of the URL's secrets
+    hide_secrets(*settings.secrets())
     url = settings.redis_url.get_secret_value()
     if settings.cluster:
         options.pop("health_check_interval")

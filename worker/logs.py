@@ -10,22 +10,48 @@ from typing import Any, TextIO
 
 import structlog
 
-__all__ = ["configure_logging", "get_logger", "redact"]
+__all__ = ["configure_logging", "get_logger", "hide_secrets", "redact"]
 
-_URL_PASSWORD = re.compile(r"(?P<head>\b[a-z][a-z0-9+.-]*://[^\s:/@]*:)[^\s@]+@", re.IGNORECASE)
+# scheme://user:password@ (the password up to the last '@' of the word, so an unencoded '@' in it is covered too),
+# and scheme://password@ (a user-info part without ':')
+_URL_PASSWORD = re.compile(r"(?P<head>\b[a-z][a-z0-9+.-]*://[^\s:/@?#]*:)\S*@", re.IGNORECASE)
+_URL_USERINFO = re.compile(r"(?P<head>\b[a-z][a-z0-9+.-]*://)[^\s:/@?#]+@(?=\S)", re.IGNORECASE)
+# ?password=..., &ssl_password=..., and the like in a query
+_QUERY_SECRET = re.compile(r"(?P<head>[?&;](?:[a-z0-9_]*(?:password|passwd|secret|token))=)[^&\s#'\"]*", re.IGNORECASE)
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+_MIN_HIDDEN = 4
+"""Shorter secrets are not searched for in free text: hiding every `abc` of a log would make it unreadable."""
+_hidden: set[str] = set()
+
+
+def hide_secrets(*secrets: str) -> None:
+    """Hide these values wherever they turn up in a log line or a message of this process, in any form."""
+    _hidden.update(secret for secret in secrets if len(secret) >= _MIN_HIDDEN)
 
 
 def redact(text: str) -> str:
-    """Any `scheme://user:password@` in `text` with the password replaced by `***`."""
-    return _URL_PASSWORD.sub(r"\g<head>***@", text)
+    """`text` without secrets: URL passwords and secret query values as `***`, and every value `hide_secrets` named."""
+    for secret in sorted(_hidden, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, "***")
+    if "://" in text:
+        text = _URL_PASSWORD.sub(r"\g<head>***@", text)
+        text = _URL_USERINFO.sub(r"\g<head>***@", text)
+    if "=" in text:
+        text = _QUERY_SECRET.sub(r"\g<head>***", text)
+    return text
 
 
 def _redact_processor(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     # The last line of defence: settings only ever hand out redacted URLs, but an exception text could carry one.
     for key, value in event.items():
-        if isinstance(value, str) and "://" in value:
+        if isinstance(value, str):
             event[key] = redact(value)
+        elif value is not None and not isinstance(value, (int, float, bool)):
+            shown = str(value)
+            if redact(shown) != shown:
+                event[key] = redact(shown)
     return event
 
 

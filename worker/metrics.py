@@ -45,6 +45,6 @@ class Metrics:
             "incident_worker_claimed", "Entries taken over from silent consumers (XAUTOCLAIM)", registry=r
         )
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Serve /metrics on `port` from a daemon thread."""
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Serve /metrics on `addr`:`port` from a daemon thread (loopback unless told otherwise)."""
         start_http_server(port, addr=addr, registry=self.registry)

@@ -6,19 +6,20 @@ over the environment, the environment over the default. The object is built once
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from redis.connection import parse_url
 
 from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, validate
 from .formats import EventLimits
 from .keys import DEFAULT_NAMESPACE, IndexKeys, hash_tag, validate_namespace
+from .urls import check_url, safe_url, url_secrets
 
-__all__ = ["ENV_PREFIX", "Settings", "redact_url"]
+__all__ = ["ENV_PREFIX", "Settings"]
 
 ENV_PREFIX = "INCIDENT_WORKER_"
 
@@ -28,21 +29,6 @@ _LIMITS = EventLimits()
 
 def _default_consumer() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password replaced by `***`: the only form of a Redis URL that may reach a log or an error.
-
-    Works on URLs that do not parse, too: everything between `://` and the last `@` but the user name goes, so a
-    password holding an unescaped `#`, `/` or `?` is still hidden.
-    """
-    scheme, separator, rest = url.partition("://")
-    if not separator or "@" not in rest:
-        return url
-    userinfo, _, host = rest.rpartition("@")
-    if ":" not in userinfo:
-        return url  # a user name alone is no secret
-    return f"{scheme}://{userinfo.split(':', 1)[0]}:***@{host}"
 
 
 class Settings(BaseSettings):
@@ -55,7 +41,8 @@ class Settings(BaseSettings):
 
     redis_url: SecretStr = Field(
         SecretStr("redis://localhost:6379/0"),
-        description="Redis to connect to: redis://[user:password@]host:port/db, rediss:// for TLS. "
+        description="Redis to connect to: redis://[user:password@]host:port/db, rediss:// for TLS, "
+        "unix:///path/to/socket; special characters in the password percent-encoded (@ as %40). "
         "The password never reaches a log.",
     )
     cluster: bool = Field(False, description="Connect to a Redis Cluster (redis-py's cluster client) at redis_url.")
@@ -112,6 +99,11 @@ class Settings(BaseSettings):
         30.0, gt=0, description="Cap of the exponential backoff between reconnection attempts."
     )
     metrics_port: int = Field(0, ge=0, le=65535, description="Port of the Prometheus /metrics endpoint (0 = off).")
+    metrics_address: str = Field(
+        "127.0.0.1",
+        description="Address the /metrics endpoint listens on: loopback by default; 0.0.0.0 (or ::) for a scraper "
+        "in another container or pod.",
+    )
     log_format: Literal["auto", "json", "console"] = Field(
         "auto", description="json lines, or console for people; auto picks console on a terminal."
     )
@@ -120,20 +112,19 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _check_url(cls, value: SecretStr) -> SecretStr:
-        url = value.get_secret_value()
-        scheme = url.split("://", 1)[0] if "://" in url else ""
-        if scheme not in {"redis", "rediss", "unix"}:
-            raise ValueError(
-                f"redis_url {redact_url(url)!r} must start with redis://, rediss:// or unix://, "
-                "as in redis://localhost:6379/0"
-            )
+        # the message never quotes the URL: a refused URL's password cannot be told from the rest of it
+        check_url(value.get_secret_value())
+        return value
+
+    @field_validator("metrics_address")
+    @classmethod
+    def _check_metrics_address(cls, value: str) -> str:
         try:
-            parse_url(url)
+            ipaddress.ip_address(value)
         except ValueError:
-            # redis-py's own message may quote part of the password: say it in our words
             raise ValueError(
-                f"redis_url {redact_url(url)!r} is not a valid Redis URL; percent-encode special characters in "
-                "the user name and password (# as %23, / as %2F, @ as %40)"
+                f"{value!r} is not an IP address; use 127.0.0.1 (this machine only), 0.0.0.0 (every IPv4 "
+                "interface, for a scraper in another container) or ::"
             ) from None
         return value
 
@@ -200,7 +191,17 @@ class Settings(BaseSettings):
     @property
     def safe_redis_url(self) -> str:
         """The Redis URL for logs and messages: password redacted."""
-        return redact_url(self.redis_url.get_secret_value())
+        return safe_url(self.redis_url.get_secret_value())
+
+    def secrets(self) -> list[str]:
+        """Every secret these settings hold (the URL's password, any secret setting), for the logs to hide."""
+        found: list[str] = []
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, SecretStr):
+                text = value.get_secret_value()
+                found += url_secrets(text) if "://" in text else [text]
+        return found
 
 
 def shown_default(name: str) -> str:

@@ -61,7 +61,7 @@ CONNECTION = ["redis_url", "cluster", "namespace"]
 
 def say(command: str, message: str) -> None:
     """One line for people on stderr, naming the command."""
-    print(f"incident-worker {command}: {message}", file=sys.stderr, flush=True)
+    print(redact(f"incident-worker {command}: {message}"), file=sys.stderr, flush=True)
 
 
 def error_text(error: BaseException) -> str:

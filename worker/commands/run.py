@@ -45,8 +45,10 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     log = get_logger(consumer=settings.consumer)
     worker = StreamWorker(connect(settings), settings)
     if settings.metrics_port:
-        worker.metrics.serve(settings.metrics_port)
-        log.info("metrics endpoint listening", port=settings.metrics_port, path="/metrics")
+        worker.metrics.serve(settings.metrics_port, settings.metrics_address)
+        log.info(
+            "metrics endpoint listening", address=settings.metrics_address, port=settings.metrics_port, path="/metrics"
+        )
     install_stop_signals(worker.stop)
     try:
         worker.run(until_idle=args.until_idle)

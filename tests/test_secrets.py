@@ -1,0 +1,325 @@
+"""Secrets in Redis URLs: every form redis-py accepts is used and never shown; an ambiguous URL is refused.
+
+The forms: a password in the user-info part (`redis://user:pw@`, `rediss://`, `unix://:pw@/path`), and as a query
+parameter (`?password=`, `?ssl_password=`). Each is run through the real entry point, against a real redis-server
+that wants the password, and the logs, messages and exception texts are searched for the password as written and
+as decoded.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+from redis.connection import parse_url
+
+from tests.conftest import require_redis_server
+from tests.redis_server import RedisServer, free_port
+from tests.streams import FAST, clean_env, publish, worker_command
+from worker.logs import hide_secrets, redact
+from worker.settings import Settings
+from worker.urls import KNOWN_PARAMETERS, RedisUrlError, check_url, safe_url, url_secrets
+
+# every character a URL gives a meaning to, so each has to be percent-encoded to be a password
+PASSWORD = "s3cret:p@ss#w/rd?x%y+z &q=1"
+ENCODED = quote(PASSWORD, safe="")
+KEY_PASSPHRASE = "tls-key-passphrase-9"
+
+
+def forms(port: int, socket: Path) -> dict[str, str]:
+    """Every URL form of a password redis-py accepts, for a server on `port` and `socket` wanting PASSWORD."""
+    return {
+        "password before the host": f"redis://:{ENCODED}@127.0.0.1:{port}/0",
+        "user and password": f"redis://default:{ENCODED}@127.0.0.1:{port}/0",
+        "?password=": f"redis://127.0.0.1:{port}/0?password={ENCODED}",
+        "?username=&password=": f"redis://127.0.0.1:{port}/0?username=default&password={ENCODED}",
+        "unix socket, password before the path": f"unix://:{ENCODED}@{socket}",
+        "unix socket, ?password=": f"unix://{socket}?password={ENCODED}&db=0",
+    }
+
+
+def tls_forms(port: int) -> dict[str, str]:
+    """TLS forms: no TLS server here, so these fail at the handshake, and the failure is what is searched."""
+    return {
+        "rediss:// with a password": f"rediss://default:{ENCODED}@127.0.0.1:{port}/0",
+        "rediss:// with ?password= and ?ssl_password=": (
+            f"rediss://127.0.0.1:{port}/0?password={ENCODED}&ssl_password={KEY_PASSPHRASE}&ssl_cert_reqs=none"
+        ),
+    }
+
+
+def assert_hidden(text: str) -> None:
+    for secret in (PASSWORD, ENCODED, KEY_PASSPHRASE, "s3cret"):
+        assert secret not in text, f"{secret!r} shown in:\n{text[-2000:]}"
+
+
+@pytest.fixture(scope="module")
+def protected(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server wanting PASSWORD, on a port and on a unix socket."""
+    require_redis_server()
+    directory = tmp_path_factory.mktemp("protected")
+    server = RedisServer(
+        directory,
+        extra=["--requirepass", PASSWORD, "--unixsocket", str(directory / "redis.sock"), "--unixsocketperm", "700"],
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+def _run(url: str, *args: str, timeout: float = 60, **settings_: object) -> subprocess.CompletedProcess[str]:
+    env = clean_env(redis_url=url, log_format="json", **settings_)
+    return subprocess.run([*worker_command(), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+# -- every accepted form: connects, and shows no secret ------------------------------------------------------
+
+
+def test_every_form_is_read_as_the_same_password(tmp_path: Path) -> None:
+    for name, url in {**forms(6379, tmp_path / "s.sock"), **tls_forms(6379)}.items():
+        check_url(url)
+        assert parse_url(url)["password"] == PASSWORD, name
+        shown = safe_url(url)
+        assert_hidden(shown)
+        assert "***" in shown, name
+        assert PASSWORD in url_secrets(url) and ENCODED in url_secrets(url), name
+        assert_hidden(redact(f"connecting to {url} failed"))
+
+
+@pytest.mark.parametrize("form", list(forms(0, Path("/s"))))
+def test_worker_logs_show_no_password_in_any_form(protected: RedisServer, form: str, tmp_path: Path) -> None:
+    url = forms(protected.port, protected.directory / "redis.sock")[form]
+    with redis.Redis(port=protected.port, password=PASSWORD) as admin:
+        admin.flushall()
+        admin.function_flush()
+        publish(admin, [{"incident_id": "1", "features": {"a": 1}}, {"incident_id": "2", "features": "{"}])
+    done = _run(url, "run", "--until-idle", log_level="debug", **FAST)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_hidden(done.stdout + done.stderr)
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    shown = {line["redis"] for line in lines if "redis" in line}
+    assert shown and all("***" in url for url in shown), shown
+
+
+def _main(url: str, args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> str:
+    """`incident-worker ARGS` in this process, as a fresh one would run it; its output, and any exception's text."""
+    import sys
+    import traceback
+
+    import worker.logs
+    from worker.cli import main
+
+    monkeypatch.setattr(worker.logs, "_hidden", set())  # nothing hidden from an earlier test: each run hides its own
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    for name, value in clean_env(redis_url=url, socket_timeout_s=2, log_format="json").items():
+        monkeypatch.setenv(name, value)
+    try:
+        code = main(args)
+    except Exception as error:  # what the process would print through its excepthook
+        code = 1
+        shown = "".join(traceback.format_exception(error))
+        print(worker.logs.redact(shown), file=sys.stderr)
+    out = capsys.readouterr()
+    assert code != 0, out
+    return out.out + out.err
+
+
+@pytest.mark.parametrize("cluster", [False, True], ids=["standalone", "cluster client"])
+def test_failures_show_no_password_in_any_form(
+    protected: RedisServer,
+    tmp_path: Path,
+    cluster: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A wrong password, a server that is not there, TLS against a plain port, the cluster client against a server
+    # that is no cluster: each fails with a message, and none of the messages shows the password.
+    monkeypatch.setenv("INCIDENT_WORKER_CLUSTER", str(cluster).lower())
+    wrong = quote("s3cret-but-wrong:@/#?", safe="")
+    urls = {
+        **tls_forms(protected.port),
+        **{
+            f"wrong password, {name}": url.replace(ENCODED, wrong)
+            for name, url in forms(protected.port, protected.directory / "redis.sock").items()
+        },
+        **{f"nobody listening, {name}": url for name, url in forms(free_port(), tmp_path / "absent.sock").items()},
+    }
+    for name, url in urls.items():
+        if cluster and url.startswith("unix"):
+            continue  # the cluster client takes host:port URLs only
+        for args in (["stats"], ["check", "--redis-only"]):
+            shown = _main(url, args, monkeypatch, capsys)
+            assert_hidden(shown)
+            assert "s3cret-but-wrong" not in shown and wrong not in shown, (name, shown)
+
+
+def test_exception_texts_and_log_lines_are_redacted(capsys: pytest.CaptureFixture[str]) -> None:
+    from worker.logs import configure_logging, get_logger
+
+    hide_secrets(*url_secrets(f"redis://:{ENCODED}@h:1/0"))
+    configure_logging("json", "debug")
+    try:
+        raise redis.ConnectionError(f"Error connecting to redis://:{ENCODED}@h:1/0: refused ({PASSWORD})")
+    except redis.ConnectionError:
+        get_logger(url=f"redis://h:1/0?password={ENCODED}").exception("failed", detail={"password": PASSWORD})
+    assert_hidden(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "redis://user:hunter2-pw@host:6379/0",
+        "rediss://:hunter2-pw@host",
+        "redis://user:hunter2@pw@host",  # an unencoded '@' in the password
+        "redis://hunter2-pw@host:6379",  # a password typed without the ':' before it
+        "unix:///run/redis.sock?db=0&password=hunter2-pw",
+        "redis://host:6379/0?ssl_password=hunter2-pw&db=0",
+        "redis://host/0?PASSWORD=hunter2-pw",
+        "connecting to redis://:hunter2-pw@host failed: refused",
+    ],
+)
+def test_redact_hides_passwords_in_free_text_without_being_told_them(text: str) -> None:
+    shown = redact(text)
+    assert "hunter2" not in shown and "***" in shown
+
+
+# -- ambiguous URLs: refused, with advice, never quoted --------------------------------------------------------
+
+REFUSED = {
+    # (the URL, words the refusal must hold)
+    "unencoded @ in the password": ("redis://u:hunter2@secret@db:6379/0", "%40"),
+    "unencoded # in the password": ("redis://u:hunter2#secret@db:6379/0", "%23"),
+    "unencoded / in the password": ("redis://:hunter2/secret@db:6379/0", "%2F"),
+    "unencoded ? in the password": ("redis://:hunter2?secret@db:6379/0", "%3F"),
+    "unencoded : in the password makes a port": ("redis://hunter2:secret:6379/0", "port"),
+    "a bare % in the password": ("redis://u:hunter2%secret@db:6379/0", "%25"),
+    "a password without its ':'": ("redis://hunter2secret@db:6379/0", "redis://:password@host"),
+    "a + in ?password=": ("redis://db:6379/0?password=hunter2+secret", "%2B"),
+    "a space": ("redis://u:hunter2 secret@db:6379/0", "%20"),
+    "password twice": ("redis://:hunter2secret@db/0?password=hunter2secret", "once"),
+    "?password= twice": ("redis://db/0?password=hunter2secret&password=other", "once"),
+    "a misspelt parameter": ("redis://db/0?passwd=hunter2secret", "'passwd'"),
+    "a TLS parameter without TLS": ("redis://db/0?ssl_password=hunter2secret", "'ssl_password'"),
+    "database twice": ("redis://:hunter2secret@db/0?db=1", "once"),
+    "a path that is no database": ("redis://:hunter2secret@db/zero", "database number"),
+    "unix socket with two slashes": ("unix://run/redis.sock?password=hunter2secret", "three slashes"),
+    "no host": ("redis://:hunter2secret@:6379/0", "no host"),
+    "another scheme": ("http://:hunter2secret@db:6379", "redis://"),
+    "a bad value": ("redis://:hunter2secret@db/0?socket_timeout=soon", "socket_timeout"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_ambiguous_url_is_refused_with_advice_and_not_quoted(case: str) -> None:
+    url, advice = REFUSED[case]
+    with pytest.raises(RedisUrlError) as refused:
+        check_url(url)
+    assert advice in str(refused.value)
+    assert "hunter2" not in str(refused.value) and "secret" not in str(refused.value).replace("secrets", "")
+    assert "hunter2" not in safe_url(url)
+    with pytest.raises(ValidationError) as invalid:
+        Settings(redis_url=url)
+    assert "hunter2" not in str(invalid.value)
+
+
+@pytest.mark.parametrize("case", ["unencoded @ in the password", "unencoded / in the password", "a + in ?password="])
+def test_cli_refuses_an_ambiguous_url_with_exit_2_and_no_traceback(case: str) -> None:
+    url, advice = REFUSED[case]
+    for args in (["check", "--redis-only"], ["run"]):
+        done = _run(url, *args, timeout=30)
+        assert done.returncode == 2, done.stderr
+        assert advice in done.stderr
+        assert "Traceback" not in done.stderr and "hunter2" not in done.stdout + done.stderr
+
+
+def test_every_query_parameter_allowed_is_one_redis_py_passes_on() -> None:
+    import inspect
+
+    from redis.connection import AbstractConnection, Connection, SSLConnection, UnixDomainSocketConnection
+
+    classes = {"redis": Connection, "rediss": SSLConnection, "unix": UnixDomainSocketConnection}
+    pool_level = {"max_connections", "timeout"}  # taken by the connection pool, not by the connection
+    for scheme, connection in classes.items():
+        accepted = set()
+        for cls in (connection, *[base for base in connection.__mro__ if issubclass(base, AbstractConnection)]):
+            accepted |= set(inspect.signature(cls.__init__).parameters)
+        assert KNOWN_PARAMETERS[scheme] - pool_level <= accepted, scheme
+
+
+@settings(max_examples=300, deadline=None)
+@given(password=st.text(min_size=1, max_size=24).filter(lambda p: "\x00" not in p))
+def test_any_password_written_raw_is_read_right_or_refused(password: str) -> None:
+    # The bug this pins: a password written into a URL without encoding that silently names another host.
+    raw = f"redis://user:{password}@redis.example:6379/0"
+    try:
+        check_url(raw)
+    except RedisUrlError:
+        pass
+    else:
+        parsed = parse_url(raw)
+        assert (parsed["host"], parsed["port"], parsed["db"], parsed["username"]) == ("redis.example", 6379, 0, "user")
+        assert parsed["password"] == password
+    encoded = f"redis://user:{quote(password, safe='')}@redis.example:6379/0"
+    check_url(encoded)
+    assert parse_url(encoded)["password"] == password
+    assert safe_url(encoded) == "redis://user:***@redis.example:6379/0"
+    assert quote(password, safe="") in url_secrets(encoded) and password in url_secrets(encoded)
+
+
+# -- the metrics endpoint -------------------------------------------------------------------------------------
+
+
+def test_metrics_listen_on_loopback_unless_told_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("INCIDENT_WORKER_METRICS_ADDRESS", raising=False)
+    assert Settings().metrics_address == "127.0.0.1"
+    assert Settings(metrics_address="0.0.0.0").metrics_address == "0.0.0.0"
+    assert Settings(metrics_address="::").metrics_address == "::"
+    with pytest.raises(ValidationError, match="not an IP address"):
+        Settings(metrics_address="everywhere")
+
+
+def _outside_address() -> str | None:
+    """An address of this machine that is not loopback, if it has one (no packet is sent)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: routing only
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def test_worker_serves_metrics_on_loopback_by_default(server: RedisServer, tmp_path: Path) -> None:
+    import socket
+    import time
+    import urllib.request
+
+    from tests.streams import start_worker, stop
+
+    port = free_port()
+    log = tmp_path / "w.log"
+    worker = start_worker(server.url, log=log, metrics_port=port, **FAST)
+    try:
+        deadline = time.monotonic() + 30
+        while "metrics endpoint listening" not in log.read_text() and time.monotonic() < deadline:
+            assert worker.poll() is None, log.read_text()
+            time.sleep(0.1)
+        [line] = [json.loads(line) for line in log.read_text().splitlines() if "metrics endpoint" in line]
+        assert (line["address"], line["port"]) == ("127.0.0.1", port)
+        assert b"incident_worker_events_total" in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read()
+        outside = _outside_address()
+        if outside is not None:
+            with pytest.raises(OSError), socket.create_connection((outside, port), timeout=2):
+                pass
+    finally:
+        assert stop(worker) == 0
