@@ -246,12 +246,14 @@ def test_every_query_parameter_allowed_is_one_redis_py_passes_on() -> None:
     from redis.connection import AbstractConnection, Connection, SSLConnection, UnixDomainSocketConnection
 
     classes = {"redis": Connection, "rediss": SSLConnection, "unix": UnixDomainSocketConnection}
-    pool_level = {"max_connections", "timeout"}  # taken by the connection pool, not by the connection
+    pool_level = {"max_connections"}  # taken by the connection pool, not by the connection
     for scheme, connection in classes.items():
         accepted = set()
         for cls in (connection, *[base for base in connection.__mro__ if issubclass(base, AbstractConnection)]):
             accepted |= set(inspect.signature(cls.__init__).parameters)
         assert KNOWN_PARAMETERS[scheme] - pool_level <= accepted, scheme
+    with pytest.raises(RedisUrlError, match="'timeout'"):
+        check_url("redis://db:6379/0?timeout=1")  # redis-py would fail at the first command
 
 
 @settings(max_examples=300, deadline=None)

@@ -5,6 +5,7 @@ Library errors (what a caller of `worker.fingerprint`, `worker.bands` or `worker
 * `InvalidFeaturesError` (a ValueError): a feature bag the fingerprint does not accept; `reason` is the dead-letter
   code (`bad_token`, `bad_weight`, ...).
 * `LayoutError` (a ValueError): band settings that cannot be used; the message says what would work.
+* `RedisUrlError` (a ValueError): a Redis URL that is refused; the message says why and never quotes the URL.
 * `FingerprintIndexError`: base of the index's own errors.
   * `DuplicateIncidentError`: `add` of an ID already indexed with another fingerprint.
   * `LayoutMismatchError`: the namespace was built with another layout.
@@ -27,6 +28,7 @@ __all__ = [
     "InvalidLineError",
     "LayoutError",
     "LayoutMismatchError",
+    "RedisUrlError",
     "StaleRetriesExhaustedError",
     "UsageError",
 ]
@@ -42,6 +44,10 @@ class InvalidFeaturesError(ValueError):
 
 class LayoutError(ValueError):
     """A band layout that cannot be used; the message says what would work."""
+
+
+class RedisUrlError(ValueError):
+    """A Redis URL that is refused. The message says why and what to do, and never quotes the URL."""
 
 
 class FingerprintIndexError(Exception):

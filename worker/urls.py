@@ -18,6 +18,8 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from redis.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
 
+from .errors import RedisUrlError
+
 __all__ = ["SCHEMES", "SECRET_PARAMETERS", "RedisUrlError", "check_url", "safe_url", "url_secrets"]
 
 SCHEMES = ("redis", "rediss", "unix")
@@ -41,13 +43,15 @@ _TLS_PARAMETERS = frozenset(
         "ssl_exclude_verify_flags",
     }
 )
+_COMMON = frozenset(URL_QUERY_ARGUMENT_PARSERS) - _TLS_PARAMETERS - {"timeout"} | _TEXT_PARAMETERS
 KNOWN_PARAMETERS = {
-    "redis": frozenset(URL_QUERY_ARGUMENT_PARSERS) - _TLS_PARAMETERS | _TEXT_PARAMETERS,
-    "rediss": frozenset(URL_QUERY_ARGUMENT_PARSERS) | _TEXT_PARAMETERS | _TLS_PARAMETERS,
-    "unix": frozenset(URL_QUERY_ARGUMENT_PARSERS) - _TLS_PARAMETERS | _TEXT_PARAMETERS,
+    "redis": _COMMON,
+    "rediss": _COMMON | _TLS_PARAMETERS,
+    "unix": _COMMON - {"socket_keepalive"},
 }
-"""Query parameters redis-py passes on to a connection of each scheme; any other name fails only at the first
-command (an unexpected keyword argument), so it is refused up front."""
+"""Query parameters a connection of each scheme takes (`max_connections` goes to the pool). redis-py passes any
+other name on, and the connection then fails at the first command with an unexpected keyword argument (`timeout`
+of a blocking pool, `socket_keepalive` of a unix socket), so these are refused up front."""
 
 _ENCODING_ADVICE = (
     "percent-encode special characters in the user name and password: @ as %40, # as %23, / as %2F, ? as %3F, "
@@ -55,10 +59,6 @@ _ENCODING_ADVICE = (
 )
 _ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _PORT = re.compile(r"[0-9]{1,5}")
-
-
-class RedisUrlError(ValueError):
-    """A Redis URL that is refused. The message says why and what to do, and never quotes the URL."""
 
 
 def _scheme(url: str) -> str:
