@@ -42,7 +42,7 @@ class Settings(BaseSettings):
     redis_url: SecretStr = Field(
         SecretStr("redis://localhost:6379/0"),
         description="Redis to connect to: redis://[user:password@]host:port/db, rediss:// for TLS, "
-        "unix:///path/to/socket; special characters in the password percent-encoded (@ as %40). "
+        "unix:///path/to/socket; special characters in the password percent-encoded (urllib.parse.quote). "
         "The password never reaches a log.",
     )
     cluster: bool = Field(False, description="Connect to a Redis Cluster (redis-py's cluster client) at redis_url.")
