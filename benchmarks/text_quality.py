@@ -1,41 +1,65 @@
-"""How well `worker.text` turns real log lines into fingerprints: the Loghub samples, judged by their templates.
+"""How well `worker.text` groups real log lines, judged by their templates, beside Drain3 and a whitespace split.
 
-Each Loghub ``*_structured.csv`` labels every line with the template it came from (``EventId``). Lines of one
-template are "the same kind of message"; a good tokenizer puts their fingerprints within the alert distance of each
-other and keeps lines of different templates apart. For each system this samples pairs of lines and prints:
+Each Loghub ``*_structured.csv`` labels every line with the template it came from (``EventId``). A line's template
+is the yardstick: two lines "group" when their fingerprints are within distance r (Drain3: when it puts them in one
+cluster). Over every pair of lines of a system (about two million for 2,000 lines):
 
-* ``same<=r``: the fraction of same-template pairs within distance r (higher is better);
-* ``same<=r new text``: the same, counting only pairs whose texts differ (identical lines are trivially at 0);
-* ``diff<=r``: the fraction of different-template pairs within distance r (lower is better).
+* precision: of the pairs that group, the share whose two lines share a template;
+* recall: of the pairs that share a template, the share that group;
+* pure alerts: the lines streamed in file order, each compared with every line before it, as the worker does: of
+  the lines that alert (at least one earlier line within r; Drain3: joining a cluster that already has lines), the
+  share whose matches all share the new line's template.
 
-Three tokenizers are compared: whitespace split (lowercase, no masking), `features_from_text`, and
-`features_from_text` with bigrams. Templates are a rough yardstick, not a ground truth: a template may hold free
-text (user names, host names), and two templates may differ by one word.
+Tokenizers: ``whitespace`` (lowercase, split on whitespace, count: nothing masked), ``text`` (`features_from_text`,
+the product's), and Drain3 (PyPI ``drain3``, an optional benchmark dependency: ``pip install -e '.[bench]'``) with
+its default configuration and with the masking of IPv4 addresses and numbers that its documentation suggests.
+Templates are a rough yardstick, not a ground truth: a template may hold free text, and two templates may differ by
+one word.
 
-Usage: python benchmarks/text_quality.py [LOGHUB_DIR] [--pairs N] [--distance R] [--seed S]
-(LOGHUB_DIR defaults to ../shared/data/loghub, relative to the repository root.)
+``--leave-one-out`` shows whether the choice of rules generalises: for each system, it chooses among the levers of
+`worker.text.TextRules` (weighting, head words, host names, one placeholder, ``key=`` words, the weight of plain
+words: 240 combinations) the one with the best mean of precision, recall and pure alerts at the default distance on
+the seven other systems, and measures it on the held-out one. ``--levers`` prints each lever alone against the
+product's rules.
+
+Usage: python benchmarks/text_quality.py [LOGHUB_DIR] [--distances 3,5,7,9] [--leave-one-out] [--levers] [--json F]
+(LOGHUB_DIR defaults to ../shared/data/loghub beside the repository, then /work/shared/data/loghub.)
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import random
+import dataclasses
+import itertools
+import json
+import logging
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without installing the package
 
-from worker.fingerprint import distance, fingerprint  # noqa: E402 (after the sys.path line)
-from worker.text import features_from_text  # noqa: E402
+from worker.fingerprint import fingerprint  # noqa: E402 (after the sys.path line)
+from worker.text import DEFAULT_RULES, TOKENIZER_VERSION, TextRules, features_from_text, tokenizer  # noqa: E402
 
-DEFAULT_LOGHUB = REPO_ROOT.parent / "shared" / "data" / "loghub"
+LOGHUB_PLACES = [REPO_ROOT.parent / "shared" / "data" / "loghub", Path("/work/shared/data/loghub")]
+DEFAULT_DISTANCE = 7
+SPEED_LINE = "Failed password for invalid user admin from 187.141.143.180 port 55517"  # 70 characters
+
+# Drain3's README: "following masking instructions in drain3.ini will mask IP addresses and integers"
+DRAIN3_MASKING = [
+    (r"((?<=[^A-Za-z0-9])|^)(\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3})((?=[^A-Za-z0-9])|$)", "IP"),
+    (r"((?<=[^A-Za-z0-9])|^)([\-\+]?\d+)((?=[^A-Za-z0-9])|$)", "NUM"),
+]
 
 Tokenizer = Callable[[str], dict[str, int]]
+Lines = list[tuple[str, str]]
+Scores = dict[int, tuple[float, float, float]]  # distance -> (precision, recall, pure alerts)
 
 
 def whitespace_split(text: str) -> dict[str, int]:
@@ -46,110 +70,314 @@ def whitespace_split(text: str) -> dict[str, int]:
     return dict(bag)
 
 
-TOKENIZERS: dict[str, Tokenizer] = {
-    "whitespace": whitespace_split,
-    "text": features_from_text,
-    "text+bigrams": lambda text: features_from_text(text, bigrams=True),
-}
-
-
-def load(path: Path) -> list[tuple[str, str]]:
+def load(path: Path) -> Lines:
     """(content, template ID) of every line of a Loghub structured CSV."""
     with path.open(newline="", encoding="utf-8") as handle:
         return [(row["Content"], row["EventId"]) for row in csv.DictReader(handle)]
 
 
-def sample_pairs(
-    lines: list[tuple[str, str]], pairs: int, rng: random.Random
-) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[tuple[int, int]]]:
-    """Index pairs: same template, same template with different text, different templates.
-
-    A same-template pair picks a line at random, then another line of its template, so large templates do not
-    swamp the sample more than their share of lines.
-    """
-    by_template: dict[str, list[int]] = defaultdict(list)
-    for index, (_, template) in enumerate(lines):
-        by_template[template].append(index)
-    paired = [index for index, (_, template) in enumerate(lines) if len(by_template[template]) > 1]
-    same: list[tuple[int, int]] = []
-    new_text: list[tuple[int, int]] = []
-    diff: list[tuple[int, int]] = []
-    for _ in range(pairs):
-        if paired:
-            first = rng.choice(paired)
-            second = rng.choice(by_template[lines[first][1]])
-            while second == first:
-                second = rng.choice(by_template[lines[first][1]])
-            same.append((first, second))
-        for _attempt in range(20):  # templates whose lines are all identical yield no pair with new text
-            first = rng.choice(paired) if paired else 0
-            second = rng.choice(by_template[lines[first][1]])
-            if lines[first][0] != lines[second][0]:
-                new_text.append((first, second))
-                break
-        if len(by_template) > 1:
-            first = rng.randrange(len(lines))
-            second = rng.randrange(len(lines))
-            while lines[second][1] == lines[first][1]:
-                second = rng.randrange(len(lines))
-            diff.append((first, second))
-    return same, new_text, diff
-
-
-def within(fingerprints: list[int | None], pairs: list[tuple[int, int]], radius: int) -> str:
-    """The fraction of pairs (both lines tokenized) within `radius`, as a percentage."""
-    judged = 0
-    hits = 0
-    for a, b in pairs:
-        first, second = fingerprints[a], fingerprints[b]
-        if first is not None and second is not None:
-            judged += 1
-            hits += distance(first, second) <= radius
-    return f"{100 * hits / judged:.1f}%" if judged else "-"
-
-
-def fingerprints_of(lines: list[tuple[str, str]], tokenizer: Tokenizer) -> tuple[list[int | None], float]:
-    """The fingerprint of every line (None when it yields no token) and the tokenizer's microseconds per line."""
-    started = time.perf_counter()
-    bags: list[dict[str, int] | None] = []
+def fingerprints_of(lines: Lines, tokenize: Tokenizer) -> list[int | None]:
+    """The fingerprint of every line, None when it yields no token."""
+    fps: list[int | None] = []
     for content, _ in lines:
         try:
-            bags.append(tokenizer(content))
+            fps.append(fingerprint(tokenize(content)))
         except ValueError:
-            bags.append(None)
-    elapsed = time.perf_counter() - started
-    return [None if bag is None else fingerprint(bag) for bag in bags], 1e6 * elapsed / len(lines)
+            fps.append(None)
+    return fps
+
+
+def _same_template_pairs(templates: Sequence[str]) -> int:
+    return sum(n * (n - 1) // 2 for n in Counter(templates).values())
+
+
+def fingerprint_scores(fps: Sequence[int | None], templates: Sequence[str], distances: Sequence[int]) -> Scores:
+    """Precision, recall and pure alerts of grouping by fingerprint distance, at each distance.
+
+    Lines with one fingerprint are counted together, so the work grows with the distinct fingerprints squared.
+    A line without a fingerprint groups with nothing.
+    """
+    farthest = max(distances)
+    groups: dict[int, Counter[str]] = defaultdict(Counter)
+    for fp, template in zip(fps, templates, strict=True):
+        if fp is not None:
+            groups[fp][template] += 1
+    keys = list(groups)
+    counts = [groups[key] for key in keys]
+    sizes = [sum(c.values()) for c in counts]
+    grouped = Counter({0: sum(n * (n - 1) // 2 for n in sizes)})
+    agreeing = Counter({0: sum(v * (v - 1) // 2 for c in counts for v in c.values())})
+    for i, (a, count_a, size_a) in enumerate(zip(keys, counts, sizes, strict=True)):
+        for j in range(i + 1, len(keys)):
+            d = (a ^ keys[j]).bit_count()
+            if d <= farthest:
+                count_b = counts[j]
+                grouped[d] += size_a * sizes[j]
+                agreeing[d] += sum(v * count_b[t] for t, v in count_a.items() if t in count_b)
+    total_same = _same_template_pairs(templates)
+
+    alerts: Counter[int] = Counter()
+    pure: Counter[int] = Counter()
+    seen: dict[int, Counter[str]] = {}
+    for fp, template in zip(fps, templates, strict=True):
+        if fp is None:
+            continue
+        nearest = nearest_other = farthest + 1
+        for other, others in seen.items():
+            d = (fp ^ other).bit_count()
+            if d < nearest:
+                nearest = d
+            if d < nearest_other and (len(others) > 1 or template not in others):
+                nearest_other = d
+        for r in distances:
+            if nearest <= r:
+                alerts[r] += 1
+                pure[r] += nearest_other > r
+        seen.setdefault(fp, Counter())[template] += 1
+
+    scores: Scores = {}
+    for r in distances:
+        pairs = sum(v for d, v in grouped.items() if d <= r)
+        same = sum(v for d, v in agreeing.items() if d <= r)
+        scores[r] = (
+            same / pairs if pairs else 1.0,
+            same / total_same if total_same else 1.0,
+            pure[r] / alerts[r] if alerts[r] else 1.0,
+        )
+    return scores
+
+
+def cluster_scores(clusters: Sequence[int], templates: Sequence[str]) -> tuple[float, float, float]:
+    """Precision, recall and pure alerts of grouping by cluster (a line alerts when it joins a non-empty cluster)."""
+    members: dict[int, Counter[str]] = defaultdict(Counter)
+    alerts = pure = 0
+    for cluster, template in zip(clusters, templates, strict=True):
+        before = members[cluster]
+        if before:
+            alerts += 1
+            pure += len(before) == 1 and template in before
+        before[template] += 1
+    pairs = sum(sum(c.values()) * (sum(c.values()) - 1) // 2 for c in members.values())
+    same = sum(v * (v - 1) // 2 for c in members.values() for v in c.values())
+    total_same = _same_template_pairs(templates)
+    return (same / pairs if pairs else 1.0, same / total_same if total_same else 1.0, pure / alerts if alerts else 1.0)
+
+
+def drain3_clusters(lines: Lines, masked: bool) -> list[int]:
+    """Drain3's cluster of every line, fed in file order (default configuration, or with the README's masking)."""
+    from drain3 import TemplateMiner
+    from drain3.masking import MaskingInstruction
+    from drain3.template_miner_config import TemplateMinerConfig
+
+    config = TemplateMinerConfig()  # built in code: no drain3.ini is read
+    if masked:
+        config.masking_instructions = [MaskingInstruction(pattern, name) for pattern, name in DRAIN3_MASKING]
+    miner = TemplateMiner(config=config)
+    return [miner.add_log_message(content)["cluster_id"] for content, _ in lines]
+
+
+def have_drain3() -> bool:
+    try:
+        import drain3  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def micros_per_call(function: Tokenizer, text: str, calls: int = 2000, rounds: int = 7) -> float:
+    """The best of `rounds` timings of `calls` calls, in microseconds per call (the machine is shared and noisy)."""
+    best = float("inf")
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(calls):
+            function(text)
+        best = min(best, time.perf_counter() - started)
+    return 1e6 * best / calls
+
+
+def lever_grid() -> list[TextRules]:
+    """Every combination of the levers of `TextRules` that leave-one-out chooses among."""
+    grid = []
+    for weights, (head, head_weight), hosts, one, split, word in itertools.product(
+        ("count", "binary", "capped"),
+        ((0, 1), (1, 2), (2, 2), (1, 3), (2, 3)),
+        (False, True),
+        (False, True),
+        (False, True),
+        (1, 2),
+    ):
+        grid.append(TextRules(weights, head, head_weight, hosts, one, split, word))  # type: ignore[arg-type]
+    return grid
+
+
+def describe(rules: TextRules) -> str:
+    """The levers of `rules` that differ from the product's, or "product" when none does."""
+    changed = [
+        f"{field.name}={getattr(rules, field.name)}"
+        for field in dataclasses.fields(rules)
+        if getattr(rules, field.name) != getattr(DEFAULT_RULES, field.name)
+    ]
+    return ", ".join(changed) or "product"
+
+
+def mean_score(scores: Scores, r: int) -> float:
+    return sum(scores[r]) / 3
+
+
+def leave_one_out(data: dict[str, Lines], r: int, progress: bool) -> dict[str, Any]:
+    """For each system: the lever combination chosen on the other seven, and its scores on the held-out one."""
+    grid = lever_grid()
+    per_rules: list[dict[str, Scores]] = []
+    for number, rules in enumerate(grid, 1):
+        tokenize = tokenizer(rules)
+        per_rules.append(
+            {
+                system: fingerprint_scores(fingerprints_of(lines, tokenize), [t for _, t in lines], [r])
+                for system, lines in data.items()
+            }
+        )
+        if progress:
+            print(f"  leave-one-out: {number}/{len(grid)} lever combinations measured", file=sys.stderr, end="\r")
+    if progress:
+        print(file=sys.stderr)
+    rows = {}
+    for held_out in data:
+        others = [system for system in data if system != held_out]
+        best = max(
+            range(len(grid)), key=lambda i: sum(mean_score(per_rules[i][system], r) for system in others)
+        )
+        rows[held_out] = {"chosen": describe(grid[best]), "held_out": per_rules[best][held_out][r]}
+    overall = max(range(len(grid)), key=lambda i: sum(mean_score(per_rules[i][s], r) for s in data))
+    return {"distance": r, "rows": rows, "chosen_on_all": describe(grid[overall]), "combinations": len(grid)}
+
+
+def levers_alone(data: dict[str, Lines], r: int) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """The product's rules with one lever changed at a time: the mean scores over the systems at distance r."""
+    variants = {"product": DEFAULT_RULES}
+    for field in dataclasses.fields(TextRules):
+        if field.name == "head_weight":
+            continue
+        value = getattr(DEFAULT_RULES, field.name)
+        if field.name == "weights":
+            for other in ("count", "capped"):
+                variants[f"weights={other}"] = dataclasses.replace(DEFAULT_RULES, weights=other)  # type: ignore[arg-type]
+        elif field.name == "head":
+            variants["head=2 (x2)"] = dataclasses.replace(DEFAULT_RULES, head=2, head_weight=2)
+        elif isinstance(value, bool):
+            variants[f"{field.name}={not value}"] = dataclasses.replace(DEFAULT_RULES, **{field.name: not value})
+        else:
+            variants[f"{field.name}=1"] = dataclasses.replace(DEFAULT_RULES, **{field.name: 1})
+    table = {}
+    for name, rules in variants.items():
+        tokenize = tokenizer(rules)
+        scores = [
+            fingerprint_scores(fingerprints_of(lines, tokenize), [t for _, t in lines], [r])[r]
+            for lines in data.values()
+        ]
+        table[name] = tuple(sum(s[k] for s in scores) / len(scores) for k in range(3))  # type: ignore[assignment]
+    return table  # type: ignore[return-value]
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:5.1f}"
+
+
+def print_quality(results: dict[str, dict[str, Any]], distances: Sequence[int]) -> None:
+    methods = list(next(iter(results.values())))
+    columns = "  ".join(f"{'r=' + str(r):^17}" for r in distances)
+    print(f"{'system':<10} {'method':<14} {columns}")
+    print(f"{'':<10} {'':<14} " + "  ".join(f"{'P':>5} {'R':>5} {'A':>5}" for _ in distances))
+    rows = [*results, "average", "lowest"]
+    for system in rows:
+        for method in methods:
+            cells = []
+            for r in distances:
+                values = [results[s][method][r] for s in results]
+                if system == "average":
+                    triple = tuple(sum(v[k] for v in values) / len(values) for k in range(3))
+                elif system == "lowest":
+                    triple = tuple(min(v[k] for v in values) for k in range(3))
+                else:
+                    triple = results[system][method][r]
+                cells.append(" ".join(_pct(x) for x in triple))
+            print(f"{system:<10} {method:<14} " + "  ".join(cells))
+
+
+def find_loghub(given: Path | None) -> Path | None:
+    for place in [given] if given else LOGHUB_PLACES:
+        if place is not None and any(place.glob("*_structured.csv")):
+            return place
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("loghub", nargs="?", type=Path, default=DEFAULT_LOGHUB, help="directory of *_structured.csv")
-    parser.add_argument("--pairs", type=int, default=5000, help="pairs sampled per kind and system (default 5000)")
-    parser.add_argument("--distance", type=int, default=7, help="the alert distance r (default 7)")
-    parser.add_argument("--seed", type=int, default=20240601, help="random seed, for a reproducible table")
+    parser.add_argument("loghub", nargs="?", type=Path, help="directory of *_structured.csv")
+    parser.add_argument("--distances", default="3,5,7,9", help="distances r to judge at (default 3,5,7,9)")
+    parser.add_argument("--leave-one-out", action="store_true", help="choose the levers on 7 systems, test on the 8th")
+    parser.add_argument("--levers", action="store_true", help="each lever alone against the product's rules")
+    parser.add_argument("--no-drain3", action="store_true", help="leave Drain3 out even when it is installed")
+    parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     args = parser.parse_args(argv)
+    logging.disable(logging.WARNING)  # Drain3 logs every new cluster
 
-    files = sorted(args.loghub.glob("*_structured.csv"))
-    if not files:
-        print(f"no *_structured.csv in {args.loghub}; pass the Loghub directory as the first argument", file=sys.stderr)
+    loghub = find_loghub(args.loghub)
+    if loghub is None:
+        print("no *_structured.csv found; pass the Loghub directory as the first argument", file=sys.stderr)
         return 2
-    r = args.distance
-    header = f"{'system':<10} {'tokenizer':<13} {'templates':>9} {f'same<={r}':>9} {f'same<={r} new text':>18} "
-    header += f"{f'diff<={r}':>9} {'no token':>8} {'us/line':>7}"
-    print(header)
-    print("-" * len(header))
-    for path in files:
-        system = path.name.split("_")[0]
-        lines = load(path)
-        same, new_text, diff = sample_pairs(lines, args.pairs, random.Random(f"{args.seed}:{system}"))
-        templates = len({template for _, template in lines})
-        for name, tokenizer in TOKENIZERS.items():
-            fingerprints, micros = fingerprints_of(lines, tokenizer)
-            empty = sum(1 for fp in fingerprints if fp is None)
-            print(
-                f"{system:<10} {name:<13} {templates:>9} {within(fingerprints, same, r):>9} "
-                f"{within(fingerprints, new_text, r):>18} {within(fingerprints, diff, r):>9} {empty:>8} {micros:>7.1f}"
-            )
+    distances = sorted({int(r) for r in args.distances.split(",")} | {DEFAULT_DISTANCE})
+    data = {path.name.split("_")[0]: load(path) for path in sorted(loghub.glob("*_structured.csv"))}
+    drain = have_drain3() and not args.no_drain3
+    if not drain and not args.no_drain3:
+        print("drain3 is not installed (pip install -e '.[bench]'): its rows are left out", file=sys.stderr)
+
+    results: dict[str, dict[str, Any]] = {}
+    for system, lines in data.items():
+        templates = [t for _, t in lines]
+        row: dict[str, Any] = {}
+        for name, tokenize in (("whitespace", whitespace_split), ("text", features_from_text)):
+            row[name] = fingerprint_scores(fingerprints_of(lines, tokenize), templates, distances)
+        if drain:
+            for name, masked in (("drain3", False), ("drain3+masks", True)):
+                triple = cluster_scores(drain3_clusters(lines, masked), templates)
+                row[name] = dict.fromkeys(distances, triple)  # a cluster has no distance
+        results[system] = row
+
+    print(f"Tokenizer version {TOKENIZER_VERSION}; Loghub samples in {loghub}")
+    print("P: precision, R: recall (pairs), A: pure alerts, in %; Drain3 has no distance (same figures in each column)")
+    print()
+    print_quality(results, distances)
+    one_line = micros_per_call(features_from_text, SPEED_LINE)
+    baseline = micros_per_call(whitespace_split, SPEED_LINE)
+    print()
+    print(f"speed: {one_line:.1f} us for a {len(SPEED_LINE)}-character line ({baseline:.1f} us for a whitespace split)")
+    output: dict[str, Any] = {
+        "tokenizer_version": TOKENIZER_VERSION,
+        "quality": {s: {m: {str(r): v for r, v in row.items()} for m, row in rows.items()} for s, rows in results.items()},
+        "speed_us_70_chars": one_line,
+        "speed_us_whitespace": baseline,
+    }
+    if args.levers:
+        table = levers_alone(data, DEFAULT_DISTANCE)
+        print()
+        print(f"each lever alone, mean over the systems at r={DEFAULT_DISTANCE}:   P     R     A")
+        for name, triple in table.items():
+            print(f"  {name:<36} " + " ".join(_pct(x) for x in triple))
+        output["levers"] = table
+    if args.leave_one_out:
+        loo = leave_one_out(data, DEFAULT_DISTANCE, progress=sys.stderr.isatty())
+        print()
+        print(f"leave-one-out at r={DEFAULT_DISTANCE}: levers chosen on the other systems ({loo['combinations']} tried)")
+        print(f"{'held out':<10} {'P':>5} {'R':>5} {'A':>5}  chosen (differences from the product's rules)")
+        for system, row in loo["rows"].items():
+            print(f"{system:<10} " + " ".join(_pct(x) for x in row["held_out"]) + f"  {row['chosen']}")
+        held = [row["held_out"] for row in loo["rows"].values()]
+        print(f"{'average':<10} " + " ".join(_pct(sum(h[k] for h in held) / len(held)) for k in range(3)))
+        print(f"{'lowest':<10} " + " ".join(_pct(min(h[k] for h in held)) for k in range(3)))
+        print(f"chosen on all systems: {loo['chosen_on_all']}")
+        output["leave_one_out"] = loo
+    if args.json:
+        args.json.write_text(json.dumps(output, indent=1) + "\n", encoding="utf-8")
     return 0
 
 

@@ -1,0 +1,87 @@
+"""benchmarks/text_quality.py: its pair and alert figures against a brute force over every pair of lines."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import text_quality  # noqa: E402 (after the sys.path line)
+
+
+def _brute_force(groups: list[int | None], templates: list[str], near: object) -> tuple[float, float, float]:
+    """Precision, recall, pure alerts; `near(i, j)` says whether lines i and j group."""
+    grouped = agreeing = same_template = alerts = pure = 0
+    for j in range(len(templates)):
+        matches = [i for i in range(j) if near(i, j)]  # type: ignore[operator]
+        for i in range(j):
+            same_template += templates[i] == templates[j]
+        grouped += len(matches)
+        agreeing += sum(templates[i] == templates[j] for i in matches)
+        if matches:
+            alerts += 1
+            pure += all(templates[i] == templates[j] for i in matches)
+    return (
+        agreeing / grouped if grouped else 1.0,
+        agreeing / same_template if same_template else 1.0,
+        pure / alerts if alerts else 1.0,
+    )
+
+
+lines = st.lists(
+    st.tuples(st.one_of(st.none(), st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 3, 2**63, 2**64 - 1])),
+              st.sampled_from("abc")),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines, st.lists(st.integers(0, 64), min_size=1, max_size=3, unique=True))
+def test_fingerprint_scores_count_every_pair(rows: list[tuple[int | None, str]], distances: list[int]) -> None:
+    fps = [fp for fp, _ in rows]
+    templates = [t for _, t in rows]
+    scores = text_quality.fingerprint_scores(fps, templates, distances)
+    for r in distances:
+
+        def near(i: int, j: int, r: int = r) -> bool:
+            a, b = fps[i], fps[j]
+            return a is not None and b is not None and (a ^ b).bit_count() <= r
+
+        assert scores[r] == pytest.approx(_brute_force(fps, templates, near))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.sampled_from("abc")), min_size=1, max_size=40))
+def test_cluster_scores_count_every_pair(rows: list[tuple[int, str]]) -> None:
+    clusters = [c for c, _ in rows]
+    templates = [t for _, t in rows]
+    expected = _brute_force(clusters, templates, lambda i, j: clusters[i] == clusters[j])  # type: ignore[arg-type]
+    assert text_quality.cluster_scores(clusters, templates) == pytest.approx(expected)
+
+
+def test_every_lever_combination_is_distinct_and_named() -> None:
+    grid = text_quality.lever_grid()
+    assert len(grid) == len(set(grid)) == 240
+    assert text_quality.describe(text_quality.DEFAULT_RULES) == "product"
+    assert text_quality.DEFAULT_RULES in grid
+
+
+def test_quality_benchmark_runs_on_a_small_sample(tmp_path: Path) -> None:
+    sample = tmp_path / "Tiny_2k.log_structured.csv"
+    rows = ["LineId,Content,EventId"]
+    for n in range(30):
+        rows.append(f"{n},Failed password for root from 10.0.0.{n} port {4000 + n} ssh2,E1")
+        rows.append(f"{n + 30},Disk full on db-{n}: writes failing since 03:{n:02d} UTC,E2")
+    sample.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "out.json"
+    assert text_quality.main([str(tmp_path), "--distances", "3,7", "--no-drain3", "--json", str(out)]) == 0
+    import json
+
+    figures = json.loads(out.read_text(encoding="utf-8"))
+    assert figures["quality"]["Tiny"]["text"]["7"] == [1.0, 1.0, 1.0]
+    assert figures["quality"]["Tiny"]["whitespace"]["7"][1] < 1.0  # nothing masked: the numbers keep lines apart
