@@ -243,9 +243,7 @@ def leave_one_out(data: dict[str, Lines], r: int, progress: bool) -> dict[str, A
     rows = {}
     for held_out in data:
         others = [system for system in data if system != held_out]
-        best = max(
-            range(len(grid)), key=lambda i: sum(mean_score(per_rules[i][system], r) for system in others)
-        )
+        best = max(range(len(grid)), key=lambda i: sum(mean_score(per_rules[i][system], r) for system in others))
         rows[held_out] = {"chosen": describe(grid[best]), "held_out": per_rules[best][held_out][r]}
     overall = max(range(len(grid)), key=lambda i: sum(mean_score(per_rules[i][s], r) for s in data))
     return {"distance": r, "rows": rows, "chosen_on_all": describe(grid[overall]), "combinations": len(grid)}
@@ -353,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"speed: {one_line:.1f} us for a {len(SPEED_LINE)}-character line ({baseline:.1f} us for a whitespace split)")
     output: dict[str, Any] = {
         "tokenizer_version": TOKENIZER_VERSION,
-        "quality": {s: {m: {str(r): v for r, v in row.items()} for m, row in rows.items()} for s, rows in results.items()},
+        "quality": {
+            s: {m: {str(r): v for r, v in row.items()} for m, row in rows.items()} for s, rows in results.items()
+        },
         "speed_us_70_chars": one_line,
         "speed_us_whitespace": baseline,
     }
@@ -367,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.leave_one_out:
         loo = leave_one_out(data, DEFAULT_DISTANCE, progress=sys.stderr.isatty())
         print()
-        print(f"leave-one-out at r={DEFAULT_DISTANCE}: levers chosen on the other systems ({loo['combinations']} tried)")
+        tried = loo["combinations"]
+        print(f"leave-one-out at r={DEFAULT_DISTANCE}: levers chosen on the other systems ({tried} tried)")
         print(f"{'held out':<10} {'P':>5} {'R':>5} {'A':>5}  chosen (differences from the product's rules)")
         for system, row in loo["rows"].items():
             print(f"{system:<10} " + " ".join(_pct(x) for x in row["held_out"]) + f"  {row['chosen']}")

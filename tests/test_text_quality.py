@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import text_quality  # noqa: E402 (after the sys.path line)
+import text_quality
 
 
 def _brute_force(groups: list[int | None], templates: list[str], near: object) -> tuple[float, float, float]:
@@ -33,8 +33,10 @@ def _brute_force(groups: list[int | None], templates: list[str], near: object) -
 
 
 lines = st.lists(
-    st.tuples(st.one_of(st.none(), st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 3, 2**63, 2**64 - 1])),
-              st.sampled_from("abc")),
+    st.tuples(
+        st.one_of(st.none(), st.integers(0, 2**64 - 1), st.sampled_from([0, 1, 3, 2**63, 2**64 - 1])),
+        st.sampled_from("abc"),
+    ),
     min_size=1,
     max_size=40,
 )

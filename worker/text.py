@@ -126,7 +126,8 @@ _DAY = r"(?:[12][0-9]|3[01]|0?[1-9])(?:st|nd|rd|th)?"
 # Generic top-level domains seen in logs, or two letters (a country) unless a common file extension or `id`, the
 # usual last part of a dotted setting name (`mapred.task.id`).
 _NOT_COUNTRIES = "gz|sh|py|js|so|md|db|rb|pl|cc|hh|el|ps|rs|go|ts|xz|bz|id"
-_TLD = rf"(?:com|net|org|edu|gov|mil|int|biz|info|local|localdomain|lan|internal|arpa|(?!(?:{_NOT_COUNTRIES})\b)[a-z]{{2}})"
+_GENERIC_TLDS = "com|net|org|edu|gov|mil|int|biz|info|local|localdomain|lan|internal|arpa"
+_TLD = rf"(?:{_GENERIC_TLDS}|(?!(?:{_NOT_COUNTRIES})\b)[a-z]{{2}})"
 _LABEL = r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?"
 _PORT = r"(?::[0-9]{1,5})?"
 
