@@ -145,6 +145,36 @@ def _original_fields(raw: Mapping[bytes, bytes]) -> dict[bytes, bytes]:
     return {name.removeprefix(b"original_"): value for name, value in raw.items() if name not in _OWN_FIELDS}
 
 
+_Chosen = tuple[str, DeadLetter, dict[bytes, bytes]]
+"""A dead letter to replay: its entry ID, the letter, and the original fields to re-add."""
+
+
+def _choose(
+    found: list[tuple[str, Any]], wanted: Callable[[DeadLetter], bool]
+) -> tuple[list[_Chosen], list[dict[str, Any]]]:
+    """The wanted dead letters among those read, and the entries skipped with why (unknown, not a letter, empty)."""
+    chosen: list[_Chosen] = []
+    skipped: list[dict[str, Any]] = []
+    for entry_id, fields in found:
+        if fields is None:
+            skipped.append({"dead_entry": entry_id, "why": "not found in the dead-letter stream"})
+            continue
+        try:
+            letter = DeadLetter.from_fields(fields)
+        except ValidationError:
+            skipped.append({"dead_entry": entry_id, "why": "not a dead letter"})
+            continue
+        if not wanted(letter):
+            continue
+        original = _original_fields(fields)
+        if not original:
+            why = "no original fields to replay (the entry was deleted before it was processed)"
+            skipped.append({"dead_entry": entry_id, "why": why})
+            continue
+        chosen.append((entry_id, letter, original))
+    return chosen, skipped
+
+
 def _replay_transaction(
     client: RedisClient,
     settings: Settings,
@@ -160,29 +190,7 @@ def _replay_transaction(
             try:
                 pipe.watch(settings.dead)
                 found = read(pipe)
-                chosen: list[tuple[str, DeadLetter, dict[bytes, bytes]]] = []
-                skipped: list[dict[str, Any]] = []
-                for entry_id, fields in found:
-                    if fields is None:
-                        skipped.append({"dead_entry": entry_id, "why": "not found in the dead-letter stream"})
-                        continue
-                    try:
-                        letter = DeadLetter.from_fields(fields)
-                    except ValidationError:
-                        skipped.append({"dead_entry": entry_id, "why": "not a dead letter"})
-                        continue
-                    if not wanted(letter):
-                        continue
-                    original = _original_fields(fields)
-                    if not original:
-                        skipped.append(
-                            {
-                                "dead_entry": entry_id,
-                                "why": "no original fields to replay (the entry was deleted before it was processed)",
-                            }
-                        )
-                        continue
-                    chosen.append((entry_id, letter, original))
+                chosen, skipped = _choose(found, wanted)
                 if dry_run or not chosen:
                     pipe.unwatch()
                     new_ids: list[str | None] = [None] * len(chosen)
@@ -191,8 +199,7 @@ def _replay_transaction(
                     for entry_id, _, original in chosen:
                         pipe.xadd(settings.events, original)  # type: ignore[arg-type]
                         pipe.xdel(settings.dead, entry_id)
-                    replies = pipe.execute()
-                    new_ids = [text(reply) for reply in replies[0::2]]
+                    new_ids = [text(reply) for reply in pipe.execute()[0::2]]
             except redis.WatchError:
                 continue
             report.skipped.extend(skipped)
