@@ -28,6 +28,7 @@ from tests.streams import (
 from worker.devtools.workload import Workload
 from worker.errors import LayoutMismatchError
 from worker.fingerprint import fingerprint, format_fingerprint
+from worker.formats import DeadLetter
 from worker.index import FingerprintIndex
 from worker.settings import Settings
 from worker.stream import StreamWorker, _segments
@@ -142,11 +143,11 @@ def test_bad_input_is_dead_lettered_and_good_entries_around_it_are_processed(
     assert letter.reason == reason
     assert letter.detail and len(letter.detail) > 10
     assert letter.source_entry == bad_entry and letter.source_stream == EVENTS and letter.consumer == "w1"
-    # the original fields are kept byte for byte
+    # the original fields are kept byte for byte; those of an oversized entry cut to dead_letter_prefix_bytes
     [(_, raw)] = client.xrange(DEAD)
     for name, value in fields.items():
         expected = value if isinstance(value, bytes) else str(value).encode()
-        assert raw[name.encode()] == expected
+        assert raw[name.encode()] == (expected[:1024] if reason == "too_large" else expected)
     indexed = {k.decode() for k in client.hkeys(FP)}
     assert indexed == {e["incident_id"] for e in good_before + good_after}
     assert pending_count(client) == 0
@@ -400,3 +401,59 @@ def test_entry_deleted_while_pending_is_dead_lettered_as_missing(client: redis.R
     [letter] = dead_letters(client)
     assert letter.reason == "missing_entry" and letter.source_entry == ids[0]
     assert client.hget(FP, "b") is not None and pending_count(client) == 0
+
+
+def test_oversized_entry_is_dead_lettered_with_prefixes_sizes_and_every_repeated_field(client: redis.Redis) -> None:
+    big = b"\xff" + b"B" * 300_000  # not UTF-8 either: the prefix is kept as bytes
+    entry = client.execute_command("XADD", EVENTS, "*", "incident_id", "huge", "note", "a", "note", big, "x", "y")
+    publish(client, [{"incident_id": "ok", "features": DOCK}])
+    worker = run_worker(client, max_entry_bytes=100_000, dead_letter_prefix_bytes=64)
+    [(_, raw)] = client.xrange(DEAD)
+    [(_, flat)] = _raw_entries(client, DEAD)
+    letter = DeadLetter.from_fields(raw)
+    assert letter.reason == "too_large" and letter.source_entry == entry.decode()
+    parts = (b"incident_id", b"huge", b"note", b"a", b"note", big, b"x", b"y")
+    assert letter.original_bytes == sum(len(p) for p in parts)
+    assert letter.original_sizes == [(11, 4), (4, 1), (4, len(big)), (1, 1)]
+    assert flat[-8:] == [*parts[:5], big[:64], b"x", b"y"]  # both notes, in order
+    assert "100000" in letter.detail and "300" in letter.detail
+    assert client.hget(FP, "ok") is not None and pending_count(client) == 0
+    assert worker.stats.dead_letters == 1
+
+
+def test_repeated_field_names_are_all_kept_in_the_dead_letter(client: redis.Redis) -> None:
+    client.execute_command("XADD", EVENTS, "*", "incident_id", "r", "features", "{", "features", "[", "tag", "1")
+    run_worker(client)
+    [(_, flat)] = _raw_entries(client, DEAD)
+    assert flat[-8:] == [b"incident_id", b"r", b"features", b"{", b"features", b"[", b"tag", b"1"]
+
+
+def _raw_entries(client: Any, stream: str) -> list[tuple[bytes, list[bytes]]]:
+    """XRANGE with the fields as the flat list Redis sends (redis-py's own reply makes a dict of them)."""
+    connection = client.connection_pool.get_connection()
+    try:
+        connection.send_command("XRANGE", stream, "-", "+")
+        reply = connection.read_response()
+    finally:
+        client.connection_pool.release(connection)
+    return [(entry_id, list(fields)) for entry_id, fields in reply]
+
+
+def test_rereading_own_pending_entries_counts_no_delivery(client: redis.Redis) -> None:
+    """A reply lost to a dropped connection leaves entries pending; reading them again must not bring poison nearer."""
+    worker = StreamWorker(client, settings(max_deliveries=1))
+    worker.setup()
+    worker.recover_own_pending()  # the start of the run: nothing pending yet
+    publish(client, [{"incident_id": "a", "features": DOCK}, {"incident_id": "b", "features": ROAD}])
+    client.xreadgroup(GROUP, "w1", {EVENTS: ">"})  # delivered to this worker, but the reply never arrived
+    assert worker.recover_own_pending() == 2
+    assert dead_letters(client) == [] and client.hlen(FP) == 2 and pending_count(client) == 0
+
+
+def test_entries_left_by_a_crashed_run_of_the_same_consumer_count_a_delivery(client: redis.Redis) -> None:
+    publish(client, [{"incident_id": "a", "features": DOCK}])
+    client.xgroup_create(EVENTS, GROUP, id="0", mkstream=True)
+    client.xreadgroup(GROUP, "w1", {EVENTS: ">"})  # a previous run of w1 read it and died: perhaps of this entry
+    run_worker(client, max_deliveries=1)
+    [letter] = dead_letters(client)
+    assert letter.reason == "poison" and letter.deliveries == 2

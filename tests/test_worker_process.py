@@ -97,17 +97,27 @@ def test_sigterm_finishes_the_batch_and_exits_0(server: RedisServer, tmp_path: P
     assert client.get("{incidents}:heartbeat:term") is None
 
 
-def test_second_signal_exits_at_once(server: RedisServer, tmp_path: Path) -> None:
-    worker = start_worker(server.url, log=tmp_path / "w.log", consumer="twice", block_ms=60_000)
-    client = server.client()
-    deadline = time.monotonic() + 20
-    while not client.exists("{incidents}:heartbeat:twice") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    worker.send_signal(signal.SIGTERM)  # the worker is blocked in a 60 s XREADGROUP: the first signal waits for it
-    time.sleep(0.3)
-    assert worker.poll() is None
-    worker.send_signal(signal.SIGTERM)
-    assert _wait(worker, 5) == 128 + signal.SIGTERM
+def test_second_signal_exits_at_once(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        worker = start_worker(server.url, log=tmp_path / "w.log", consumer="twice")
+        client = server.client()
+        deadline = time.monotonic() + 20
+        while not client.exists("{incidents}:heartbeat:twice") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert server.process is not None
+        server.process.send_signal(signal.SIGSTOP)  # the worker's next call waits for an answer that does not come
+        time.sleep(0.5)
+        worker.send_signal(signal.SIGTERM)  # the first signal waits for the call, a while
+        time.sleep(0.3)
+        assert worker.poll() is None
+        worker.send_signal(signal.SIGTERM)
+        assert _wait(worker, 5) == 128 + signal.SIGTERM
+    finally:
+        if server.process is not None:
+            server.process.send_signal(signal.SIGCONT)
+        server.stop()
 
 
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(server: RedisServer, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -41,6 +41,8 @@ DEAD_LETTER_FIELDS = (
     "consumer",
     "deliveries",
     "original_fields_dropped",
+    "original_bytes",
+    "original_sizes",
 )
 """The dead letter's own fields; an original field of the same name is kept as `original_<name>`."""
 
@@ -59,7 +61,7 @@ REASONS = {
     "empty_bag": "features has no token",
     "bad_token": "a token is not a string, or not valid Unicode",
     "bad_weight": "a weight is not an integer from 1 to 2**53 - 1 (bools, floats and strings are not)",
-    "too_large": "the entry is larger than max_entry_bytes",
+    "too_large": "the entry is over max_entry_bytes (its dead letter keeps a prefix of each field, and the sizes)",
     "too_many_tokens": "the bag has more than max_tokens tokens",
     "token_too_long": "a token is longer than max_token_length characters",
     "duplicate_id": "add of an incident ID already indexed with another fingerprint (use op upsert to replace)",
@@ -291,32 +293,55 @@ class DeadLetter(BaseModel):
     consumer: str
     deliveries: int = Field(1, ge=1)
     original_fields_dropped: int = Field(0, ge=0, description="fields of the entry past the first 1,000, not kept")
+    original_bytes: int | None = Field(
+        None, ge=0, description="for an entry over max_entry_bytes: its size; only a prefix of each field is kept"
+    )
+    original_sizes: list[tuple[int, int]] | None = Field(
+        None, description="for an entry over max_entry_bytes: [name bytes, value bytes] of each kept field"
+    )
     original: dict[str, str] = Field(default_factory=dict, description="the entry's own fields, unchanged")
 
-    def to_fields(self, original: Mapping[Any, Any] | None = None) -> dict[Any, Any]:
-        """Flat stream fields: ours first, then the original ones (renamed `original_<name>` on a clash).
+    @field_validator("original_sizes", mode="before")
+    @classmethod
+    def _parse_sizes(cls, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str | bytes) else value
 
-        `original` gives the entry's raw fields (bytes kept as they came, even when not UTF-8); by default the
-        model's own `original`.
+    def to_fields(self, original: Mapping[Any, Any] | None = None) -> dict[Any, Any]:
+        """`to_pairs` as a mapping (a repeated original field name keeps only its last value here)."""
+        return dict(self.to_pairs(original))
+
+    def to_pairs(
+        self, original: Mapping[Any, Any] | Sequence[tuple[Any, Any]] | None = None, *, dropped: int = 0
+    ) -> list[tuple[Any, Any]]:
+        """Flat stream fields, in order: ours first, then the original ones (renamed `original_<name>` on a clash).
+
+        `original` gives the entry's raw fields, as a mapping or as (name, value) pairs in stream order with
+        repeated names kept (bytes kept as they came, even when not UTF-8); by default the model's own `original`.
+        `dropped` counts fields the caller never had (an oversized entry's fields past the first 1,000).
         """
-        fields: dict[Any, Any] = {
-            "reason": self.reason,
-            "detail": self.detail,
-            "source_entry": self.source_entry,
-            "source_stream": self.source_stream,
-            "consumer": self.consumer,
-            "deliveries": str(self.deliveries),
-        }
+        fields: list[tuple[Any, Any]] = [
+            ("reason", self.reason),
+            ("detail", self.detail),
+            ("source_entry", self.source_entry),
+            ("source_stream", self.source_stream),
+            ("consumer", self.consumer),
+            ("deliveries", str(self.deliveries)),
+        ]
         source = self.original if original is None else original
-        kept = list(source.items())
-        if len(kept) > MAX_ORIGINAL_FIELDS:
-            fields["original_fields_dropped"] = str(len(kept) - MAX_ORIGINAL_FIELDS)
-            kept = kept[:MAX_ORIGINAL_FIELDS]
+        kept = list(source.items()) if isinstance(source, Mapping) else list(source)
+        dropped += max(0, len(kept) - MAX_ORIGINAL_FIELDS)
+        kept = kept[:MAX_ORIGINAL_FIELDS]
+        if dropped:
+            fields.append(("original_fields_dropped", str(dropped)))
+        if self.original_bytes is not None:
+            fields.append(("original_bytes", str(self.original_bytes)))
+        if self.original_sizes is not None:
+            fields.append(("original_sizes", json.dumps([list(s) for s in self.original_sizes[:MAX_ORIGINAL_FIELDS]])))
         for name, value in kept:
             text = _text(name)
             if text in DEAD_LETTER_FIELDS or text.startswith("original_"):
                 name = "original_" + text
-            fields[name] = value
+            fields.append((name, value))
         return fields
 
     @classmethod

@@ -28,10 +28,13 @@ from .transport import Command
 
 __all__ = [
     "FN_APPLY",
+    "FN_CLAIM",
     "FN_DEAD_LETTER",
     "FN_ENSURE_META",
     "FN_FORGET_CONSUMER",
     "FN_NEIGHBOURS",
+    "FN_READ_NEW",
+    "FN_READ_PENDING",
     "LIBRARY_NAME",
     "LIBRARY_SOURCE",
     "ApplyResult",
@@ -62,6 +65,9 @@ FN_NEIGHBOURS = f"{LIBRARY_NAME}_neighbours"
 FN_DEAD_LETTER = f"{LIBRARY_NAME}_dead_letter"
 FN_ENSURE_META = f"{LIBRARY_NAME}_ensure_meta"
 FN_FORGET_CONSUMER = f"{LIBRARY_NAME}_forget_consumer"
+FN_READ_NEW = f"{LIBRARY_NAME}_read_new"
+FN_READ_PENDING = f"{LIBRARY_NAME}_read_pending"
+FN_CLAIM = f"{LIBRARY_NAME}_claim"
 
 
 def load(client: RedisClient) -> None:
@@ -169,10 +175,14 @@ def apply_call(
     return keys, args
 
 
-def dead_letter_command(stream: StreamTarget, entry_id: str, fields: Mapping[Any, Any]) -> Command:
-    """A dead-letter call: publish `fields` and acknowledge the entry, if it is still pending.
+def dead_letter_command(
+    stream: StreamTarget, entry_id: str, fields: Mapping[Any, Any] | Sequence[tuple[Any, Any]]
+) -> Command:
+    """A dead-letter call: publish `fields` (a mapping, or pairs in order with repeated names kept) and acknowledge
+    the entry, if it is still pending.
 
     Its reply is the dead letter's ID, or '' when the entry was no longer pending.
     """
-    flat = [part for name, value in fields.items() for part in (name, value)]
+    items = fields.items() if isinstance(fields, Mapping) else fields
+    flat = [part for name, value in items for part in (name, value)]
     return fcall(FN_DEAD_LETTER, [stream.events, stream.dead], [stream.group, entry_id, stream.dead_maxlen, *flat])

@@ -59,7 +59,11 @@ class Settings(BaseSettings):
     max_distance: int = Field(DEFAULT_MAX_DISTANCE, description="Largest Hamming distance reported as a match.")
     batch_size: int = Field(100, ge=1, le=10_000, description="Entries read per XREADGROUP and pipelined together.")
     block_ms: int = Field(
-        2000, ge=1, le=60_000, description="How long one XREADGROUP waits for new entries; also the stop latency."
+        100,
+        ge=1,
+        le=60_000,
+        description="Longest pause between two reads of an idle stream (the worker polls: a blocking read would "
+        "send a new entry whole before its size is known).",
     )
     claim_idle_ms: int = Field(
         60_000,
@@ -86,7 +90,18 @@ class Settings(BaseSettings):
     )
     max_token_length: int = Field(_LIMITS.max_token_length, ge=1, description="Longest token, in characters.")
     max_entry_bytes: int = Field(
-        _LIMITS.max_entry_bytes, ge=64, description="Largest stream entry (field names and values), in bytes."
+        _LIMITS.max_entry_bytes,
+        ge=64,
+        description="Largest stream entry (field names and values), in bytes; a larger one never leaves Redis whole.",
+    )
+    max_batch_bytes: int = Field(
+        8_388_608, ge=1024, description="Most bytes of entries one read brings into the worker (plus one entry)."
+    )
+    dead_letter_prefix_bytes: int = Field(
+        1024,
+        ge=16,
+        le=65_536,
+        description="Bytes kept of each field of an entry over max_entry_bytes in its dead letter (sizes kept too).",
     )
     heartbeat_ttl_ms: int = Field(
         30_000, ge=1000, description="TTL of the worker's heartbeat key; `check` fails once it has expired."

@@ -3,12 +3,15 @@
 One loop, one thread:
 
 * start: create the group at the beginning of the stream (tolerating only BUSYGROUP), load the index's functions,
-  and first finish this consumer's own pending entries;
-* read a batch with XREADGROUP (BLOCK), validate and fingerprint it, and pipeline one atomic server-side call per
-  entry (check, index, alert, acknowledge; or dead-letter and acknowledge);
-* every `claim_interval_ms`: re-read its own pending entries (replies lost to a dropped connection end up there),
-  take over entries idle longer than `claim_idle_ms` with XAUTOCLAIM, and dead-letter entries delivered more than
-  `max_deliveries` times as poison;
+  and first finish this consumer's own pending entries (a crashed predecessor's: each counts one more delivery);
+* read a batch through the `read_new` function (worker/entries.py: each entry sized on the server, a huge one sent
+  only as a summary; the stream is polled, at most `block_ms` apart, when it is idle), validate and fingerprint it,
+  and pipeline one atomic server-side call per entry (check, index, alert, acknowledge; or dead-letter and
+  acknowledge);
+* every `claim_interval_ms`: re-read its own pending entries (replies lost to a dropped connection end up there;
+  re-reading them counts no delivery), take over entries idle longer than `claim_idle_ms`, and dead-letter entries
+  delivered more than `max_deliveries` times as poison (a delivery: the first read, a takeover, a restart, a failed
+  call);
 * keep a heartbeat key alive, log a summary now and then, and reconnect with capped exponential backoff when Redis
   goes away. Nothing is acknowledged that was not done: every acknowledgement is part of the atomic call.
 """
@@ -27,17 +30,18 @@ from typing import Any
 import redis as redis_lib
 from pydantic import ValidationError
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import OutOfMemoryError, ResponseError
+from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, ResponseError, TryAgainError
 
 from .connection import RedisClient
+from .entries import Entry, next_id, parse_entries
 from .errors import DuplicateIncidentError, LayoutMismatchError
 from .fingerprint import format_fingerprint
 from .formats import DeadLetter, Heartbeat, IncidentEvent, event_error
 from .index import FingerprintIndex, retry_while_stale
-from .library import StreamTarget, dead_letter_command, parse_apply
+from .library import FN_CLAIM, FN_READ_NEW, FN_READ_PENDING, StreamTarget, dead_letter_command, parse_apply
 from .logs import get_logger
 from .metrics import Metrics
-from .replies import consumers_info, entry_time_ms, group_info, stream_entries, text
+from .replies import consumers_info, entry_time_ms, group_info, text
 from .settings import Settings
 from .transport import Command
 
@@ -47,15 +51,28 @@ _DEAD_CONSUMER_IDLE_MS = 3_600_000
 """A consumer with nothing pending and silent for an hour has gone; its name is removed from the group."""
 
 
+_WAIT_OUT_CODES = frozenset({"BUSY", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS"})
+"""Replies of a server that cannot serve for now (a long script, loading, a replica, a failover, too few replicas):
+waited out with backoff like a lost connection. None of them says anything about the entry that got it."""
+
+
+def waits_out(error: BaseException) -> bool:
+    """Whether an error reply means "not now" rather than "this call failed" (see _WAIT_OUT_CODES)."""
+    if isinstance(error, ReadOnlyError | TryAgainError | ClusterDownError | redis_lib.BusyLoadingError):
+        return True  # redis-py strips the code from these
+    return isinstance(error, ResponseError) and str(error).split(" ", 1)[0] in _WAIT_OUT_CODES
+
+
 @dataclass
 class _Item:
     """One stream entry on its way through a batch."""
 
     entry_id: str
-    fields: Mapping[Any, Any]
+    fields: Mapping[Any, Any]  # for validation: a repeated field name counts with its last value
     deliveries: int = 1
     event: IncidentEvent | None = None
     dead: tuple[str, str] | None = None  # (reason, detail)
+    entry: Entry | None = None  # as read: every field in order, or an oversized entry's summary
 
 
 @dataclass
@@ -113,6 +130,8 @@ class StreamWorker:
         self._next_claim = 0.0
         self._next_summary = time.monotonic() + settings.summary_interval_s
         self._started = time.time()
+        self._restarted = True  # the first recovery finds what a previous run of this consumer left: deliveries
+        self._idle_wait = 0.0
 
     # -- control ----------------------------------------------------------------------------------------------
 
@@ -145,8 +164,14 @@ class StreamWorker:
                 self.maintain()
                 read = self.read_and_process()
                 failures = 0
-                if until_idle and read == 0 and self._idle():
+                if read:
+                    self._idle_wait = 0.0
+                    continue
+                if until_idle and self._idle():
                     break
+                # an idle stream is polled, 5 ms after the last entry and then less and less often, up to block_ms
+                self._idle_wait = min(self.settings.block_ms / 1000, max(0.005, self._idle_wait * 2))
+                self._stop.wait(self._idle_wait)
             except LayoutMismatchError:
                 raise
             except (
@@ -159,6 +184,11 @@ class StreamWorker:
                 ready = False
                 self._reconnect_pause(error, failures)
             except ResponseError as error:
+                if waits_out(error):
+                    failures += 1
+                    ready = False
+                    self._reconnect_pause(error, failures, "redis cannot serve for now; waiting")
+                    continue
                 lost = "NOGROUP" in str(error) or str(error).startswith("UNBLOCKED")
                 if lost or self.index.handle_error(error):
                     # the stream, the group or the functions went away (deleted, or a server restarted without
@@ -176,12 +206,12 @@ class StreamWorker:
         pending = self.redis.xpending(self.target.events, self.target.group)
         return int(pending["pending"]) == 0 and self._group_lag() == 0
 
-    def _reconnect_pause(self, error: Exception, failures: int) -> None:
+    def _reconnect_pause(self, error: Exception, failures: int, message: str = "redis unavailable; retrying") -> None:
         delay = self._backoff.compute(failures)
         self.stats.reconnects += 1
         self.metrics.reconnects.inc()
         self.log.warning(
-            "redis unavailable; retrying",
+            message,
             error=f"{type(error).__name__}: {error}",
             attempt=failures,
             retry_in_s=round(delay, 2),
@@ -277,15 +307,17 @@ class StreamWorker:
 
     # -- reading ----------------------------------------------------------------------------------------------
 
-    def _read(self, entry_id: str, block: int | None) -> list[tuple[str, Any]]:
-        reply = self.redis.xreadgroup(
-            self.target.group,
-            self.settings.consumer,
-            {self.target.events: entry_id},
-            count=self.settings.batch_size,
-            block=block,
+    def _sizes(self) -> list[int]:
+        """The byte budget of one read, the largest entry sent whole, the bytes kept of a larger one's fields."""
+        return [self.settings.max_batch_bytes, self.settings.max_entry_bytes, self.settings.dead_letter_prefix_bytes]
+
+    def _read_new(self) -> list[Entry]:
+        """Deliver and read the group's next entries: at most batch_size of them, and about max_batch_bytes."""
+        group, consumer = self.target.group, self.settings.consumer
+        reply = self.redis.fcall(
+            FN_READ_NEW, 1, self.target.events, group, consumer, self.settings.batch_size, *self._sizes()
         )
-        return stream_entries(reply)
+        return parse_entries(reply)[1]
 
     def read_and_process(self) -> int:
         """Read new entries (blocking up to block_ms) and process them; returns how many were read.
@@ -297,7 +329,7 @@ class StreamWorker:
         when asked to stop; whatever it read is finished before it returns, so a stopping worker leaves nothing
         pending.
         """
-        entries = self._read(">", self.settings.block_ms)
+        entries = self._read_new()
         if not entries:
             return 0
         items = self._prepare(entries)
@@ -331,22 +363,38 @@ class StreamWorker:
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
 
     def _read_ahead(self) -> list[_Item]:
-        entries = self._read(">", None)
+        entries = self._read_new()
         return self._prepare(entries) if entries else []
 
     def recover_own_pending(self) -> int:
-        """Process this consumer's own pending entries (from a crash, a lost reply, a failed call)."""
+        """Process this consumer's own pending entries (from a crash, a lost reply, a failed call).
+
+        Reading them again counts no delivery, except on the first call of a run: what is pending then was left by a
+        previous run of this consumer that crashed or was killed, perhaps by one of these entries.
+        """
         total = 0
-        after = "0"
+        start = "-"
+        restarted, self._restarted = self._restarted, False
         while not self.stopping:
-            entries = self._read(after, None)
+            reply = self.redis.fcall(
+                FN_READ_PENDING,
+                1,
+                self.target.events,
+                self.target.group,
+                self.settings.consumer,
+                start,
+                self.settings.batch_size,
+                *self._sizes(),
+                "1" if restarted else "0",
+            )
+            entries = parse_entries(reply)[1]
             if not entries:
                 break
-            after = entries[-1][0]
-            self.process(entries, history=True)
+            start = next_id(entries[-1].entry_id)
+            self.process(entries)
             total += len(entries)
         if total:
-            self.log.info("recovered own pending entries", count=total)
+            self.log.info("recovered own pending entries", count=total, counted_as_delivery=restarted)
         return total
 
     def claim_stuck(self) -> int:
@@ -354,20 +402,22 @@ class StreamWorker:
         total = 0
         cursor = "0-0"
         while not self.stopping:
-            reply = self.redis.xautoclaim(
+            reply = self.redis.fcall(
+                FN_CLAIM,
+                1,
                 self.target.events,
                 self.target.group,
                 self.settings.consumer,
                 self.settings.claim_idle_ms,
-                start_id=cursor,
-                count=self.settings.batch_size,
+                cursor,
+                self.settings.batch_size,
+                *self._sizes(),
             )
-            cursor = text(reply[0])
-            entries = [(entry_id, fields) for entry_id, fields in reply[1] if entry_id is not None]
+            cursor, entries = parse_entries(reply)
             if entries:
                 total += len(entries)
                 self.metrics.claimed.inc(len(entries))
-                self.process(entries, history=True)
+                self.process(entries)
             if cursor == "0-0":
                 break
         if total:
@@ -384,34 +434,27 @@ class StreamWorker:
             if gone and self.index.forget_consumer(self.target, name):
                 self.log.info("removed gone consumer", gone=name, idle_ms=idle)
 
-    def _deliveries(self, entry_ids: Sequence[str]) -> dict[str, int]:
-        """Delivery counts of entries pending with this consumer."""
-        if not entry_ids:
-            return {}
-        rows = self.redis.xpending_range(
-            self.target.events,
-            self.target.group,
-            min=entry_ids[0],
-            max=entry_ids[-1],
-            count=len(entry_ids) + 1,
-            consumername=self.settings.consumer,
-        )
-        return {text(row["message_id"]): int(row["times_delivered"]) for row in rows}
-
     # -- processing -------------------------------------------------------------------------------------------
 
-    def process(self, entries: Sequence[tuple[Any, Any]], *, history: bool = False) -> None:
-        """Validate, fingerprint and apply a batch of entries in stream order."""
-        self._apply(self._prepare(entries, history=history))
+    def process(self, entries: Sequence[Entry | tuple[Any, Any]]) -> None:
+        """Validate, fingerprint and apply a batch of entries in stream order (as read, or XREADGROUP pairs)."""
+        self._apply(self._prepare(entries))
 
-    def _prepare(self, entries: Sequence[tuple[Any, Any]], *, history: bool = False) -> list[_Item]:
-        """Validate and fingerprint entries; entries read again from the pending list get their delivery count."""
-        ids = [text(entry_id) for entry_id, _ in entries]
-        deliveries = self._deliveries(ids) if history else {}
+    def _prepare(self, entries: Sequence[Entry | tuple[Any, Any]]) -> list[_Item]:
+        """Validate and fingerprint entries; an oversized, deleted or poison one is marked for a dead letter."""
         items: list[_Item] = []
-        for entry_id, (_, fields) in zip(ids, entries, strict=True):
-            item = _Item(entry_id, fields or {}, deliveries.get(entry_id, 1))
-            if not fields:  # deleted from the stream while pending (no entry can have zero fields): nothing to do
+        for read in entries:
+            entry = read if isinstance(read, Entry) else _entry_of(*read)
+            item = _Item(entry.entry_id, dict(entry.fields), entry.deliveries, entry=entry)
+            if entry.oversized is not None:
+                size = entry.oversized
+                item.dead = (
+                    "too_large",
+                    f"the entry is {size.total_bytes} bytes in {size.field_count} fields, over the limit of "
+                    f"max_entry_bytes={self.settings.max_entry_bytes}; this dead letter keeps the first "
+                    f"{self.settings.dead_letter_prefix_bytes} bytes of each field, original_sizes their full sizes",
+                )
+            elif entry.missing:  # deleted from the stream while pending (no entry can have zero fields)
                 item.dead = ("missing_entry", "the entry was deleted from the stream before it was processed")
             elif item.deliveries > self.settings.max_deliveries:
                 item.dead = (
@@ -421,7 +464,7 @@ class StreamWorker:
                 )
             else:
                 try:
-                    item.event = IncidentEvent.from_fields(fields, self.limits)
+                    item.event = IncidentEvent.from_fields(item.fields, self.limits)
                 except ValidationError as error:
                     item.dead = event_error(error)
                 except Exception as error:
@@ -458,9 +501,12 @@ class StreamWorker:
         met a lost state the index has just restored (functions or meta gone): nothing of either happened."""
         held: list[_Item] = []
         again: list[_Item] = []
+        later: ResponseError | None = None
         for item, reply in zip(items, replies, strict=True):
             if isinstance(reply, OutOfMemoryError):
                 held.append(item)
+            elif isinstance(reply, ResponseError) and waits_out(reply):
+                later = later or reply  # nothing of this call happened; the entry stays pending, uncounted
             elif isinstance(reply, ResponseError):
                 if self.index.handle_error(reply) and retry:
                     again.append(item)
@@ -470,6 +516,8 @@ class StreamWorker:
                 raise reply
             else:
                 self._handle(item, reply)
+        if later is not None:
+            raise later  # the run loop waits it out, then finishes the entries from the pending list
         return held, again
 
     def _hold_until_memory(self, items: list[_Item]) -> None:
@@ -525,6 +573,8 @@ class StreamWorker:
         )
 
     def _dead_command(self, item: _Item, reason: str, detail: str) -> Command:
+        entry = item.entry
+        oversized = entry.oversized if entry is not None else None
         letter = DeadLetter(
             reason=reason,
             detail=detail,
@@ -532,8 +582,12 @@ class StreamWorker:
             source_stream=self.target.events,
             consumer=self.settings.consumer,
             deliveries=item.deliveries,
+            original_bytes=oversized.total_bytes if oversized else None,
+            original_sizes=oversized.sizes if oversized else None,
         )
-        return dead_letter_command(self.target, item.entry_id, letter.to_fields(original=item.fields))
+        dropped = oversized.field_count - len(oversized.sizes) if oversized else 0
+        original = entry.fields if entry is not None else item.fields
+        return dead_letter_command(self.target, item.entry_id, letter.to_pairs(original, dropped=dropped))
 
     def _handle(self, item: _Item, reply: Any) -> None:
         if item.dead is not None:
@@ -615,7 +669,7 @@ class StreamWorker:
         self.stats.count("dead")
         self.metrics.events.labels("dead").inc()
         self.metrics.dead_letters.labels(reason).inc()
-        incident_id = item.fields.get(b"incident_id", item.fields.get("incident_id"))
+        incident_id = item.fields.get(b"incident_id", item.fields.get("incident_id"))  # a prefix, when oversized
         self.log.warning(
             "dead letter",
             entry_id=item.entry_id,
@@ -626,14 +680,34 @@ class StreamWorker:
         )
 
     def _failed(self, item: _Item, error: ResponseError) -> None:
+        """The call of an entry failed: it stays pending, and the failure counts as a delivery toward poison."""
+        if waits_out(error):
+            raise error
         self.stats.count("failed")
         self.metrics.events.labels("failed").inc()
+        item.deliveries += 1
+        # XCLAIM JUSTID RETRYCOUNT sets the count without sending the entry; re-reading it later adds nothing
+        self.redis.xclaim(
+            self.target.events,
+            self.target.group,
+            self.settings.consumer,
+            0,
+            [item.entry_id],
+            retrycount=item.deliveries,
+            justid=True,
+        )
         self.log.error(
             "entry failed; it stays pending and will be retried",
             entry_id=item.entry_id,
             error=str(error),
             deliveries=item.deliveries,
+            max_deliveries=self.settings.max_deliveries,
         )
+
+
+def _entry_of(entry_id: Any, fields: Mapping[Any, Any] | None) -> Entry:
+    """An entry as XREADGROUP or XRANGE gives it (fields as a mapping; None or empty once deleted)."""
+    return Entry(text(entry_id), 1, [(k, v) for k, v in (fields or {}).items()])
 
 
 def _reader() -> ThreadPoolExecutor:

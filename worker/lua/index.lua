@@ -340,8 +340,146 @@ local function ensure_meta(keys, args)
   return args[1]
 end
 
+-- Reading entries with their size known first (read_new, read_pending, claim below). A stream entry leaves the
+-- server whole only when its field names and values total at most `limit` bytes; a larger one travels as a bounded
+-- summary (prefixes and sizes), so that no entry, however large, reaches a worker whole. Server side, the entry is
+-- in Lua's memory only for the duration of the call.
+--
+-- Each entry in a reply is a list {id, deliveries, kind, ...}:
+--   kind 'f' (full):    name1, value1, name2, value2, ... every field in order, repeated names kept
+--   kind 'o' (oversized): total bytes, field count, then for each of the first SUMMARY_FIELDS fields:
+--                       name prefix, name bytes, value prefix, value bytes (prefixes of `prefix` bytes)
+--   kind 'm' (missing): the entry is no longer in the stream (deleted or trimmed while pending)
+local SUMMARY_FIELDS = 1000
+
+-- The reply of one entry and the bytes it carries.
+local function entry_reply(id, deliveries, fields, limit, prefix)
+  if not fields or #fields == 0 then return {id, deliveries, 'm'}, 0 end
+  local total = 0
+  for i = 1, #fields do total = total + #fields[i] end
+  if total <= limit then
+    local out = {id, deliveries, 'f'}
+    for i = 1, #fields do out[3 + i] = fields[i] end
+    return out, total
+  end
+  local count = #fields / 2
+  local out = {id, deliveries, 'o', total, count}
+  local kept, size = count, 0
+  if kept > SUMMARY_FIELDS then kept = SUMMARY_FIELDS end
+  local sub = string.sub
+  for i = 1, kept do
+    local name, value = fields[2 * i - 1], fields[2 * i]
+    local n = #out
+    out[n + 1], out[n + 2] = sub(name, 1, prefix), #name
+    out[n + 3], out[n + 4] = sub(value, 1, prefix), #value
+    size = size + #out[n + 1] + #out[n + 3]
+  end
+  return out, size
+end
+
+-- The one entry of an XREADGROUP COUNT 1 reply, or nil. Redis answers {{stream, {entry}}} or nil; fakeredis
+-- answers {stream, {entry}} or {}.
+local function first_entry(reply)
+  if not reply or not reply[1] then return nil end
+  if type(reply[1]) == 'table' then return reply[1][2][1] end
+  return reply[2][1]
+end
+
+-- Deliver the group's next new entries to a consumer, one XREADGROUP COUNT 1 at a time, until `count` entries or
+-- until the reply carries `budget` bytes (at least one entry when there is one).
+--
+-- keys[1] = events stream
+-- args[1] = consumer group  args[2] = consumer  args[3] = most entries  args[4] = byte budget of the reply
+-- args[5] = largest entry sent whole (bytes)  args[6] = bytes kept of each field of a larger entry
+--
+-- Returns {'', entry, entry, ...}.
+local function read_new(keys, args)
+  local group, consumer = args[1], args[2]
+  local count, budget = tonumber(args[3]), tonumber(args[4])
+  local limit, prefix = tonumber(args[5]), tonumber(args[6])
+  local out = {''}
+  while #out <= count and budget > 0 do
+    local reply = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', 1, 'STREAMS', keys[1], '>')
+    local entry = first_entry(reply)
+    if not entry then break end
+    local item, size = entry_reply(entry[1], 1, entry[2], limit, prefix)
+    out[#out + 1] = item
+    budget = budget - size
+  end
+  return out
+end
+
+-- A consumer's own pending entries from `start` on, with their delivery counts, without delivering them again:
+-- XPENDING and XRANGE leave the counts alone (an XREADGROUP of the history would add one to each, so a worker
+-- that reconnects often would turn good entries into poison). With args[7] = '1' each one still in the stream is
+-- counted as delivered once more (XCLAIM RETRYCOUNT): for the entries a crashed predecessor left.
+--
+-- keys[1] = events stream
+-- args[1] = consumer group  args[2] = consumer  args[3] = first entry ID  args[4] = most entries
+-- args[5] = byte budget  args[6] = largest entry sent whole  args[7] = prefix bytes  args[8] = '1' to count
+--
+-- Returns {'', entry, ...} in ID order.
+local function read_pending(keys, args)
+  local group, consumer = args[1], args[2]
+  local budget, limit, prefix = tonumber(args[5]), tonumber(args[6]), tonumber(args[7])
+  local rows = redis.call('XPENDING', keys[1], group, args[3], '+', tonumber(args[4]), consumer)
+  local out = {''}
+  for i = 1, #rows do
+    if budget <= 0 then break end
+    local id, deliveries = rows[i][1], rows[i][4]
+    local found = redis.call('XRANGE', keys[1], id, id)
+    local fields = found[1] and found[1][2]
+    if fields and args[8] == '1' then
+      deliveries = deliveries + 1
+      redis.call('XCLAIM', keys[1], group, consumer, 0, id, 'RETRYCOUNT', deliveries, 'JUSTID')
+    end
+    local item, size = entry_reply(id, deliveries, fields, limit, prefix)
+    out[#out + 1] = item
+    budget = budget - size
+  end
+  return out
+end
+
+-- Take over entries pending longer than `min_idle` ms with any consumer (XAUTOCLAIM, which counts a delivery:
+-- an entry whose holder went silent may be what silenced it), one at a time until `count` or the byte budget.
+--
+-- keys[1] = events stream
+-- args[1] = consumer group  args[2] = consumer  args[3] = min idle ms  args[4] = cursor  args[5] = most entries
+-- args[6] = byte budget  args[7] = largest entry sent whole  args[8] = prefix bytes
+--
+-- Returns {next cursor ('0-0' when the scan is complete), entry, ...}.
+local function claim(keys, args)
+  local group, consumer, min_idle = args[1], args[2], args[3]
+  local cursor, count, budget = args[4], tonumber(args[5]), tonumber(args[6])
+  local limit, prefix = tonumber(args[7]), tonumber(args[8])
+  local out = {cursor}
+  local scans = 0
+  while #out <= count and budget > 0 and scans < 10 * count do
+    scans = scans + 1
+    local reply = redis.call('XAUTOCLAIM', keys[1], group, consumer, min_idle, cursor, 'COUNT', 1)
+    cursor = reply[1]
+    local entry = reply[2][1]
+    if entry then
+      local row = redis.call('XPENDING', keys[1], group, entry[1], entry[1], 1)
+      local deliveries = row[1] and row[1][4] or 1
+      local item, size = entry_reply(entry[1], deliveries, entry[2], limit, prefix)
+      out[#out + 1] = item
+      budget = budget - size
+    end
+    if cursor == '0-0' then break end
+  end
+  out[1] = cursor
+  return out
+end
+
 redis.register_function('incident_index_v1_apply', apply)
 redis.register_function{function_name = 'incident_index_v1_neighbours', callback = neighbours, flags = {'no-writes'}}
 redis.register_function('incident_index_v1_dead_letter', dead_letter)
 redis.register_function('incident_index_v1_ensure_meta', ensure_meta)
 redis.register_function('incident_index_v1_forget_consumer', forget_consumer)
+-- allow-oom: reading and claiming allocate next to nothing, and a worker must keep reading while Redis is full
+-- (it then holds what it read until writes work again)
+redis.register_function{function_name = 'incident_index_v1_read_new', callback = read_new, flags = {'allow-oom'}}
+redis.register_function{function_name = 'incident_index_v1_read_pending', callback = read_pending,
+                        flags = {'allow-oom'}}
+redis.register_function{function_name = 'incident_index_v1_claim', callback = claim, flags = {'allow-oom'}}
