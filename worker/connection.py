@@ -12,7 +12,9 @@ from typing import Any, TypeAlias
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
+from redis.connection import parse_url
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 from .logs import hide_secrets
 from .settings import Settings
@@ -23,17 +25,29 @@ RedisClient: TypeAlias = "redis.Redis | RedisCluster"
 """A standalone or cluster redis-py client, decoding responses or not."""
 
 
-def connect(settings: Settings, *, decode_responses: bool = False, client_name: str | None = None) -> RedisClient:
-    """A redis-py client for `settings.redis_url` (a cluster client when `settings.cluster`).
+def connect(
+    settings: Settings,
+    *,
+    decode_responses: bool = False,
+    client_name: str | None = None,
+    timeout_s: float | None = None,
+    retries: int = 3,
+) -> RedisClient:
+    """A redis-py client for `settings.redis_url`: a cluster client when `settings.cluster`, the current primary of
+    `settings.sentinel_service` when `settings.sentinels` are given (redis-py asks the Sentinels again after a
+    failover, and drops a connection that meets READONLY from a demoted primary).
 
-    redis-py retries a command three times on a dropped connection, with jittered exponential backoff; the worker's
-    own loop handles longer outages. The worker itself needs `decode_responses=False` (see StreamWorker).
+    redis-py retries a command `retries` times on a dropped connection, with jittered exponential backoff; the
+    worker's own loop handles longer outages. `timeout_s` overrides the socket timeouts (the watchdog's PINGs). The
+    worker itself needs `decode_responses=False` (see StreamWorker).
     """
+    timeout = settings.socket_timeout_s if timeout_s is None else timeout_s
+    backoff = ExponentialWithJitterBackoff(base=0.05, cap=min(2.0, settings.reconnect_max_backoff_s))
     options: dict[str, Any] = {
         "decode_responses": decode_responses,
-        "socket_timeout": settings.socket_timeout_s,
-        "socket_connect_timeout": min(5.0, settings.socket_timeout_s),
-        "retry": Retry(ExponentialWithJitterBackoff(base=0.05, cap=min(2.0, settings.reconnect_max_backoff_s)), 3),
+        "socket_timeout": timeout,
+        "socket_connect_timeout": min(5.0, timeout),
+        "retry": Retry(backoff, retries),
         "health_check_interval": 30,
         "client_name": client_name or f"incident-worker:{settings.consumer}",
     }
@@ -43,4 +57,25 @@ def connect(settings: Settings, *, decode_responses: bool = False, client_name: 
     if settings.cluster:
         options.pop("health_check_interval")
         return RedisCluster.from_url(url, **options)
+    if settings.sentinels:
+        return _sentinel_primary(settings, url, options)
     return redis.Redis.from_url(url, **options)
+
+
+def _sentinel_primary(settings: Settings, url: str, options: dict[str, Any]) -> redis.Redis:
+    """The primary of the Sentinel service: host and port come from the Sentinels, the rest of redis_url (user,
+    password, database, TLS) still applies to the primary. Sentinels are asked with the same timeouts, without
+    credentials (Sentinel's own `requirepass` is not supported here)."""
+    parsed = parse_url(url)
+    for field in ("host", "port", "path", "connection_class"):
+        parsed.pop(field, None)
+    sentinel = Sentinel(
+        settings.sentinel_addresses,
+        socket_timeout=options["socket_timeout"],
+        sentinel_kwargs={
+            "socket_timeout": options["socket_timeout"],
+            "socket_connect_timeout": options["socket_connect_timeout"],
+        },
+    )
+    client: redis.Redis = sentinel.master_for(settings.sentinel_service, **{**options, **parsed})
+    return client

@@ -46,6 +46,12 @@ class Settings(BaseSettings):
         "The password never reaches a log.",
     )
     cluster: bool = Field(False, description="Connect to a Redis Cluster (redis-py's cluster client) at redis_url.")
+    sentinels: str | None = Field(
+        None,
+        description="Redis Sentinels as host:port,host:port: the worker connects to the primary they name and "
+        "follows it after a failover (redis_url then only gives the user, password, database and TLS).",
+    )
+    sentinel_service: str = Field("incidents", description="The Sentinel service (master name) of the primary.")
     namespace: str = Field(DEFAULT_NAMESPACE, description="Index namespace N: every key is {N}:...")
     consumer: str = Field(
         default_factory=_default_consumer,
@@ -158,6 +164,8 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _check_layout_and_streams(self) -> Settings:
         validate(self.bands, self.max_distance)
+        if self.cluster and self.sentinels:
+            raise ValueError("cluster and sentinels exclude each other: a Redis Cluster fails over by itself")
         keys = IndexKeys(self.namespace)
         for name in ("events_stream", "alerts_stream", "dead_stream"):
             stream = getattr(self, name)
@@ -177,6 +185,23 @@ class Settings(BaseSettings):
                     f"stream name {stream!r} is a key the index itself uses; pick another, such as {keys.tag}:alerts"
                 )
         return self
+
+    @field_validator("sentinels")
+    @classmethod
+    def _check_sentinels(cls, value: str | None) -> str | None:
+        if not value:
+            return None
+        for address in value.split(","):
+            host, _, port = address.strip().rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"sentinel address {address.strip()!r} is not host:port, as in sentinel-0:26379")
+        return value
+
+    @property
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        """`sentinels` as (host, port) pairs."""
+        pairs = [address.strip().rpartition(":") for address in (self.sentinels or "").split(",") if address.strip()]
+        return [(host, int(port)) for host, _, port in pairs]
 
     @property
     def keys(self) -> IndexKeys:

@@ -44,6 +44,7 @@ from .metrics import Metrics
 from .replies import consumers_info, entry_time_ms, group_info, text
 from .settings import Settings
 from .transport import Command
+from .watchdog import Watchdog
 
 __all__ = ["StreamWorker", "WorkerStats"]
 
@@ -100,6 +101,7 @@ class StreamWorker:
         *,
         index: FingerprintIndex | None = None,
         metrics: Metrics | None = None,
+        watchdog: Watchdog | None = None,
     ) -> None:
         encoder = getattr(redis, "get_encoder", None)
         if encoder is not None and encoder().decode_responses:
@@ -123,6 +125,9 @@ class StreamWorker:
         self.stats = WorkerStats()
         self.log = get_logger(consumer=settings.consumer, stream=settings.events)
         self._stop = threading.Event()
+        self.stopped = threading.Event()
+        """Set when `run` has returned."""
+        self.watchdog = watchdog
         self._reader = _reader()
         self._backoff = ExponentialBackoff(cap=settings.reconnect_max_backoff_s, base=0.05)
         self._heartbeat_key = settings.keys.heartbeat(settings.consumer)
@@ -153,6 +158,19 @@ class StreamWorker:
             alerts=self.target.alerts,
             dead=self.target.dead,
         )
+        self.stopped.clear()
+        if self.watchdog is not None:
+            self.watchdog.start()
+        try:
+            self._loop(until_idle)
+            self._shutdown()
+        finally:
+            if self.watchdog is not None:
+                self.watchdog.stop()
+            self.stopped.set()
+        return self.stats
+
+    def _loop(self, until_idle: bool) -> None:
         failures = 0
         ready = False
         while not self.stopping:
@@ -199,8 +217,6 @@ class StreamWorker:
                     self._stop.wait(self._backoff.compute(failures) if failures > 1 else 0)
                     continue
                 raise
-        self._shutdown()
-        return self.stats
 
     def _idle(self) -> bool:
         pending = self.redis.xpending(self.target.events, self.target.group)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -15,20 +16,42 @@ from ._shared import EXIT_OK, EXIT_USAGE, add_settings_flags, with_settings
 __all__ = ["configure", "install_stop_signals"]
 
 
-def install_stop_signals(stop: Callable[[], None]) -> None:
-    """First SIGTERM or SIGINT: call `stop` (finish the batch, exit 0). A second one: exit at once with 128 + the
-    signal's number (130 after Ctrl-C, 143 after SIGTERM); entries being processed stay pending for another worker.
+STOP_WITHIN_S = 5.0
+"""After a first signal, how long the worker may take to finish its batch before it exits anyway. Finishing takes
+well under a second when Redis answers; when Redis is stopped or hung the batch's calls wait for their socket timeout,
+and a stop request must not wait that long (it once took 10 minutes). Nothing is lost by exiting: each entry's call
+is atomic on the server, and what was in hand stays pending, finished by the next start or taken over."""
+
+
+def install_stop_signals(stop: Callable[[], None], stopped: threading.Event | None = None, log: Any = None) -> None:
+    """First SIGTERM or SIGINT: call `stop` (finish the batch, exit 0); if `stopped` is not set within STOP_WITHIN_S,
+    exit 0 anyway. A second one: exit at once with 128 + the signal's number (130 after Ctrl-C, 143 after SIGTERM);
+    entries being processed stay pending for another worker.
 
     Installed explicitly, so that it also holds when the shell started the process in the background with SIGINT
     ignored (where Python would not raise KeyboardInterrupt)."""
     received: list[int] = []
+
+    def stop_within() -> None:
+        stop()
+        if stopped is None or stopped.wait(STOP_WITHIN_S):
+            return
+        if log is not None:
+            log.warning(
+                "redis has not let the worker finish its batch; exiting without waiting longer",
+                waited_s=STOP_WITHIN_S,
+                hint="the entries in hand stay pending, for the next start of this consumer or another worker",
+            )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
     def handler(signum: int, _frame: Any) -> None:
         if received:
             os._exit(128 + signum)
         received.append(signum)
         # not stop() itself: it takes a lock the interrupted main thread may hold at this very moment
-        threading.Thread(target=stop, name="stop", daemon=True).start()
+        threading.Thread(target=stop_within, name="stop", daemon=True).start()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
@@ -40,16 +63,20 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     from ..errors import LayoutMismatchError
     from ..logs import configure_logging, get_logger
     from ..stream import StreamWorker
+    from ..watchdog import ANSWER_WITHIN_S, Watchdog
 
     configure_logging(settings.log_format, settings.log_level)
     log = get_logger(consumer=settings.consumer)
-    worker = StreamWorker(connect(settings), settings)
+    probe = connect(
+        settings, client_name=f"incident-worker:{settings.consumer}:watchdog", timeout_s=ANSWER_WITHIN_S, retries=0
+    )
+    worker = StreamWorker(connect(settings), settings, watchdog=Watchdog(probe, log))
     if settings.metrics_port:
         worker.metrics.serve(settings.metrics_port, settings.metrics_address)
         log.info(
             "metrics endpoint listening", address=settings.metrics_address, port=settings.metrics_port, path="/metrics"
         )
-    install_stop_signals(worker.stop)
+    install_stop_signals(worker.stop, worker.stopped, log)
     try:
         worker.run(until_idle=args.until_idle)
     except LayoutMismatchError as error:
