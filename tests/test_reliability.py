@@ -104,15 +104,27 @@ Fault = Callable[[redis.Redis], None] | Callable[[redis.Redis, list[Any]], None]
 
 
 def scenario(
-    server: RedisServer, tmp_path: Path, fault: Any, *, seed: int, workers: int = 2, exits: list[int] | None = None
+    server: RedisServer,
+    tmp_path: Path,
+    fault: Any,
+    *,
+    seed: int,
+    workers: int = 2,
+    exits: list[int] | None = None,
+    after: RedisServer | None = None,
+    **settings: Any,
 ) -> tuple[redis.Redis, list[Path]]:
     """Publish the corpus, start `workers` with --until-idle, run `fault` while they work (given the admin client, and
-    the worker processes if it takes them), then check what they left against the oracle."""
+    the worker processes if it takes them), then check what they left against the oracle (on `after`, the primary
+    after a failover, if given)."""
     client = server.client()
     entries = corpus(seed)
     ids = publish_corpus(client, entries)
     logs = [tmp_path / f"w{k}.log" for k in range(workers)]
-    processes = [start(server.url, log, "--until-idle", consumer=f"w{k}") for k, log in enumerate(logs)]
+    # After a failover, --until-idle could see the old primary idle before it is demoted (writes it took after the
+    # promotion are lost with it): such workers run until the new primary is drained, then get SIGTERM.
+    mode = () if after else ("--until-idle",)
+    processes = [start(server.url, log, *mode, consumer=f"w{k}", **settings) for k, log in enumerate(logs)]
     deadline = time.monotonic() + 30
     while client.hlen(FP) < 200 and time.monotonic() < deadline:  # the fault must land mid-run
         time.sleep(0.01)
@@ -120,11 +132,29 @@ def scenario(
         fault(client, processes)
     else:
         fault(client)
+    if after is not None:
+        _wait_drained(after.client(), 120)
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
     assert wait_all(processes, 180) == (exits or [0] * workers), _tails(logs)
-    client = server.client()
+    client = (after or server).client()
     assert client.hlen(FP) > 0
     check(client, entries, ids)
     return client, logs
+
+
+def _wait_drained(client: redis.Redis, timeout: float) -> None:
+    """Until the group has nothing pending or undelivered and the index stopped growing, for a second."""
+    deadline = time.monotonic() + timeout
+    calm, last = 0, -1
+    while calm < 10 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        with contextlib.suppress(redis.RedisError):
+            group = client.xinfo_groups(EVENTS)[0]
+            size = client.hlen(FP)
+            drained = group["pending"] == 0 and group["lag"] == 0 and size == last
+            calm, last = (calm + 1 if drained else 0), size
+    assert calm >= 10, "the group was not drained in time"
 
 
 def _tails(logs: list[Path]) -> str:
@@ -180,11 +210,8 @@ def test_busy_script_is_waited_out(fresh: RedisServer, tmp_path: Path) -> None:
 
 def test_primary_demoted_and_promoted_again_is_waited_out(fresh: RedisServer, tmp_path: Path) -> None:
     """REPLICAOF turns the worker's server into a replica (READONLY for 2 s), then a primary again."""
-    replica = RedisServer(tmp_path / "replica")
-    (tmp_path / "replica").mkdir()
-    replica.start()
+    replica = _replica_of(fresh, tmp_path / "replica")
     try:
-        replica.client().replicaof("127.0.0.1", fresh.port)
 
         def failover(client: redis.Redis) -> None:
             replica.client().replicaof("no", "one")  # the replica is promoted...
@@ -197,6 +224,56 @@ def test_primary_demoted_and_promoted_again_is_waited_out(fresh: RedisServer, tm
         text = "".join(log.read_text() for log in logs)
         assert "redis cannot serve for now; waiting" in text and "ReadOnlyError" in text
     finally:
+        replica.stop()
+
+
+def _replica_of(primary: RedisServer, directory: Path) -> RedisServer:
+    directory.mkdir()
+    replica = RedisServer(directory)
+    replica.start()
+    replica.client().replicaof("127.0.0.1", primary.port)
+    deadline = time.monotonic() + 20
+    while replica.client().info("replication").get("master_link_status") != "up" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return replica
+
+
+def test_sentinel_failover_is_followed_to_the_new_primary(fresh: RedisServer, tmp_path: Path) -> None:
+    """With INCIDENT_WORKER_SENTINELS, a failover (SENTINEL FAILOVER: the replica promoted, the primary demoted)
+    is followed: the workers finish on the new primary, which ends up with the whole, exact state."""
+    from tests.redis_server import free_port
+
+    replica = _replica_of(fresh, tmp_path / "replica")
+    port = free_port()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\nlogfile {tmp_path / 'sentinel.log'}\n"
+        f"sentinel monitor incidents 127.0.0.1 {fresh.port} 1\n"
+        "sentinel down-after-milliseconds incidents 1000\nsentinel failover-timeout incidents 5000\n"
+    )
+    sentinel = subprocess.Popen(["redis-server", str(conf), "--sentinel"])
+    try:
+        watcher = redis.Redis(port=port, decode_responses=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with contextlib.suppress(redis.RedisError):
+                if watcher.execute_command("SENTINEL", "REPLICAS", "incidents"):
+                    break
+            time.sleep(0.1)
+
+        def failover(_: redis.Redis) -> None:
+            watcher.execute_command("SENTINEL", "FAILOVER", "incidents")
+            until = time.monotonic() + 20
+            while replica.client().info("replication")["role"] != "master" and time.monotonic() < until:
+                time.sleep(0.05)
+
+        scenario(fresh, tmp_path, failover, seed=20, after=replica, sentinels=f"127.0.0.1:{port}")
+        assert replica.client().info("replication")["role"] == "master"
+        assert fresh.client().info("replication")["role"] == "slave", "the old primary was not demoted"
+        assert replica.client().hlen(FP) > 0
+    finally:
+        sentinel.terminate()
+        sentinel.wait(timeout=10)
         replica.stop()
 
 
