@@ -1,24 +1,56 @@
-# The two commands of the README: `make demo` and `make test`. Both create .venv and install the project first.
+# The two commands of the README: `make demo` and `make test`. Both create .venv and install the project first
+# (once, about a minute); pip's output goes to .venv/install.log and is printed only when the install fails.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+# The min-deps check: a venv of its own with every runtime dependency at the floor pyproject.toml declares.
+MIN_VENV := .venv-min
+MIN_STAMP := $(MIN_VENV)/.installed
+# The tests that exercise the runtime dependencies: redis and hiredis (index, stream, CLI, worker process),
+# pydantic and pydantic-settings (formats, settings, flags), structlog (the worker's logs), prometheus-client
+# (/metrics), fakeredis with lupa (the fake-Redis half of the suite and the embedded demo).
+MIN_TESTS := tests/test_index.py tests/test_stream.py tests/test_cli.py tests/test_demo.py tests/test_readme.py \
+	tests/test_worker_process.py
+
+.PHONY: install demo test test-fast test-min-deps lint bench clean
 
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	@echo "Installing the project and its tools into $(VENV) (once; about a minute) ..."
+	@$(PYTHON) -m venv $(VENV)
+	@{ $(BIN)/python -m pip install --upgrade pip && $(BIN)/python -m pip install -e '.[dev]'; } \
+		> $(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; echo "The install failed; its log is $(VENV)/install.log."; exit 1; }
+	@touch $(STAMP)
 
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/incident-worker demo
+	@$(BIN)/incident-worker demo
 
+# The whole suite, as CI runs it.
 test: $(STAMP)
+	@echo "The whole suite, as CI runs it: about 5 minutes on 2 idle cores, longer on a busy machine."
+	@echo "For everyday work, 'make test-fast' skips the slow end-to-end tests (about a third of the time)."
 	$(BIN)/python -m pytest
+
+# Everything but the tests marked slow (crash-and-recover runs, several worker processes, long property searches).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+$(MIN_STAMP): pyproject.toml tools/lowest_constraints.py
+	@echo "Installing the lowest declared version of every runtime dependency into $(MIN_VENV) ..."
+	@rm -rf $(MIN_VENV) && $(PYTHON) -m venv $(MIN_VENV)
+	@$(PYTHON) tools/lowest_constraints.py > $(MIN_VENV)/constraints.txt
+	@{ $(MIN_VENV)/bin/python -m pip install --upgrade pip \
+		&& $(MIN_VENV)/bin/python -m pip install --constraint $(MIN_VENV)/constraints.txt -e '.[dev]'; } \
+		> $(MIN_VENV)/install.log 2>&1 || { cat $(MIN_VENV)/install.log; echo "The install failed; its log is $(MIN_VENV)/install.log."; exit 1; }
+	@touch $(MIN_STAMP)
+
+# The declared floors are tested, not guessed: a floor the code has outgrown fails here.
+test-min-deps: $(MIN_STAMP)
+	@echo "Runtime dependencies at their floors:" $$(tr '\n' ' ' < $(MIN_VENV)/constraints.txt)
+	$(MIN_VENV)/bin/python -m pytest -q -m "not slow" -p no:cacheprovider $(MIN_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check worker tests
@@ -29,4 +61,4 @@ bench: $(STAMP)
 	$(BIN)/incident-worker bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(MIN_VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache *.egg-info

@@ -6,11 +6,14 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import require_redis_server
 from tests.streams import clean_env, worker_command
 from worker.bands import BandLayout
 
 
+@pytest.mark.slow
 def test_small_benchmark_measures_every_layout_and_the_baseline() -> None:
     require_redis_server()
     args = ["bench", "--sizes", "400", "--ingest", "300", "--events", "150", "--cap", "20", "--ingest-cap", "30"]
@@ -53,6 +56,7 @@ def test_benchmark_refuses_a_non_empty_redis(server) -> None:  # type: ignore[no
     assert done.returncode == 2 and "not empty" in done.stderr and "--force" in done.stderr
 
 
+@pytest.mark.slow
 def test_call_profile_unions_exactly_the_probed_postings(server) -> None:  # type: ignore[no-untyped-def]
     """benchmarks/profile_call.py: its candidates are those a brute force over the band values finds."""
     import random

@@ -86,6 +86,7 @@ def _namespaces_on_different_masters(client: RedisCluster) -> tuple[str, str]:
     raise AssertionError("no namespace on another master")
 
 
+@pytest.mark.slow
 def test_two_namespaces_on_a_three_master_cluster(cluster: list[RedisServer], tmp_path: Path) -> None:
     url = cluster[0].url
     client = RedisCluster.from_url(url)

@@ -798,6 +798,7 @@ def test_operator_reads_and_replays_work_as_the_acl_user(admin: redis.Redis, wor
 OPERATOR_COMMANDS = ("publish", "query", "inspect", "stats", "alerts", "dead", "check")
 
 
+@pytest.mark.slow
 def test_operator_subcommands_work_as_the_acl_user(
     acl_server: RedisServer, admin: redis.Redis, worker_client: redis.Redis, tmp_path: Path
 ) -> None:
@@ -900,6 +901,7 @@ def _has_subcommand(name: str) -> bool:
     return any(name in action.choices for action in actions)
 
 
+@pytest.mark.slow
 def test_check_works_as_the_acl_user(acl_server: RedisServer, admin: redis.Redis, tmp_path: Path) -> None:
     assert _has_subcommand("check"), "incident-worker has no check"
     url = worker_url(acl_server)

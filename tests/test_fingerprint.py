@@ -52,6 +52,7 @@ small_weights = st.integers(min_value=1, max_value=6)
 tokens = st.text(max_size=12)
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(st.dictionaries(tokens, small_weights, min_size=1, max_size=40))
 def test_fast_path_equals_definition_small_weights(bag: dict[str, int]) -> None:

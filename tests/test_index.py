@@ -57,6 +57,7 @@ def _run_against_oracle(index: FingerprintIndex, rng: random.Random, steps: int,
     assert_postings_match(index.redis, index.keys.namespace, index.layout.bands, oracle.fps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("bands", "max_distance"), LAYOUTS, ids=[f"m{m}-r{r}" for m, r in LAYOUTS])
 def test_clustered_fingerprints_match_linear_scan(redis_client: redis.Redis, bands: int, max_distance: int) -> None:
     rng = random.Random(bands * 1000 + max_distance)
@@ -421,6 +422,7 @@ class IndexMachine(RuleBasedStateMachine):
         assert_postings_match(self.client, "sm", self.index.layout.bands, self.oracle.fps)
 
 
+@pytest.mark.slow
 def test_state_machine(redis_client: redis.Redis) -> None:
     IndexMachine.client = redis_client
     IndexMachine.TestCase().runTest()

@@ -333,6 +333,7 @@ def test_synthetic_workload_every_pair_reported_once(client: redis.Redis) -> Non
     assert pending_count(client) == 0
 
 
+@pytest.mark.slow
 def test_alerts_stream_is_trimmed_approximately(client: redis.Redis) -> None:
     publish(client, [{"incident_id": f"s{i}", "features": DOCK} for i in range(400)])
     run_worker(client, alerts_maxlen=50)

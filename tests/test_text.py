@@ -364,6 +364,7 @@ def test_any_text_gives_a_valid_bag_or_a_value_error(text: str) -> None:
     _assert_valid_bag_or_refused(text)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(log_like_text)
 def test_log_like_text_gives_a_valid_bag_or_a_value_error(text: str) -> None:

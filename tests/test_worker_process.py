@@ -120,6 +120,7 @@ def test_second_signal_exits_at_once(tmp_path: Path) -> None:
         server.stop()
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_loses_and_duplicates_nothing(server: RedisServer, tmp_path: Path) -> None:
     client = server.client()
     events, bad = _workload(10_000, seed=3, bad_every=97)
@@ -144,6 +145,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(server: RedisSer
     _check_run(client, events, bad)
 
 
+@pytest.mark.slow
 def test_three_workers_at_once(server: RedisServer, tmp_path: Path) -> None:
     client = server.client()
     events, bad = _workload(6000, seed=4, bad_every=211)
@@ -159,6 +161,7 @@ def test_three_workers_at_once(server: RedisServer, tmp_path: Path) -> None:
     assert sum(1 for k in range(3) if '"event": "alert"' in (tmp_path / f"w{k}.log").read_text()) >= 2
 
 
+@pytest.mark.slow
 def test_redis_restart_mid_run(tmp_path: Path) -> None:
     server = RedisServer(tmp_path, appendonly=True)
     server.start()
@@ -265,6 +268,7 @@ def test_metrics_endpoint_counts_what_the_worker_did(server: RedisServer, tmp_pa
         assert stop(worker) == 0
 
 
+@pytest.mark.slow
 def test_sigkill_with_upserts_and_deletes_keeps_postings_consistent(server: RedisServer, tmp_path: Path) -> None:
     client = server.client()
     rng = random.Random(9)
@@ -309,6 +313,7 @@ def test_sigkill_with_upserts_and_deletes_keeps_postings_consistent(server: Redi
     assert {d.original["incident_id"] for d in letters} <= touched
 
 
+@pytest.mark.slow
 def test_heartbeat_is_refreshed_and_check_sees_a_frozen_worker(server: RedisServer, tmp_path: Path) -> None:
     import subprocess as sp
 
