@@ -165,9 +165,9 @@ def test_key_names_follow_spec_section_3() -> None:
     keys = IndexKeys("incidents")
     assert keys.fingerprints == "{incidents}:fp"
     assert keys.meta == "{incidents}:meta"
-    assert keys.events == "{incidents}:events"
-    assert keys.alerts == "{incidents}:alerts"
-    assert keys.dead == "{incidents}:dead"
+    assert keys.events_stream == "{incidents}:events"
+    assert keys.alerts_stream == "{incidents}:alerts"
+    assert keys.dead_stream == "{incidents}:dead"
     assert keys.band_keys(BandLayout(8, 7))[3].key(0xA7) == "{incidents}:band:3:a7"
     assert keys.band_keys(BandLayout(4, 7))[0].key(0x5) == "{incidents}:band:0:0005"
     assert keys.band_keys(BandLayout(3, 7))[1].key(0x5) == "{incidents}:band:1:000005"

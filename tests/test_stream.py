@@ -321,7 +321,7 @@ def test_custom_stream_names_must_carry_the_hash_tag() -> None:
     with pytest.raises(ValueError, match="hash tag"):
         settings(alerts_stream="alerts")
     ok = settings(alerts_stream="{incidents}:near-duplicates")
-    assert ok.alerts == "{incidents}:near-duplicates"
+    assert ok.alerts_stream == "{incidents}:near-duplicates"
 
 
 def test_synthetic_workload_every_pair_reported_once(client: redis.Redis) -> None:

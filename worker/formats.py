@@ -21,6 +21,7 @@ from .replies import text as _text
 
 __all__ = [
     "DEAD_LETTER_FIELDS",
+    "MAX_INCIDENT_ID_LENGTH",
     "Alert",
     "DeadLetter",
     "EventLimits",
@@ -29,6 +30,7 @@ __all__ = [
     "Match",
     "decode_fields",
     "event_error",
+    "incident_id_problem",
 ]
 
 Op = Literal["add", "upsert", "delete"]
@@ -45,6 +47,19 @@ DEAD_LETTER_FIELDS = (
     "original_sizes",
 )
 """The dead letter's own fields; an original field of the same name is kept as `original_<name>`."""
+
+MAX_INCIDENT_ID_LENGTH = 256
+"""Longest incident ID, in characters: an ID is repeated in every posting set, alert and dead letter."""
+
+
+def incident_id_problem(value: object) -> str | None:
+    """What is wrong with an incident ID (a string of 1 to 256 characters), or None when it is a good one."""
+    if not isinstance(value, str):
+        return f"incident_id must be a string, got {type(value).__name__}"
+    if not 1 <= len(value) <= MAX_INCIDENT_ID_LENGTH:
+        return f"incident_id must be 1 to {MAX_INCIDENT_ID_LENGTH} characters, got {len(value)}"
+    return None
+
 
 MAX_ORIGINAL_FIELDS = 1000
 """A dead letter keeps at most this many of the entry's fields (a server-side call takes ~8,000 arguments)."""
@@ -117,8 +132,9 @@ class IncidentEvent(BaseModel):
     def _check_id(cls, value: Any) -> Any:
         if not isinstance(value, str):
             return value
-        if not 1 <= len(value) <= 256:
-            raise _error("bad_incident_id", f"incident_id must be 1 to 256 characters, got {len(value)}")
+        problem = incident_id_problem(value)
+        if problem:
+            raise _error("bad_incident_id", problem)
         return value
 
     @field_validator("op", mode="before")

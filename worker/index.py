@@ -22,6 +22,7 @@ from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, BandLayout
 from .connection import RedisClient
 from .errors import DuplicateIncidentError, LayoutMismatchError, StaleRetriesExhaustedError
 from .fingerprint import fingerprint, format_fingerprint, parse_fingerprint
+from .formats import incident_id_problem
 from .keys import DEFAULT_NAMESPACE, IndexKeys
 from .library import ApplyResult, StreamTarget, parse_apply
 from .replies import pairs, text
@@ -258,8 +259,8 @@ class FingerprintIndex:
             meta=self.keys.meta,
             fingerprints=self.keys.fingerprints,
             changes=self.keys.changes,
-            events=stream.events if stream else self.keys.events,
-            alerts=stream.alerts if stream else self.keys.alerts,
+            events=stream.events_stream if stream else self.keys.events_stream,
+            alerts=stream.alerts_stream if stream else self.keys.alerts_stream,
             new_keys=own,
             old_keys=old,
             probe_keys=others,
@@ -290,7 +291,7 @@ class FingerprintIndex:
 
     def forget_consumer(self, stream: StreamTarget, consumer: str) -> bool:
         """Remove a consumer from the group if, at that moment, it has nothing pending."""
-        return bool(self._fcall(library.FN_FORGET_CONSUMER, [stream.events], [stream.group, consumer]))
+        return bool(self._fcall(library.FN_FORGET_CONSUMER, [stream.events_stream], [stream.group, consumer]))
 
     def fingerprints_of(self, incident_ids: Sequence[str]) -> dict[str, int | None]:
         """The stored fingerprint of each ID (None when not indexed), in one round trip."""
@@ -333,8 +334,9 @@ class FingerprintIndex:
 
     @staticmethod
     def _check_id(incident_id: Any) -> str:
-        if not isinstance(incident_id, str) or not 1 <= len(incident_id) <= 256:
-            raise ValueError(f"incident_id must be a string of 1 to 256 characters, got {incident_id!r:.80}")
+        problem = incident_id_problem(incident_id)
+        if problem:
+            raise ValueError(f"{problem}: {incident_id!r:.80}")
         return incident_id
 
     @staticmethod

@@ -85,17 +85,17 @@ class IndexKeys:
         return f"{self.tag}:changes"
 
     @property
-    def events(self) -> str:
+    def events_stream(self) -> str:
         """Stream: incoming incident events (the default; configurable)."""
         return f"{self.tag}:events"
 
     @property
-    def alerts(self) -> str:
+    def alerts_stream(self) -> str:
         """Stream: near-duplicate alerts (the default; configurable)."""
         return f"{self.tag}:alerts"
 
     @property
-    def dead(self) -> str:
+    def dead_stream(self) -> str:
         """Stream: entries that could not be processed, with the reason (the default; configurable)."""
         return f"{self.tag}:dead"
 

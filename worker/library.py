@@ -89,9 +89,9 @@ def fcall(function: str, keys: Sequence[str], args: Sequence[Any]) -> Command:
 class StreamTarget:
     """Where stream-mode calls acknowledge entries and publish alerts and dead letters."""
 
-    events: str
-    alerts: str
-    dead: str
+    events_stream: str
+    alerts_stream: str
+    dead_stream: str
     group: str
     alerts_maxlen: int = 0
     dead_maxlen: int = 0
@@ -185,4 +185,6 @@ def dead_letter_command(
     """
     items = fields.items() if isinstance(fields, Mapping) else fields
     flat = [part for name, value in items for part in (name, value)]
-    return fcall(FN_DEAD_LETTER, [stream.events, stream.dead], [stream.group, entry_id, stream.dead_maxlen, *flat])
+    return fcall(
+        FN_DEAD_LETTER, [stream.events_stream, stream.dead_stream], [stream.group, entry_id, stream.dead_maxlen, *flat]
+    )

@@ -58,9 +58,10 @@ class Settings(BaseSettings):
         description="This worker's name in the consumer group (default: host name and PID).",
     )
     group: str = Field("incident-workers", description="Consumer group shared by all workers of the namespace.")
-    events_stream: str | None = Field(None, description="Stream of incoming events (default {N}:events).")
-    alerts_stream: str | None = Field(None, description="Stream the alerts are published to (default {N}:alerts).")
-    dead_stream: str | None = Field(None, description="Stream of dead letters (default {N}:dead).")
+    # The three stream names: empty means the namespace's default, filled in once the namespace is known.
+    events_stream: str = Field("", description="Stream of incoming events (default {N}:events).")
+    alerts_stream: str = Field("", description="Stream the alerts are published to (default {N}:alerts).")
+    dead_stream: str = Field("", description="Stream of dead letters (default {N}:dead).")
     bands: int = Field(DEFAULT_BANDS, description="Bands the 64 fingerprint bits are cut into (SPEC section 2).")
     max_distance: int = Field(DEFAULT_MAX_DISTANCE, description="Largest Hamming distance reported as a match.")
     batch_size: int = Field(100, ge=1, le=10_000, description="Entries read per XREADGROUP and pipelined together.")
@@ -169,13 +170,15 @@ class Settings(BaseSettings):
         keys = IndexKeys(self.namespace)
         for name in ("events_stream", "alerts_stream", "dead_stream"):
             stream = getattr(self, name)
-            if stream is not None and not keys.owns(stream):
+            if not stream:
+                setattr(self, name, getattr(keys, name))
+            elif not keys.owns(stream):
                 raise ValueError(
                     f"{name}={stream!r} must carry the namespace's hash tag {keys.tag} (it hashes by "
                     f"{hash_tag(stream)!r}), so that one atomic call can reach it on Redis Cluster; "
                     f"for example {keys.tag}:{stream.replace('{', '').replace('}', '')}"
                 )
-        names = [self.events, self.alerts, self.dead]
+        names = [self.events_stream, self.alerts_stream, self.dead_stream]
         if len(set(names)) != 3:
             raise ValueError(f"the events, alerts and dead-letter streams must differ, got {names}")
         taken = {keys.meta, keys.fingerprints, keys.changes}
@@ -207,17 +210,19 @@ class Settings(BaseSettings):
     def keys(self) -> IndexKeys:
         return IndexKeys(self.namespace)
 
+    # Deprecated aliases of events_stream, alerts_stream and dead_stream, kept while code written against them
+    # lands; new code uses the *_stream names.
     @property
     def events(self) -> str:
-        return self.events_stream or self.keys.events
+        return self.events_stream
 
     @property
     def alerts(self) -> str:
-        return self.alerts_stream or self.keys.alerts
+        return self.alerts_stream
 
     @property
     def dead(self) -> str:
-        return self.dead_stream or self.keys.dead
+        return self.dead_stream
 
     @property
     def event_limits(self) -> EventLimits:
@@ -251,7 +256,7 @@ def shown_default(name: str) -> str:
         return "host name and PID"
     if isinstance(default, SecretStr):
         return default.get_secret_value()
-    if default is None:
+    if name.endswith("_stream"):
         return "{N}:" + name.removesuffix("_stream")
     return str(default).lower() if isinstance(default, bool) else str(default)
 

@@ -36,7 +36,7 @@ from .connection import RedisClient
 from .entries import Entry, next_id, parse_entries
 from .errors import DuplicateIncidentError, LayoutMismatchError
 from .fingerprint import format_fingerprint
-from .formats import DeadLetter, Heartbeat, IncidentEvent, event_error
+from .formats import MAX_INCIDENT_ID_LENGTH, DeadLetter, Heartbeat, IncidentEvent, event_error
 from .index import FingerprintIndex, retry_while_stale
 from .library import FN_CLAIM, FN_READ_NEW, FN_READ_PENDING, StreamTarget, dead_letter_command, parse_apply
 from .logs import get_logger
@@ -92,7 +92,7 @@ class WorkerStats:
 
 
 class StreamWorker:
-    """Consumes `settings.events` as `settings.consumer` of `settings.group` until `stop()` is called."""
+    """Consumes `settings.events_stream` as `settings.consumer` of `settings.group` until `stop()` is called."""
 
     def __init__(
         self,
@@ -114,16 +114,16 @@ class StreamWorker:
         self.index = index or FingerprintIndex(redis, settings.namespace, settings.bands, settings.max_distance)
         self.metrics = metrics or Metrics()
         self.target = StreamTarget(
-            events=settings.events,
-            alerts=settings.alerts,
-            dead=settings.dead,
+            events_stream=settings.events_stream,
+            alerts_stream=settings.alerts_stream,
+            dead_stream=settings.dead_stream,
             group=settings.group,
             alerts_maxlen=settings.alerts_maxlen,
             dead_maxlen=settings.dead_maxlen,
         )
         self.limits = settings.event_limits
         self.stats = WorkerStats()
-        self.log = get_logger(consumer=settings.consumer, stream=settings.events)
+        self.log = get_logger(consumer=settings.consumer, stream=settings.events_stream)
         self._stop = threading.Event()
         self.stopped = threading.Event()
         """Set when `run` has returned."""
@@ -155,8 +155,8 @@ class StreamWorker:
             group=self.settings.group,
             redis=self.settings.safe_redis_url,
             layout=self.index.layout.description,
-            alerts=self.target.alerts,
-            dead=self.target.dead,
+            alerts=self.target.alerts_stream,
+            dead=self.target.dead_stream,
         )
         self.stopped.clear()
         if self.watchdog is not None:
@@ -219,7 +219,7 @@ class StreamWorker:
                 raise
 
     def _idle(self) -> bool:
-        pending = self.redis.xpending(self.target.events, self.target.group)
+        pending = self.redis.xpending(self.target.events_stream, self.target.group)
         return int(pending["pending"]) == 0 and self._group_lag() == 0
 
     def _reconnect_pause(self, error: Exception, failures: int, message: str = "redis unavailable; retrying") -> None:
@@ -252,7 +252,7 @@ class StreamWorker:
     def setup(self) -> None:
         """Create the consumer group at the start of the stream, and load and check the index."""
         try:
-            self.redis.xgroup_create(self.target.events, self.target.group, id="0", mkstream=True)
+            self.redis.xgroup_create(self.target.events_stream, self.target.group, id="0", mkstream=True)
             self.log.info("consumer group created", group=self.target.group)
         except ResponseError as error:
             if "BUSYGROUP" not in str(error):
@@ -291,19 +291,19 @@ class StreamWorker:
 
     def _group_lag(self) -> int:
         """Entries not yet delivered to the group (at least 1 when Redis cannot count them exactly)."""
-        group = group_info(self.redis, self.target.events, self.target.group)
+        group = group_info(self.redis, self.target.events_stream, self.target.group)
         if group is None:
             return 0
         if group.get("lag") is not None:
             return int(group["lag"])
         # Redis 7 cannot count after deletions or trimming in the range: look past the last delivered
-        return len(self.redis.xrange(self.target.events, min=f"({group['last-delivered-id']}", count=1) or [])
+        return len(self.redis.xrange(self.target.events_stream, min=f"({group['last-delivered-id']}", count=1) or [])
 
     def summary(self) -> None:
         """One log line with what this worker did and where the group stands."""
         try:
             lag = self._group_lag()
-            pending = int(self.redis.xpending(self.target.events, self.target.group)["pending"])
+            pending = int(self.redis.xpending(self.target.events_stream, self.target.group)["pending"])
             size = len(self.index)
         except ResponseError:
             return
@@ -331,7 +331,7 @@ class StreamWorker:
         """Deliver and read the group's next entries: at most batch_size of them, and about max_batch_bytes."""
         group, consumer = self.target.group, self.settings.consumer
         reply = self.redis.fcall(
-            FN_READ_NEW, 1, self.target.events, group, consumer, self.settings.batch_size, *self._sizes()
+            FN_READ_NEW, 1, self.target.events_stream, group, consumer, self.settings.batch_size, *self._sizes()
         )
         return parse_entries(reply)[1]
 
@@ -395,7 +395,7 @@ class StreamWorker:
             reply = self.redis.fcall(
                 FN_READ_PENDING,
                 1,
-                self.target.events,
+                self.target.events_stream,
                 self.target.group,
                 self.settings.consumer,
                 start,
@@ -421,7 +421,7 @@ class StreamWorker:
             reply = self.redis.fcall(
                 FN_CLAIM,
                 1,
-                self.target.events,
+                self.target.events_stream,
                 self.target.group,
                 self.settings.consumer,
                 self.settings.claim_idle_ms,
@@ -442,7 +442,7 @@ class StreamWorker:
 
     def forget_gone_consumers(self) -> None:
         """Remove consumers that have nothing pending and have been silent for an hour (crashed workers' names)."""
-        for consumer in consumers_info(self.redis, self.target.events, self.target.group):
+        for consumer in consumers_info(self.redis, self.target.events_stream, self.target.group):
             name = consumer["name"]
             pending = int(consumer.get("pending", 0))
             idle = int(consumer.get("idle", 0))
@@ -559,7 +559,7 @@ class StreamWorker:
             if self.stopping:
                 break
             self.redis.xclaim(
-                self.target.events,
+                self.target.events_stream,
                 self.target.group,
                 self.settings.consumer,
                 0,
@@ -595,7 +595,7 @@ class StreamWorker:
             reason=reason,
             detail=detail,
             source_entry=item.entry_id,
-            source_stream=self.target.events,
+            source_stream=self.target.events_stream,
             consumer=self.settings.consumer,
             deliveries=item.deliveries,
             original_bytes=oversized.total_bytes if oversized else None,
@@ -689,7 +689,7 @@ class StreamWorker:
         self.log.warning(
             "dead letter",
             entry_id=item.entry_id,
-            incident_id=text(incident_id)[:256] if incident_id is not None else None,
+            incident_id=text(incident_id)[:MAX_INCIDENT_ID_LENGTH] if incident_id is not None else None,
             reason=reason,
             detail=detail,
             dead_entry=text(reply),
@@ -704,7 +704,7 @@ class StreamWorker:
         item.deliveries += 1
         # XCLAIM JUSTID RETRYCOUNT sets the count without sending the entry; re-reading it later adds nothing
         self.redis.xclaim(
-            self.target.events,
+            self.target.events_stream,
             self.target.group,
             self.settings.consumer,
             0,

@@ -158,17 +158,17 @@ def _alerts(args: argparse.Namespace, settings: Settings) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         if args.subscriber_group is not None:
-            read_as_group(client, settings.alerts, args, emit)
+            read_as_group(client, settings.alerts_stream, args, emit)
             if not emit.printed and not args.json:
-                say("alerts", f"no new alerts for group {args.subscriber_group!r} in {settings.alerts}")
+                say("alerts", f"no new alerts for group {args.subscriber_group!r} in {settings.alerts_stream}")
             return EXIT_OK
-        last = read_backlog(client, settings.alerts, args.since, args.count, emit)
+        last = read_backlog(client, settings.alerts_stream, args.since, args.count, emit)
         if not emit.printed and not args.json:
             waiting = "; waiting for new ones (Ctrl-C to stop)" if args.follow else ""
             after = f"after {args.since} " if args.since else ""
-            say("alerts", f"no alerts {after}in {settings.alerts}{waiting}")
+            say("alerts", f"no alerts {after}in {settings.alerts_stream}{waiting}")
         while args.follow:
-            reply = client.xread({settings.alerts: last}, count=100, block=FOLLOW_BLOCK_MS)
+            reply = client.xread({settings.alerts_stream: last}, count=100, block=FOLLOW_BLOCK_MS)
             for entry_id, fields in stream_entries(reply):
                 emit(entry_id, fields)
                 last = entry_id

@@ -106,7 +106,7 @@ def print_letter(entry_id: str, letter: DeadLetter) -> None:
 @with_settings("dead")
 def _dead(args: argparse.Namespace, settings: Settings) -> int:
     known_reason(args.reason, "--reason")
-    listing = read_dead_letters(command_client(settings, "dead"), settings.dead, args.reason, args.count)
+    listing = read_dead_letters(command_client(settings, "dead"), settings.dead_stream, args.reason, args.count)
     for entry_id, why in listing.not_letters:
         say("dead", f"entry {entry_id} is not a dead letter, skipped: {why}")
     for entry_id, letter in listing.letters:
@@ -119,10 +119,10 @@ def _dead(args: argparse.Namespace, settings: Settings) -> int:
     which = f" with reason {args.reason!r}" if args.reason else ""
     in_all = plural(listing.total, "entry", "entries")
     if not listing.letters:
-        print(f"no dead letters{which} in {settings.dead} ({in_all} in all)")
+        print(f"no dead letters{which} in {settings.dead_stream} ({in_all} in all)")
     else:
         print(
-            f"{plural(len(listing.letters), 'dead letter')}{which} shown, newest last; {settings.dead} holds "
+            f"{plural(len(listing.letters), 'dead letter')}{which} shown, newest last; {settings.dead_stream} holds "
             f"{in_all}. After fixing the cause, re-queue them with: "
             "incident-worker dead replay ID... | --reason R | --all"
         )
@@ -188,7 +188,7 @@ def _replay_transaction(
     with client.pipeline(transaction=True) as pipe:
         for _ in range(WATCH_RETRIES):
             try:
-                pipe.watch(settings.dead)
+                pipe.watch(settings.dead_stream)
                 found = read(pipe)
                 chosen, skipped = _choose(found, wanted)
                 if dry_run or not chosen:
@@ -197,8 +197,8 @@ def _replay_transaction(
                 else:
                     pipe.multi()
                     for entry_id, _, original in chosen:
-                        pipe.xadd(settings.events, original)  # type: ignore[arg-type]
-                        pipe.xdel(settings.dead, entry_id)
+                        pipe.xadd(settings.events_stream, original)  # type: ignore[arg-type]
+                        pipe.xdel(settings.dead_stream, entry_id)
                     new_ids = [text(reply) for reply in pipe.execute()[0::2]]
             except redis.WatchError:
                 continue
@@ -215,7 +215,7 @@ def _replay_transaction(
                 )
             return found
     raise CommandError(
-        f"{settings.dead} changed under every one of {WATCH_RETRIES} attempts to replay a chunk; "
+        f"{settings.dead_stream} changed under every one of {WATCH_RETRIES} attempts to replay a chunk; "
         "try again when the workers are quieter"
     )
 
@@ -234,7 +234,7 @@ def replay(
             def read_ids(pipe: Any, chunk: list[str] = chunk) -> list[tuple[str, Any]]:
                 found = []
                 for entry_id in chunk:
-                    page = pipe.xrange(settings.dead, entry_id, entry_id)
+                    page = pipe.xrange(settings.dead_stream, entry_id, entry_id)
                     found.append((entry_id, page[0][1] if page else None))
                 return found
 
@@ -244,14 +244,14 @@ def replay(
     def wanted(letter: DeadLetter) -> bool:
         return reason is None or letter.reason == reason
 
-    newest = client.xrevrange(settings.dead, "+", "-", count=1)
+    newest = client.xrevrange(settings.dead_stream, "+", "-", count=1)
     # Only what is there now: an entry replayed now may fail again and come back, and must not loop.
     end = text(newest[0][0]) if newest else None
     cursor = "-"
     while end is not None:
 
         def read_page(pipe: Any, cursor: str = cursor, end: str = end) -> list[tuple[str, Any]]:
-            return [(text(i), f) for i, f in pipe.xrange(settings.dead, cursor, end, count=REPLAY_CHUNK)]
+            return [(text(i), f) for i, f in pipe.xrange(settings.dead_stream, cursor, end, count=REPLAY_CHUNK)]
 
         page = _replay_transaction(client, settings, read_page, wanted, dry_run, report)
         if len(page) < REPLAY_CHUNK:
@@ -263,7 +263,7 @@ def replay(
 def print_replay(report: ReplayReport, settings: Settings, dry_run: bool) -> None:
     verb = "would replay" if dry_run else "replayed"
     for item in report.replayed:
-        target = f" as {settings.events} {item['event_entry']}" if item["event_entry"] else ""
+        target = f" as {settings.events_stream} {item['event_entry']}" if item["event_entry"] else ""
         incident = item["incident_id"]
         about = f", incident {shown(incident)}" if incident is not None else ""
         print(f"{verb} {item['dead_entry']} ({item['reason']}{about}){target}")
@@ -273,7 +273,7 @@ def print_replay(report: ReplayReport, settings: Settings, dry_run: bool) -> Non
     if dry_run:
         print(f"dry run: {verb} {count}; nothing changed")
     elif report.replayed:
-        print(f"{verb} {count} to {settings.events}: the workers process them as new entries")
+        print(f"{verb} {count} to {settings.events_stream}: the workers process them as new entries")
     else:
         print("nothing to replay")
 
@@ -299,7 +299,7 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
             json_line(
                 {
                     "dry_run": args.dry_run,
-                    "events_stream": settings.events,
+                    "events_stream": settings.events_stream,
                     "replayed": report.replayed,
                     "skipped": report.skipped,
                 }

@@ -123,13 +123,13 @@ def run_demo(port: int = 0, keep: bool = False, out: Any = None) -> int:
     say(f"Embedded Redis (fakeredis, in this process) on 127.0.0.1:{port}")
     say(f"Worker {settings.consumer!r} in group {settings.group!r}: {worker.index.layout.description}")
     samples = sample_events()
-    described = _Descriptions(client, settings.events, samples)
+    described = _Descriptions(client, settings.events_stream, samples)
     thread.start()
-    say(f"Publishing {len(samples)} sample incidents to {settings.events} ...")
+    say(f"Publishing {len(samples)} sample incidents to {settings.events_stream} ...")
     say()
     pipe = client.pipeline(transaction=False)
     for fields, _ in samples:
-        pipe.xadd(settings.events, fields)  # type: ignore[arg-type]
+        pipe.xadd(settings.events_stream, fields)  # type: ignore[arg-type]
     pipe.execute()
 
     shown_alerts = 0
@@ -137,7 +137,7 @@ def run_demo(port: int = 0, keep: bool = False, out: Any = None) -> int:
 
     def print_new_alerts(block_ms: int | None) -> int:
         nonlocal last_id
-        reply: Any = client.xread({settings.alerts: last_id}, block=block_ms)
+        reply: Any = client.xread({settings.alerts_stream: last_id}, block=block_ms)
         count = 0
         for _, entries in reply or []:
             for entry_id, fields in entries:
@@ -156,7 +156,7 @@ def run_demo(port: int = 0, keep: bool = False, out: Any = None) -> int:
             shown_alerts += print_new_alerts(None)
             break
     index = FingerprintIndex(client)
-    dead = client.xlen(settings.dead)
+    dead = client.xlen(settings.dead_stream)
     say()
     say(f"Done: {len(index)} incidents indexed, {shown_alerts} alerts, {dead} dead letters.")
     fp47 = index.get("47")
@@ -166,9 +166,9 @@ def run_demo(port: int = 0, keep: bool = False, out: Any = None) -> int:
     for command in (
         f"HGET '{settings.keys.fingerprints}' 47" + (f"        # {format_fingerprint(fp47)}" if fp47 else ""),
         f"SMEMBERS '{band_key}'",
-        f"XRANGE '{settings.alerts}' - +",
+        f"XRANGE '{settings.alerts_stream}' - +",
         f"HGETALL '{settings.keys.meta}'",
-        f"XADD '{settings.events}' '*' incident_id 91 features '{{\"dock\":3,\"scanner\":2,\"timeout\":1}}'",
+        f"XADD '{settings.events_stream}' '*' incident_id 91 features '{{\"dock\":3,\"scanner\":2,\"timeout\":1}}'",
     ):
         say(f"  redis-cli -p {port} {command}")
     if keep and not stopping.is_set():

@@ -286,7 +286,7 @@ def _publish(args: argparse.Namespace, settings: Settings) -> int:
     source, size, name = _open_input(args.file)
     id_prefix = args.id_prefix if args.id_prefix is not None else f"{name}:"
     client = command_client(settings, "publish")
-    report = PublishReport(settings.events)
+    report = PublishReport(settings.events_stream)
     progress = _Progress(size, enabled=sys.stderr.isatty())
 
     def invalid(number: int, error: InvalidLineError) -> None:

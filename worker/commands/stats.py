@@ -130,9 +130,9 @@ def recommendation(count: int, bands: int, max_distance: int) -> tuple[int, str]
 
 def _group(client: RedisClient, settings: Settings) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """The consumer group (None before the first worker creates it) and its consumers."""
-    if not client.exists(settings.events):
+    if not client.exists(settings.events_stream):
         return None, []
-    found = group_info(client, settings.events, settings.group)
+    found = group_info(client, settings.events_stream, settings.group)
     if found is None:
         return None, []
     lag = found.get("lag")
@@ -144,7 +144,7 @@ def _group(client: RedisClient, settings: Settings) -> tuple[dict[str, Any] | No
         "entries_read": found.get("entries-read"),
     }
     consumers = []
-    for row in consumers_info(client, settings.events, settings.group):
+    for row in consumers_info(client, settings.events_stream, settings.group):
         inactive = row.get("inactive")
         consumers.append(
             {
@@ -176,7 +176,11 @@ def collect_stats(client: RedisClient, settings: Settings, dead_scan: int = DEAD
     best, advice = recommendation(int(index_stats["incidents"]), *stored)
     streams = {
         name: {"key": key, "length": int(client.xlen(key))}
-        for name, key in (("events", settings.events), ("alerts", settings.alerts), ("dead", settings.dead))
+        for name, key in (
+            ("events", settings.events_stream),
+            ("alerts", settings.alerts_stream),
+            ("dead", settings.dead_stream),
+        )
     }
     group, consumers = _group(client, settings)
     return Stats(
@@ -195,7 +199,7 @@ def collect_stats(client: RedisClient, settings: Settings, dead_scan: int = DEAD
         group=group,
         consumers=consumers,
         workers=live_heartbeats(client, settings.keys),
-        dead=dead_reasons(client, settings.dead, dead_scan),
+        dead=dead_reasons(client, settings.dead_stream, dead_scan),
     )
 
 

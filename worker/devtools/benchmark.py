@@ -220,10 +220,6 @@ class _Events:
             self.next_id += 1
         return out
 
-    @property
-    def available(self) -> int | None:
-        return None if self.real is None else len(self.real)
-
 
 def _stream_fields(items: list[tuple[str, dict[str, int]]]) -> list[dict[str, str]]:
     return [IncidentEvent(incident_id=i, features=bag).to_fields() for i, bag in items]
@@ -260,16 +256,16 @@ class Bench:
         time.sleep(0.5)  # let the processes import and connect before the clock starts
         usec0, cpu0 = _server_usec(self.client), _server_cpu(self.client)
         started = time.time()
-        _publish(self.client, keys.events, _stream_fields(items))
+        _publish(self.client, keys.events_stream, _stream_fields(items))
         deadline = time.monotonic() + (self.cap_s if cap_s is None else cap_s)
-        while time.monotonic() < deadline and not _backlog_done(self.client, keys.events, "incident-workers"):
+        while time.monotonic() < deadline and not _backlog_done(self.client, keys.events_stream, "incident-workers"):
             time.sleep(0.02)
         reports = run.finish()
         usec1, cpu1 = _server_usec(self.client), _server_cpu(self.client)
         done = sum(r["count"] for r in reports)
         last = max((r["last"] for r in reports if r["count"]), default=started)
         candidates = [c for r in reports for c in r["candidates"]]
-        self.client.delete(keys.events)  # what was not processed within the cap is not measured again
+        self.client.delete(keys.events_stream)  # what was not processed within the cap is not measured again
         elapsed = max(last - started, 1e-9)
         return {
             "workers": workers,
@@ -298,14 +294,14 @@ class Bench:
         while int(sent) < count:
             due = min(count, int((time.monotonic() - started) / tick * per_tick) + 1)
             if due > int(sent):
-                _publish(self.client, keys.events, items[int(sent) : due])
+                _publish(self.client, keys.events_stream, items[int(sent) : due])
                 sent = float(due)
             time.sleep(tick / 2)
         deadline = time.monotonic() + self.cap_s
-        while time.monotonic() < deadline and not _backlog_done(self.client, keys.events, "incident-workers"):
+        while time.monotonic() < deadline and not _backlog_done(self.client, keys.events_stream, "incident-workers"):
             time.sleep(0.02)
         [report] = run.finish()
-        self.client.delete(keys.events)
+        self.client.delete(keys.events_stream)
         values = [v * 1000 for v in report["latency"]]
         return {
             "rate": round(rate, 1),
