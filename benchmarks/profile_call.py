@@ -108,7 +108,7 @@ def profile_layout(
     steps: dict[str, dict[str, float]] = {}
     for step, function in functions.items():
         steps[step] = measure(lambda _, keys, f=function: client.fcall(f, len(keys), *keys))
-    steps["neighbours"] = measure(lambda position, _: index.neighbours_of(queries[position]))
+    steps["neighbours"] = measure(lambda position, _: index.matches_of(queries[position]))
     steps["add"] = measure(lambda position, _: index.add_fingerprint(f"profile-{position}", queries[position]))
     return {
         "bands": bands,

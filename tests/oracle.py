@@ -14,7 +14,7 @@ class Oracle:
         self.max_distance = max_distance
         self.fps: dict[str, int] = {}
 
-    def neighbours(self, fp: int, limit: int | None = None, exclude: str | None = None) -> list[tuple[str, int]]:
+    def matches(self, fp: int, limit: int | None = None, exclude: str | None = None) -> list[tuple[str, int]]:
         limit = self.max_distance if limit is None else limit
         found = [(i, hamming(fp, other)) for i, other in self.fps.items() if i != exclude]
         return sorted([(i, d) for i, d in found if d <= limit], key=lambda m: (m[1], m[0]))
@@ -22,14 +22,14 @@ class Oracle:
     def add(self, incident_id: str, fp: int) -> list[tuple[str, int]] | str:
         if incident_id in self.fps:
             return [] if self.fps[incident_id] == fp else "duplicate"
-        matches = self.neighbours(fp)
+        matches = self.matches(fp)
         self.fps[incident_id] = fp
         return matches
 
     def upsert(self, incident_id: str, fp: int) -> list[tuple[str, int]]:
         if self.fps.get(incident_id) == fp:
             return []
-        matches = self.neighbours(fp, exclude=incident_id)
+        matches = self.matches(fp, exclude=incident_id)
         self.fps[incident_id] = fp
         return matches
 

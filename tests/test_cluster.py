@@ -130,7 +130,7 @@ def test_two_namespaces_on_a_three_master_cluster(cluster: list[RedisServer], tm
         assert int(client.xpending(f"{{{namespace}}}:events", "incident-workers")["pending"]) == 0
         index = FingerprintIndex(client, namespace)
         incident_id, bag = items[0]
-        assert (incident_id, 0) in index.neighbours(bag)
+        assert (incident_id, 0) in index.matches(bag)
         assert index.stats()["incidents"] == len(fps)
     # every key of a namespace sits on the master that owns its hash tag
     for namespace in workloads:

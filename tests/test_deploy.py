@@ -739,7 +739,7 @@ def test_library_api_works_as_the_acl_user(admin: redis.Redis, worker_client: re
     assert index.add("47", {"dock": 3, "scanner": 2, "timeout": 1}) == []
     assert index.add("90", {"dock": 3, "scanner": 2, "timeout": 1}) == [("47", 0)]
     assert index.upsert("83", {"weather": 4, "road": 2}) == []
-    assert index.neighbours({"weather": 4, "road": 2}) == [("83", 0)]
+    assert index.matches({"weather": 4, "road": 2}) == [("83", 0)]
     assert index.delete("90") is True
     assert index.get("47") is not None and len(index) == 2
     assert index.bulk_load([("100", 1), ("101", 2)]) == 2

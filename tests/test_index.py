@@ -52,7 +52,7 @@ def _run_against_oracle(index: FingerprintIndex, rng: random.Random, steps: int,
             assert index.delete(incident_id) == oracle.delete(incident_id), f"step {step}: delete"
         else:
             limit = rng.randint(0, index.layout.max_distance)
-            assert index.neighbours_of(fp, limit) == oracle.neighbours(fp, limit), f"step {step}: neighbours"
+            assert index.matches_of(fp, limit) == oracle.matches(fp, limit), f"step {step}: matches"
     assert {i: index.get(i) for i in ids} == {i: oracle.fps.get(i) for i in ids}
     assert_postings_match(index.redis, index.keys.namespace, index.layout.bands, oracle.fps)
 
@@ -106,13 +106,13 @@ def test_fingerprints_reachable_through_one_band_only_are_found(
         assert hamming(far, query) == max_distance + 1
         index.add_fingerprint(f"far-{round_}", far)
         oracle.add(f"far-{round_}", far)
-    expected = oracle.neighbours(query)
+    expected = oracle.matches(query)
     assert len(expected) == 3 * index.layout.probed_bands
-    assert index.neighbours_of(query) == expected
+    assert index.matches_of(query) == expected
     assert index.add_fingerprint("query", query) == expected
     oracle.add("query", query)
     for limit in range(max_distance + 1):  # a narrower query probes its own, tighter radii
-        assert index.neighbours_of(query, limit) == oracle.neighbours(query, limit)
+        assert index.matches_of(query, limit) == oracle.matches(query, limit)
 
 
 @pytest.mark.parametrize(("bands", "max_distance"), [(8, 3), (4, 2), (5, 3), (3, 7), (4, 7)])
@@ -154,8 +154,8 @@ def test_bags_match_linear_scan(redis_client: redis.Redis) -> None:
             bag[rng.choice(vocabulary)] = rng.randint(1, 5)
         expected = oracle.add(str(i), fingerprint(bag))
         assert index.add(str(i), bag) == expected
-        assert index.neighbours(bag) == oracle.neighbours(fingerprint(bag))
-    assert any(index.neighbours(b) for b in base)
+        assert index.matches(bag) == oracle.matches(fingerprint(bag))
+    assert any(index.matches(b) for b in base)
 
 
 def test_spec_section_4_example(redis_client: redis.Redis) -> None:
@@ -163,15 +163,15 @@ def test_spec_section_4_example(redis_client: redis.Redis) -> None:
     assert index.add("47", {"dock": 3, "scanner": 2, "timeout": 1}) == []
     assert index.add("83", {"weather": 4, "road": 2}) == []
     assert index.add("90", {"dock": 3, "scanner": 2, "timeout": 1}) == [("47", 0)]
-    assert FingerprintIndex(redis_client).neighbours({"weather": 4, "road": 2}) == [("83", 0)]
+    assert FingerprintIndex(redis_client).matches({"weather": 4, "road": 2}) == [("83", 0)]
 
 
 def test_query_of_an_indexed_bag_finds_itself_and_only_near_ones(redis_client: redis.Redis) -> None:
     index = FingerprintIndex(redis_client)
     index.add("47", {"dock": 3, "scanner": 2, "timeout": 1})
     index.add("83", {"weather": 4, "road": 2})
-    assert index.neighbours({"dock": 3, "scanner": 2, "timeout": 1}) == [("47", 0)]
-    assert index.neighbours({"weather": 4, "road": 2}) == [("83", 0)]
+    assert index.matches({"dock": 3, "scanner": 2, "timeout": 1}) == [("47", 0)]
+    assert index.matches({"weather": 4, "road": 2}) == [("83", 0)]
 
 
 def test_repeated_add_changes_nothing_and_other_fingerprint_is_refused(redis_client: redis.Redis) -> None:
@@ -193,7 +193,7 @@ def test_upsert_never_matches_its_old_self(redis_client: redis.Redis) -> None:
     index.add_fingerprint("a", fp)
     assert index.upsert_fingerprint("a", fp ^ 1) == []  # distance 1 from its old self, which is gone
     assert index.get("a") == fp ^ 1
-    assert index.neighbours_of(fp) == [("a", 1)]
+    assert index.matches_of(fp) == [("a", 1)]
     assert index.upsert_fingerprint("a", fp ^ 1) == []  # the same fingerprint again: nothing to do
 
 
@@ -250,8 +250,8 @@ def test_reopening_with_another_layout_is_refused(redis_client: redis.Redis) -> 
     with pytest.raises(LayoutMismatchError, match=r"bands=4.*bands=8"):
         FingerprintIndex(redis_client, "n", bands=8).add("b", {"x": 1})
     with pytest.raises(LayoutMismatchError, match="max_distance=7"):
-        FingerprintIndex(redis_client, "n", bands=4, max_distance=5).neighbours({"x": 1})
-    assert FingerprintIndex(redis_client, "n", bands=4).neighbours({"x": 1}) == [("a", 0)]
+        FingerprintIndex(redis_client, "n", bands=4, max_distance=5).matches({"x": 1})
+    assert FingerprintIndex(redis_client, "n", bands=4).matches({"x": 1}) == [("a", 0)]
     assert FingerprintIndex(redis_client, "other", bands=8).add("b", {"x": 1}) == []
 
 
@@ -270,10 +270,19 @@ def test_index_recovers_when_functions_and_meta_vanish(redis_client: redis.Redis
     assert redis_client.hget("{incidents}:meta", "bands") in (b"4", "4")
 
 
-def test_neighbours_beyond_the_configured_distance_is_refused(redis_client: redis.Redis) -> None:
+def test_matches_beyond_the_configured_distance_is_refused(redis_client: redis.Redis) -> None:
     index = FingerprintIndex(redis_client, max_distance=5)
     with pytest.raises(ValueError, match="up to 5"):
-        index.neighbours({"x": 1}, max_distance=6)
+        index.matches({"x": 1}, max_distance=6)
+
+
+def test_the_old_name_neighbours_still_answers_with_a_deprecation_warning(redis_client: redis.Redis) -> None:
+    index = FingerprintIndex(redis_client)
+    index.add("a", {"x": 1})
+    with pytest.warns(DeprecationWarning, match="matches"):
+        assert index.neighbours({"x": 1}) == index.matches({"x": 1}) == [("a", 0)]
+    with pytest.warns(DeprecationWarning, match="matches_of"):
+        assert index.neighbours_of(fingerprint({"x": 1})) == [("a", 0)]
 
 
 @pytest.mark.parametrize("bad_id", ["", "x" * 257, 47, None])
@@ -287,7 +296,7 @@ def test_matches_are_sorted_by_distance_then_id_bytewise(redis_client: redis.Red
     ids = ["b", "a", "B", "é", "z", "10", "9", "a b", 'quote"d', "back\\slash", "ünï", "中文"]
     for n, incident_id in enumerate(ids):
         index.add_fingerprint(incident_id, 0 if n % 2 else 1)
-    found = index.neighbours_of(0)
+    found = index.matches_of(0)
     assert found == sorted(((i, 0 if n % 2 else 1) for n, i in enumerate(ids)), key=lambda m: (m[1], m[0]))
 
 
@@ -368,7 +377,7 @@ def _assert_pairs_reported_once(fps: dict[str, int], reported: dict[str, list[tu
     max_examples=25, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 class IndexMachine(RuleBasedStateMachine):
-    """Hypothesis drives add, upsert, delete and neighbours in any order; every answer equals the linear scan."""
+    """Hypothesis drives add, upsert, delete and matches in any order; every answer equals the linear scan."""
 
     client: redis.Redis
 
@@ -410,9 +419,9 @@ class IndexMachine(RuleBasedStateMachine):
         assert self.index.delete(incident_id) == self.oracle.delete(incident_id)
 
     @rule(bits=near, limit=st.integers(0, 7))
-    def neighbours(self, bits: list[int], limit: int) -> None:
+    def matches(self, bits: list[int], limit: int) -> None:
         fp = self._fp(bits)
-        assert self.index.neighbours_of(fp, limit) == self.oracle.neighbours(fp, limit)
+        assert self.index.matches_of(fp, limit) == self.oracle.matches(fp, limit)
 
     @precondition(lambda self: hasattr(self, "index"))
     @invariant()

@@ -89,13 +89,14 @@ def test_spec_section_4_example(client: redis.Redis) -> None:
     assert alert.incident_id == "90"
     assert [(m.incident_id, m.distance) for m in alert.matches] == [("47", 0)]
     assert alert.match_count == 1 and alert.max_distance == 7 and alert.op == "add"
-    assert alert.fingerprint == "0b61171015620fa1"
+    assert alert.fingerprint == 0x0B61171015620FA1
+    assert alert.to_fields()["fingerprint"] == alert.model_dump()["fingerprint"] == "0b61171015620fa1"
     assert alert.source_entry == entries[2]
     assert client.hget(FP, "47") == b"0b61171015620fa1"
     assert pending_count(client) == 0
     index = FingerprintIndex(client)
-    assert index.neighbours(DOCK) == [("47", 0), ("90", 0)]
-    assert index.neighbours(ROAD) == [("83", 0)]
+    assert index.matches(DOCK) == [("47", 0), ("90", 0)]
+    assert index.matches(ROAD) == [("83", 0)]
 
 
 def test_events_appended_before_any_worker_are_processed(client: redis.Redis) -> None:

@@ -8,15 +8,25 @@ becomes a dead letter whose `reason` is the machine code of the first error and 
 from __future__ import annotations
 
 import json
+import re
 import socket
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from .errors import InvalidFeaturesError
-from .fingerprint import fingerprint
+from .fingerprint import fingerprint, format_fingerprint, parse_fingerprint
 from .replies import text as _text
 
 __all__ = [
@@ -261,13 +271,20 @@ class Match(BaseModel):
     distance: int = Field(ge=0, le=64)
 
 
+_HEX_FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
+
+
 class Alert(BaseModel):
-    """One entry of the alerts stream: an incident and every indexed incident within max_distance of it."""
+    """One entry of the alerts stream: an incident and every indexed incident within max_distance of it.
+
+    `fingerprint` is an int here, as everywhere in the Python API; in the stream and in JSON (`model_dump`,
+    `to_fields`) it is 16 lowercase hex digits, as the server side stores it.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     incident_id: str
-    fingerprint: str = Field(pattern=r"^[0-9a-f]{16}$")
+    fingerprint: int = Field(ge=0, lt=1 << 64, description="16 lowercase hex digits in the stream and in JSON")
     matches: list[Match]
     match_count: int = Field(ge=1)
     max_distance: int = Field(ge=0, le=64)
@@ -279,6 +296,19 @@ class Alert(BaseModel):
     def _parse_matches(cls, value: Any) -> Any:
         return json.loads(value) if isinstance(value, str | bytes) else value
 
+    @field_validator("fingerprint", mode="before")
+    @classmethod
+    def _parse_fingerprint(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if not _HEX_FINGERPRINT.match(value):
+                raise ValueError(f"a fingerprint is 16 lowercase hex digits, got {value[:40]!r}")
+            return parse_fingerprint(value)
+        return value
+
+    @field_serializer("fingerprint")
+    def _fingerprint_hex(self, fp: int) -> str:
+        return format_fingerprint(fp)
+
     @classmethod
     def from_fields(cls, fields: Mapping[Any, Any]) -> Alert:
         """Parse an alerts-stream entry as a subscriber reads it."""
@@ -288,7 +318,7 @@ class Alert(BaseModel):
         """The stream entry (the worker's server-side function writes exactly these fields)."""
         return {
             "incident_id": self.incident_id,
-            "fingerprint": self.fingerprint,
+            "fingerprint": format_fingerprint(self.fingerprint),
             "matches": json.dumps([m.model_dump() for m in self.matches], separators=(",", ":"), ensure_ascii=False),
             "match_count": str(self.match_count),
             "max_distance": str(self.max_distance),

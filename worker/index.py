@@ -1,4 +1,4 @@
-"""The index API (SPEC sections 2 to 4): add, upsert, delete, neighbours, get, postings, stats of one namespace.
+"""The index API (SPEC sections 2 to 4): add, upsert, delete, matches, get, postings, stats of one namespace.
 
 `FingerprintIndex` keeps fingerprints in `{N}:fp` and band postings in `{N}:band:<b>:<v>` sets. Each change is one
 call of a Redis Function (worker/library.py, worker/lua/index.lua) that finds the matches, indexes, and in stream
@@ -8,6 +8,7 @@ through worker/transport.py; key names come from worker/keys.py.
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -390,22 +391,35 @@ class FingerprintIndex:
             )
         return result
 
-    def neighbours(self, features: Mapping[str, int], max_distance: int | None = None) -> list[tuple[str, int]]:
-        """Every indexed incident within `max_distance` (at most the configured one) of a bag, without indexing it."""
-        return self.neighbours_of(fingerprint(features), max_distance)
+    def matches(self, features: Mapping[str, int], max_distance: int | None = None) -> list[tuple[str, int]]:
+        """Every indexed incident within `max_distance` (at most the configured one) of a bag, without indexing it.
 
-    def neighbours_of(self, fp: int, max_distance: int | None = None) -> list[tuple[str, int]]:
-        """`neighbours` for a fingerprint."""
+        The matches are sorted by (distance, ID), as `add` and the alerts list them.
+        """
+        return self.matches_of(fingerprint(features), max_distance)
+
+    def matches_of(self, fp: int, max_distance: int | None = None) -> list[tuple[str, int]]:
+        """`matches` for a fingerprint."""
         limit = self.layout.max_distance if max_distance is None else max_distance
         if type(limit) is not int or not 0 <= limit <= self.layout.max_distance:
             raise ValueError(
-                f"max_distance={max_distance!r}: this index finds neighbours up to {self.layout.max_distance}"
+                f"max_distance={max_distance!r}: this index finds matches up to {self.layout.max_distance}"
             )
         own, probed, others = self.probe_keys(fp, limit)
         keys = [self.keys.meta, self.keys.fingerprints, *own[:probed], *others]
         args = [format_fingerprint(fp), limit, self.layout_tag]
-        reply = self._fcall(library.FN_NEIGHBOURS, keys, args, readonly=True)
+        reply = self._fcall(library.FN_MATCHES, keys, args, readonly=True)
         return pairs(reply[2:])
+
+    def neighbours(self, features: Mapping[str, int], max_distance: int | None = None) -> list[tuple[str, int]]:
+        """Deprecated name of `matches`."""
+        warnings.warn("FingerprintIndex.neighbours is now called matches", DeprecationWarning, stacklevel=2)
+        return self.matches(features, max_distance)
+
+    def neighbours_of(self, fp: int, max_distance: int | None = None) -> list[tuple[str, int]]:
+        """Deprecated name of `matches_of`."""
+        warnings.warn("FingerprintIndex.neighbours_of is now called matches_of", DeprecationWarning, stacklevel=2)
+        return self.matches_of(fp, max_distance)
 
     def postings(self, incident_id: str, fp: int) -> list[Posting]:
         """Each band's posting set of a fingerprint, its size, and whether it holds the incident (one round trip)."""

@@ -1,7 +1,7 @@
 """The server side of the index: the Redis Functions library `worker/lua/index.lua`, and the calls of its functions.
 
 * `LIBRARY_NAME`, `LIBRARY_SOURCE`: the library, named after a hash of its source, so that workers of two versions
-  can share a server during a rolling upgrade; `FN_APPLY`, `FN_NEIGHBOURS`, ... its functions' names.
+  can share a server during a rolling upgrade; `FN_APPLY`, `FN_MATCHES`, ... its functions' names.
 * `load(client)`: FUNCTION LOAD REPLACE (on a cluster, on every primary); `is_missing_function(error)` tells an
   error reply that means the server lost the library (a restart without persistence).
 * Call builders: `apply_call`, `dead_letter_command`, `fcall`: the KEYS and ARGV of each function, in the order
@@ -32,7 +32,7 @@ __all__ = [
     "FN_DEAD_LETTER",
     "FN_ENSURE_META",
     "FN_FORGET_CONSUMER",
-    "FN_NEIGHBOURS",
+    "FN_MATCHES",
     "FN_READ_NEW",
     "FN_READ_PENDING",
     "LIBRARY_NAME",
@@ -61,7 +61,7 @@ def _versioned_source() -> tuple[str, str]:
 
 LIBRARY_NAME, LIBRARY_SOURCE = _versioned_source()
 FN_APPLY = f"{LIBRARY_NAME}_apply"
-FN_NEIGHBOURS = f"{LIBRARY_NAME}_neighbours"
+FN_MATCHES = f"{LIBRARY_NAME}_matches"
 FN_DEAD_LETTER = f"{LIBRARY_NAME}_dead_letter"
 FN_ENSURE_META = f"{LIBRARY_NAME}_ensure_meta"
 FN_FORGET_CONSUMER = f"{LIBRARY_NAME}_forget_consumer"

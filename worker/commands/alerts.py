@@ -14,6 +14,7 @@ import redis
 from pydantic import ValidationError
 
 from ..connection import RedisClient
+from ..fingerprint import format_fingerprint
 from ..formats import Alert
 from ..replies import entries, entry_time_text, stream_entries, text
 from ..settings import Settings
@@ -43,7 +44,7 @@ def alert_line(entry_id: str, alert: Alert) -> str:
     """An alert as one line for people: when, which incident, and its closest matches."""
     return (
         f"{entry_time_text(entry_id)}  {entry_id}  incident {shown(alert.incident_id)} ({alert.op}, "
-        f"fp {alert.fingerprint}): {plural(alert.match_count, 'match', 'matches')} within "
+        f"fp {format_fingerprint(alert.fingerprint)}): {plural(alert.match_count, 'match', 'matches')} within "
         f"{alert.max_distance}: {matches_text(alert.matches, alert.match_count)}"
     )
 

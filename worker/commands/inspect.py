@@ -91,7 +91,7 @@ def inspect_incident(client: RedisClient, settings: Settings, incident_id: str) 
             "for why it may not have been processed"
         )
     postings = index.postings(incident_id, fp)
-    rows = match_rows(index, [m for m in index.neighbours_of(fp) if m[0] != incident_id])
+    rows = match_rows(index, [m for m in index.matches_of(fp) if m[0] != incident_id])
     return Inspection(settings.namespace, incident_id, fp, index, postings, rows)
 
 

@@ -68,7 +68,7 @@ def run_query(client: RedisClient, settings: Settings, bag: dict[str, int], limi
             f"only guarantee finding neighbours up to {index.layout.max_distance}; use 0 to "
             f"{index.layout.max_distance}"
         )
-    rows = match_rows(index, index.neighbours_of(fp, limit))
+    rows = match_rows(index, index.matches_of(fp, limit))
     return QueryResult(settings.namespace, bag, fp, limit, len(index), True, rows)
 
 

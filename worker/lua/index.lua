@@ -284,7 +284,7 @@ end
 -- args[1] = fingerprint (hex)   args[2] = max distance   args[3] = layout tag
 --
 -- Returns {match_count, candidates_verified, id1, d1, id2, d2, ...}, every match, sorted.
-local function neighbours(keys, args)
+local function matches(keys, args)
   local refused = check_layout(keys[1], args[3])
   if refused then return refused end
   local verified, matched, flat = find_matches(keys[2], slice(keys, 3, #keys), args[1], tonumber(args[2]), nil, 0)
@@ -473,7 +473,7 @@ local function claim(keys, args)
 end
 
 redis.register_function('incident_index_v1_apply', apply)
-redis.register_function{function_name = 'incident_index_v1_neighbours', callback = neighbours, flags = {'no-writes'}}
+redis.register_function{function_name = 'incident_index_v1_matches', callback = matches, flags = {'no-writes'}}
 redis.register_function('incident_index_v1_dead_letter', dead_letter)
 redis.register_function('incident_index_v1_ensure_meta', ensure_meta)
 redis.register_function('incident_index_v1_forget_consumer', forget_consumer)
