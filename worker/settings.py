@@ -258,6 +258,8 @@ def shown_default(name: str) -> str:
         return default.get_secret_value()
     if name.endswith("_stream"):
         return "{N}:" + name.removesuffix("_stream")
+    if default is None:
+        return "unset"
     return str(default).lower() if isinstance(default, bool) else str(default)
 
 
