@@ -24,7 +24,7 @@ def test_configuration_table_matches_the_settings() -> None:
 
 
 def test_quick_start_is_two_make_commands() -> None:
-    quick = _between("## Quick start", "## What it guarantees")
+    quick = _between("## Quick start", "\n## ")
     first_block = quick.split("```", 2)[1]
     assert [line.split()[0:2] for line in first_block.strip().splitlines()] == [["make", "demo"], ["make", "test"]]
 
