@@ -1,6 +1,8 @@
-"""Band layouts (SPEC section 2): how 64-bit fingerprints are cut into bands and which band values a query probes.
+"""Band layouts: how 64-bit fingerprints are cut into bands and which band values a query probes.
 
-Pure arithmetic, no Redis. SPEC section 2 probes each of the m bands at radius p = r // m: since m * (p + 1) > r,
+The contract: docs/contract.md#bands-and-the-recall-guarantee, and the proof that follows it there.
+
+Pure arithmetic, no Redis. Probing each of the m bands at radius p = r // m would do: since m * (p + 1) > r,
 two fingerprints within r agree within p on at least one band (pigeonhole), so probing every value within p of
 each of the query's band values finds every fingerprint within r.
 
@@ -9,7 +11,7 @@ The same argument allows less (Norouzi, Punjani and Fleet 2012, Proposition 2). 
 p - 1, the distance would be at least (a + 1)(p + 1) + (m - a - 1) p = r + 1. So two fingerprints within r agree
 within p on one of the first a + 1 bands or within p - 1 on one of the others: probing the first a + 1 bands at
 radius p and the rest at p - 1 (not at all when p = 0) keeps recall complete, with fewer probes and candidates.
-The first bands are the widest (SPEC section 2), whose extra probes at radius p add the fewest candidates.
+The first bands are the widest, whose extra probes at radius p add the fewest candidates.
 Under the default, 4 bands and r = 7, this is p = 1 on every band; 3 bands probe at 2, 2 and 1 instead of 2, 2, 2
 (508 probes instead of 718 and about 40% fewer candidates). The posting sets are the same either way.
 """
@@ -26,7 +28,7 @@ from .errors import LayoutError
 __all__ = ["DEFAULT_BANDS", "DEFAULT_MAX_DISTANCE", "MAX_PROBES", "BandLayout", "probe_count"]
 
 DEFAULT_MAX_DISTANCE = 7
-"""SPEC: every indexed incident within Hamming distance 7 is a near duplicate."""
+"""The contract's default: every indexed incident within Hamming distance 7 is a near duplicate."""
 
 DEFAULT_BANDS = 4
 """4 bands of 16 bits probed at radius 1 verify ~20x fewer candidates than the classic 8 exact bands (BENCHMARKS.md)."""
@@ -156,7 +158,7 @@ class BandLayout:
 
 
 def validate(bands: int, max_distance: int, max_probes: int = MAX_PROBES) -> None:
-    """Raise `LayoutError` with a way out when the layout is outside SPEC section 2 or probes too many values."""
+    """Raise `LayoutError` with a way out when bands is not 1 to 64 or the layout probes too many values."""
     if type(bands) is not int or not 1 <= bands <= 64:
         raise LayoutError(f"bands={bands!r} is not a whole number from 1 to 64; the default is {DEFAULT_BANDS}")
     if type(max_distance) is not int or not 0 <= max_distance <= 64:
@@ -197,7 +199,7 @@ def query_cost_us(bands: int, max_distance: int, indexed: int) -> float:
 
 
 def recommend_bands(indexed: int, max_distance: int = DEFAULT_MAX_DISTANCE) -> int:
-    """The band count to use at this index size (SPEC section 2's m): the default unless another saves real time.
+    """The band count to use at this index size (m): the default unless another saves real time.
 
     Fewer, wider bands mean fewer candidates but more probes and more, smaller posting sets (more memory per
     incident); `incident-worker bench` measures both sides. A change of layout means a new namespace, so another

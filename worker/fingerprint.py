@@ -1,4 +1,4 @@
-"""SimHash-64 fingerprints of weighted feature bags (SPEC section 1).
+"""SimHash-64 fingerprints of weighted feature bags (docs/contract.md#the-fingerprint).
 
 The definition keeps 64 signed counters: for each token and each bit b of its BLAKE2b-64 hash, add the token's
 weight when the bit is 1 and subtract it when it is 0; bit b of the fingerprint is set when counter b is > 0.
@@ -123,7 +123,7 @@ def token_hash(token: str) -> int:
 
 
 def fingerprint_reference(features: Mapping[str, int]) -> int:
-    """SPEC section 1 exactly as written: 64 counters, one step per token and bit. Slow; the oracle for tests."""
+    """The definition exactly as written: 64 counters, one step per token and bit. Slow; the oracle for tests."""
     _check_bag(features)
     counters = [0] * 64
     for token, weight in features.items():
@@ -205,9 +205,9 @@ def _fingerprint_wide(features: Mapping[str, int], weight: int) -> int:
 
 
 def fingerprint(features: Mapping[str, int]) -> int:
-    """The SimHash-64 fingerprint of a feature bag, as SPEC section 1 defines it.
+    """The SimHash-64 fingerprint of a feature bag, as docs/contract.md#the-fingerprint defines it.
 
-    Raises `InvalidFeaturesError` (a `ValueError`) for anything SPEC section 1 rejects.
+    Raises `InvalidFeaturesError` (a `ValueError`) for anything that is not a bag.
     """
     if type(features) is not dict:
         features = _as_dict(features)  # one consistent view of any other mapping

@@ -1,5 +1,5 @@
-"""The stream formats (SPEC section 4), each defined once: the incoming event, the alert, the dead letter; and the
-worker's heartbeat value.
+"""The stream formats, each defined once: the incoming event, the alert, the dead letter; and the worker's heartbeat
+value. The contract: docs/contract.md#events-in, #alerts-out, #dead-letters.
 
 The worker, the CLI and the tests all read and write entries through these models. An event that fails validation
 becomes a dead letter whose `reason` is the machine code of the first error and whose `detail` is its message.
@@ -173,8 +173,8 @@ class IncidentEvent(BaseModel):
     @model_validator(mode="wrap")
     @classmethod
     def _validate_bag(cls, data: Any, handler: Any, info: Any) -> IncidentEvent:
-        # The bag is checked by SPEC section 1's own rules (bools, floats and numeric strings are not weights)
-        # and fingerprinted in the same pass, before pydantic's own int handling sees it.
+        # The bag is checked by the contract's own rules (docs/contract.md#the-fingerprint: bools, floats and numeric
+        # strings are not weights) and fingerprinted in the same pass, before pydantic's own int handling sees it.
         limits: EventLimits = (info.context or {}).get("limits", _DEFAULT_LIMITS)
         fp = None
         bag = None

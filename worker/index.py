@@ -1,4 +1,4 @@
-"""The index API (SPEC sections 2 to 4): add, upsert, delete, matches, get, postings, stats of one namespace.
+"""The index API (docs/contract.md): add, upsert, delete, matches, get, postings, stats of one namespace.
 
 `FingerprintIndex` keeps fingerprints in `{N}:fp` and band postings in `{N}:band:<b>:<v>` sets. Each change is one
 call of a Redis Function (worker/library.py, worker/lua/index.lua) that finds the matches, indexes, and in stream
@@ -40,10 +40,10 @@ __all__ = [
 ]
 
 SCHEME = "simhash64-blake2b8le"
-"""SPEC section 1: SimHash over 64 bits of BLAKE2b-8 token hashes read little-endian."""
+"""docs/contract.md#the-fingerprint: SimHash over 64 bits of BLAKE2b-8 token hashes read little-endian."""
 
 FORMAT_VERSION = 1
-"""How the index is laid out in Redis (SPEC section 3); a reader of another version refuses the index."""
+"""How the index is laid out in Redis (docs/contract.md#what-lives-in-redis); another version refuses the index."""
 
 STALE_RETRIES = 32
 """Upsert and delete retry when another client changed the incident between their read and their write."""

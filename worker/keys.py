@@ -1,4 +1,4 @@
-"""Every Redis key name of an index, in one place (SPEC section 3).
+"""Every Redis key name of an index, in one place (docs/contract.md#what-lives-in-redis).
 
 All keys of namespace N carry the hash tag ``{N}``, so an index and its streams live in one Redis Cluster slot and
 one server-side call can touch all of them.
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_NAMESPACE", "BandKeys", "IndexKeys", "hash_tag", "validate_namespace"]
 
 DEFAULT_NAMESPACE = "incidents"
-"""SPEC section 3: `{incidents}:fp`, `{incidents}:band:3:a7`, ..."""
+"""As in the contract: `{incidents}:fp`, `{incidents}:band:3:a7`, ..."""
 
 MAX_NAMESPACE_LENGTH = 64
 """Long enough for any sensible name; every key repeats it, so it costs memory per posting key."""

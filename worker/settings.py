@@ -62,7 +62,7 @@ class Settings(BaseSettings):
     events_stream: str = Field("", description="Stream of incoming events (default {N}:events).")
     alerts_stream: str = Field("", description="Stream the alerts are published to (default {N}:alerts).")
     dead_stream: str = Field("", description="Stream of dead letters (default {N}:dead).")
-    bands: int = Field(DEFAULT_BANDS, description="Bands the 64 fingerprint bits are cut into (SPEC section 2).")
+    bands: int = Field(DEFAULT_BANDS, description="Bands the 64 fingerprint bits are cut into (see docs/contract.md).")
     max_distance: int = Field(DEFAULT_MAX_DISTANCE, description="Largest Hamming distance reported as a match.")
     batch_size: int = Field(100, ge=1, le=10_000, description="Entries read per XREADGROUP and pipelined together.")
     block_ms: int = Field(

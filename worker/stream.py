@@ -1,4 +1,6 @@
-"""The stream worker (SPEC section 4): reads the events stream through a consumer group and applies each entry.
+"""The stream worker: reads the events stream through a consumer group and applies each entry.
+
+What each entry does: docs/contract.md#what-each-entry-does.
 
 One loop, one thread:
 

@@ -1,4 +1,4 @@
-"""Feature bags from plain text: a log line, an incident title or description (SPEC section 1 bags).
+"""Feature bags from plain text: a log line, an incident title or description (docs/contract.md#the-fingerprint).
 
 `features_from_text` lowercases the text, masks its variable parts, cuts it into words and weighs them. Lines of
 one kind (the same message on another host, at another time, with another ID or user) get nearly the same bag, so

@@ -1,7 +1,7 @@
 """`incident-worker demo`: the whole pipeline on an embedded Redis, with no Redis to install.
 
 It starts fakeredis's TCP server in-process on a local port, runs a real `StreamWorker` on it, publishes the built-in
-sample (SPEC section 4's example, then a few dozen incident texts with near duplicates among them), prints each
+sample (the contract's example, then a few dozen incident texts with near duplicates among them), prints each
 alert as a subscriber receives it, and prints the `redis-cli` commands that show what is inside.
 """
 
@@ -192,7 +192,7 @@ def _demo(args: argparse.Namespace) -> int:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Start an in-process Redis (fakeredis's TCP server) on a local port, run a worker on it, publish the "
-        "built-in sample incidents (SPEC section 4's example and a few dozen incident texts with near duplicates), "
+        "built-in sample incidents (the contract's example and a few dozen incident texts with near duplicates), "
         "print each alert as it arrives and the redis-cli commands to look inside. Ctrl-C or SIGTERM stops it "
         "(exit 0), also when started in the background; a second one exits at once (130 after Ctrl-C)."
     )

@@ -1,6 +1,6 @@
 #!lua name=incident_index_v1
 --
--- The server side of one incident fingerprint index (SPEC sections 2 to 4), as a Redis Functions library.
+-- The server side of one incident fingerprint index (docs/contract.md: bands, keys, what each entry does), as a Redis Functions library.
 -- Loaded once per server by worker/library.py (FUNCTION LOAD REPLACE); the version is part of every name, so
 -- workers of two versions can share a server during a rolling upgrade.
 --
