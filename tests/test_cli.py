@@ -184,6 +184,9 @@ def test_publish_text_lines_and_query_text_find_the_same_log_line(server: RedisS
     assert summary["errors"][0]["line"] == 5
     ids = [f[b"incident_id"].decode() for _, f in client.xrange(EVENTS)]
     assert ids == ["app:1", "app:3", "json-text"]
+    sent = [f for _, f in client.xrange(EVENTS)]
+    assert all(b"text" in f and b"features" not in f for f in sent)  # text events: the worker tokenizes them
+    assert sent[0][b"text"] == lines[0].encode()
     run_worker(server)
 
     # The same kind of line from another host, at another usage: the masked words are the same.

@@ -71,6 +71,14 @@ class LayoutMismatchError(FingerprintIndexError):
     """The namespace was built with another layout than this index is configured with."""
 
 
+class TokenizerMismatchError(LayoutMismatchError):
+    """The namespace's text incidents were fingerprinted by another version of the tokenizer than this one's.
+
+    A kind of layout mismatch: fingerprints of one index must come from one tokenizer, or near duplicates would
+    land far apart.
+    """
+
+
 class StaleRetriesExhaustedError(FingerprintIndexError):
     """An upsert or delete found the incident changed between its read and its write, too many times in a row."""
 

@@ -28,6 +28,7 @@ from pydantic_core import PydanticCustomError
 from .errors import InvalidFeaturesError
 from .fingerprint import fingerprint, format_fingerprint, parse_fingerprint
 from .replies import text as _text
+from .text import features_from_text
 
 __all__ = [
     "DEAD_LETTER_FIELDS",
@@ -75,15 +76,17 @@ MAX_ORIGINAL_FIELDS = 1000
 """A dead letter keeps at most this many of the entry's fields (a server-side call takes ~8,000 arguments)."""
 
 REASONS = {
-    "missing_field": "incident_id is missing, or features is missing for add or upsert",
+    "missing_field": "incident_id is missing",
+    "features_or_text": "an add or upsert carries neither features nor text, or an entry carries both",
     "bad_type": "a field has the wrong type",
+    "bad_text": "text is not valid Unicode (a lone surrogate)",
     "bad_incident_id": "incident_id is empty or longer than 256 characters",
     "bad_op": "op is not add, upsert or delete",
     "not_utf8": "a field is not valid UTF-8",
     "bad_json": "features is not valid JSON",
     "bad_features": "features is JSON but not an object",
     "not_a_mapping": "features is not a mapping of token -> weight",
-    "empty_bag": "features has no token",
+    "empty_bag": "features has no token, or text yields none (empty, or punctuation only)",
     "bad_token": "a token is not a string, or not valid Unicode",
     "bad_weight": "a weight is not an integer from 1 to 2**53 - 1 (bools, floats and strings are not)",
     "too_large": "the entry is over max_entry_bytes (its dead letter keeps a prefix of each field, and the sizes)",
@@ -119,17 +122,22 @@ def decode_fields(raw: Mapping[Any, Any]) -> dict[str, str]:
 
 
 class IncidentEvent(BaseModel):
-    """One entry of the events stream: `incident_id`, `features` (a JSON object token -> weight), `op`.
+    """One entry of the events stream: `incident_id`, `features` (a JSON object token -> weight) or `text`, `op`.
 
-    Validate raw stream fields with `IncidentEvent.from_fields(fields, limits)`; the validated event carries its
-    SimHash fingerprint (computed once, while validating).
+    An add or upsert carries exactly one of `features` and `text`; a text is turned into a bag by the product's
+    tokenizer (`worker.text.features_from_text`). Validate raw stream fields with
+    `IncidentEvent.from_fields(fields, limits)`; the validated event carries its SimHash fingerprint (computed
+    once, while validating).
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     incident_id: str = Field(description="1 to 256 characters")
     op: Op = "add"
-    features: dict[str, int] | None = Field(None, description="token -> weight; required for add and upsert")
+    features: dict[str, int] | None = Field(None, description="token -> weight; add and upsert need it or text")
+    text: str | None = Field(
+        None, description="plain text, tokenized by the worker; add and upsert need it or features"
+    )
     _fingerprint: int | None = PrivateAttr(None)
 
     @property
@@ -178,18 +186,23 @@ class IncidentEvent(BaseModel):
         limits: EventLimits = (info.context or {}).get("limits", _DEFAULT_LIMITS)
         fp = None
         bag = None
+        if isinstance(data, dict) and data.get("features") is not None and data.get("text") is not None:
+            raise _error("features_or_text", "the entry carries both features and text; send one of them")
         if isinstance(data, dict) and data.get("features") is not None:
             bag = cls._parse_features(data["features"])
+        elif isinstance(data, dict) and data.get("text") is not None:
+            bag = _bag_of_text(data["text"])
         if bag is not None:
             _check_limits(bag, limits)
             try:
                 fp = fingerprint(bag)
             except InvalidFeaturesError as error:
                 raise _error(error.reason, str(error)) from None
-            data = {**data, "features": bag}
+            if data.get("features") is not None:
+                data = {**data, "features": bag}
         event: IncidentEvent = handler(data)
-        if event.op != "delete" and event.features is None:
-            raise _error("missing_field", f"features is required for op {event.op}")
+        if event.op != "delete" and event.features is None and event.text is None:
+            raise _error("features_or_text", f"op {event.op} needs features (a bag) or text; the entry has neither")
         event._fingerprint = fp
         return event
 
@@ -225,9 +238,21 @@ class IncidentEvent(BaseModel):
         fields = {"incident_id": self.incident_id}
         if self.features is not None:
             fields["features"] = json.dumps(self.features, ensure_ascii=False, separators=(",", ":"))
+        if self.text is not None:
+            fields["text"] = self.text
         if self.op != "add":
             fields["op"] = self.op
         return fields
+
+
+def _bag_of_text(value: Any) -> dict[str, int]:
+    if not isinstance(value, str):
+        raise _error("bad_type", f"text must be a string, got {type(value).__name__}")
+    try:
+        return features_from_text(value)
+    except ValueError as error:
+        reason = "bad_text" if "surrogate" in str(error) else "empty_bag"
+        raise _error(reason, str(error)) from None
 
 
 def _custom(kind: str, message: str) -> Any:
@@ -290,6 +315,9 @@ class Alert(BaseModel):
     max_distance: int = Field(ge=0, le=64)
     source_entry: str
     op: Op
+    text: str | None = Field(
+        None, description="the start of a text incident's text, when the worker's alert_text_chars asks for it"
+    )
 
     @field_validator("matches", mode="before")
     @classmethod
@@ -324,6 +352,7 @@ class Alert(BaseModel):
             "max_distance": str(self.max_distance),
             "source_entry": self.source_entry,
             "op": self.op,
+            **({"text": self.text} if self.text is not None else {}),
         }
 
 

@@ -21,12 +21,13 @@ from redis.exceptions import ResponseError
 from . import library
 from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, BandLayout
 from .connection import RedisClient
-from .errors import DuplicateIncidentError, LayoutMismatchError, StaleRetriesExhaustedError
+from .errors import DuplicateIncidentError, LayoutMismatchError, StaleRetriesExhaustedError, TokenizerMismatchError
 from .fingerprint import fingerprint, format_fingerprint, parse_fingerprint
 from .formats import incident_id_problem
 from .keys import DEFAULT_NAMESPACE, IndexKeys
 from .library import ApplyResult, StreamTarget, parse_apply
 from .replies import pairs, text
+from .text import TOKENIZER_VERSION
 from .transport import Command, Transport, execute, open_transport
 
 __all__ = [
@@ -163,6 +164,20 @@ class FingerprintIndex:
             raise LayoutMismatchError(self._mismatch_message(stored))
         self._opened = True
 
+    def check_tokenizer(self) -> None:
+        """Raise `TokenizerMismatchError` if `{N}:meta` records text incidents made by another tokenizer version.
+
+        The worker calls it at start (it may receive text events); bags alone need no tokenizer, so the library's
+        own calls do not. Each text event's call checks the version again on the server, atomically.
+        """
+        recorded = self.redis.hget(self.keys.meta, "tokenizer")
+        if recorded is not None and text(recorded) != str(TOKENIZER_VERSION):
+            raise TokenizerMismatchError(
+                f"the text incidents of namespace {self.keys.namespace!r} were fingerprinted by tokenizer version "
+                f"{text(recorded)}, and this worker's is version {TOKENIZER_VERSION}: their fingerprints would not "
+                "be comparable. Run the version that made them, or use a new namespace (and send the texts again)"
+            )
+
     def _mismatch_message(self, stored: str) -> str:
         if not stored:
             return (
@@ -200,6 +215,8 @@ class FingerprintIndex:
             return True
         if message.startswith("LAYOUT"):
             raise LayoutMismatchError(message.removeprefix("LAYOUT ")) from None
+        if message.startswith("TOKENIZER"):
+            raise TokenizerMismatchError(message.removeprefix("TOKENIZER ")) from None
         return False
 
     # -- key building (hot path) ------------------------------------------------------------------------------
@@ -240,6 +257,8 @@ class FingerprintIndex:
         stream: StreamTarget | None = None,
         entry_id: str = "",
         max_matches: int = 0,
+        alert_text: str = "",
+        tokenizer: str = "",
     ) -> tuple[list[str], list[Any]]:
         """Keys and arguments of one apply call (see index.lua): for a pipeline, or for `_fcall`.
 
@@ -275,6 +294,8 @@ class FingerprintIndex:
             stream=stream,
             entry_id=entry_id,
             max_matches=max_matches,
+            alert_text=alert_text,
+            tokenizer=tokenizer,
         )
 
     def apply_command(self, op: str, incident_id: str, fp: int | None, **kwargs: Any) -> Command:

@@ -148,6 +148,8 @@ def apply_call(
     stream: StreamTarget | None,
     entry_id: str,
     max_matches: int,
+    alert_text: str = "",
+    tokenizer: str = "",
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of the apply function, in the order index.lua documents.
 
@@ -155,6 +157,8 @@ def apply_call(
     `old_keys` those of the fingerprint it replaces, `probe_keys` its other probe keys. `fingerprint` and
     `expected` are hex ('' for a delete; expected '-' for "not indexed", '*' for "don't check"). Without a
     `stream` the call runs in library mode: no acknowledgement and no alert, `events` and `alerts` unused.
+    `alert_text` goes into the alert's `text` field (when not ''); `tokenizer` is the tokenizer version of a text
+    incident ('' for a bag), which the call records in `{N}:meta` or refuses when another version is recorded.
     """
     keys = [meta, fingerprints, changes, events, alerts, *new_keys, *old_keys, *probe_keys]
     args = [
@@ -171,6 +175,8 @@ def apply_call(
         stream.alerts_maxlen if stream else 0,
         max_matches,
         probed,
+        alert_text,
+        tokenizer,
     ]
     return keys, args
 

@@ -92,6 +92,12 @@ class Settings(BaseSettings):
     max_matches: int = Field(
         0, ge=0, description="Most matches listed in one alert, closest first (0 = all); match_count counts all."
     )
+    alert_text_chars: int = Field(
+        0,
+        ge=0,
+        le=4096,
+        description="Characters of a text incident's text copied into its alert's `text` field (0 = none).",
+    )
     max_tokens: int = Field(
         _LIMITS.max_tokens, ge=1, description="Most tokens in one bag; a larger bag is dead-lettered."
     )

@@ -45,6 +45,7 @@ from .logs import get_logger
 from .metrics import Metrics
 from .replies import consumers_info, entry_time_ms, group_info, text
 from .settings import Settings
+from .text import TOKENIZER_VERSION
 from .transport import Command
 from .watchdog import Watchdog
 
@@ -139,6 +140,7 @@ class StreamWorker:
         self._started = time.time()
         self._restarted = True  # the first recovery finds what a previous run of this consumer left: deliveries
         self._idle_wait = 0.0
+        self._tokenizer = str(TOKENIZER_VERSION)
 
     # -- control ----------------------------------------------------------------------------------------------
 
@@ -260,6 +262,7 @@ class StreamWorker:
             if "BUSYGROUP" not in str(error):
                 raise
         self.index.open()
+        self.index.check_tokenizer()
         self.heartbeat()
 
     def maintain(self) -> None:
@@ -588,6 +591,8 @@ class StreamWorker:
             stream=self.target,
             entry_id=item.entry_id,
             max_matches=self.settings.max_matches,
+            alert_text=event.text[: self.settings.alert_text_chars] if event.text else "",
+            tokenizer=self._tokenizer if event.text is not None else "",
         )
 
     def _dead_command(self, item: _Item, reason: str, detail: str) -> Command:

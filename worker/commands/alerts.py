@@ -46,6 +46,7 @@ def alert_line(entry_id: str, alert: Alert) -> str:
         f"{entry_time_text(entry_id)}  {entry_id}  incident {shown(alert.incident_id)} ({alert.op}, "
         f"fp {format_fingerprint(alert.fingerprint)}): {plural(alert.match_count, 'match', 'matches')} within "
         f"{alert.max_distance}: {matches_text(alert.matches, alert.match_count)}"
+        + (f"  text: {alert.text!r}" if alert.text is not None else "")
     )
 
 

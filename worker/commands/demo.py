@@ -25,7 +25,6 @@ from ..logs import configure_logging
 from ..replies import text
 from ..settings import Settings
 from ..stream import StreamWorker
-from ..text import features_from_text
 from ._format import matches_text
 from ._shared import EXIT_OK
 from .run import install_stop_signals
@@ -44,13 +43,12 @@ def sample_events() -> list[tuple[dict[str, str], str]]:
         if not line.strip():
             continue
         item = json.loads(line)
-        if "text" in item:
-            features = features_from_text(item["text"])
+        if "text" in item:  # a text event: the worker tokenizes it
+            event = IncidentEvent(incident_id=item["incident_id"], text=item["text"])
             shown = item["text"]
         else:
-            features = item["features"]
-            shown = _bag_text(features)
-        event = IncidentEvent(incident_id=item["incident_id"], features=features)
+            event = IncidentEvent(incident_id=item["incident_id"], features=item["features"])
+            shown = _bag_text(item["features"])
         events.append((event.to_fields(), shown))
     return events
 
@@ -93,6 +91,9 @@ class _Descriptions:
             incident_id = found.get("incident_id")
             if incident_id is None or incident_id in self.known:
                 continue
+            if "text" in found:
+                self.known[incident_id] = found["text"]
+                continue
             try:
                 bag = json.loads(found.get("features", ""))
                 self.known[incident_id] = _bag_text(bag) if isinstance(bag, dict) else FROM_OUTSIDE
@@ -115,7 +116,7 @@ def run_demo(port: int = 0, keep: bool = False, out: Any = None) -> int:
     port = server.server_address[1]
     url = f"redis://127.0.0.1:{port}/0"
     configure_logging("console", "warning")
-    settings = Settings(redis_url=url, consumer="demo", block_ms=200, claim_interval_ms=1000)
+    settings = Settings(redis_url=url, consumer="demo", block_ms=200, claim_interval_ms=1000, alert_text_chars=60)
     client = redis.Redis(port=port)
     worker = StreamWorker(client, settings)
     thread = threading.Thread(target=worker.run, name="worker", daemon=True)
@@ -143,7 +144,8 @@ def run_demo(port: int = 0, keep: bool = False, out: Any = None) -> int:
             for entry_id, fields in entries:
                 last_id = text(entry_id)
                 alert = Alert.from_fields(fields)
-                say(f"ALERT  {alert.incident_id} matches {matches_text(alert.matches, alert.match_count)}")
+                said = f' "{alert.text}"' if alert.text else ""  # text incidents' alerts carry the text's start
+                say(f"ALERT  {alert.incident_id}{said} matches {matches_text(alert.matches, alert.match_count)}")
                 for incident_id in [alert.incident_id, *(m.incident_id for m in alert.matches[:5])]:
                     say(f"       {incident_id}: {_clip(described.of(incident_id))}")
                 count += 1
@@ -169,6 +171,7 @@ def run_demo(port: int = 0, keep: bool = False, out: Any = None) -> int:
         f"XRANGE '{settings.alerts_stream}' - +",
         f"HGETALL '{settings.keys.meta}'",
         f"XADD '{settings.events_stream}' '*' incident_id 91 features '{{\"dock\":3,\"scanner\":2,\"timeout\":1}}'",
+        f"XADD '{settings.events_stream}' '*' incident_id 92 text 'Disk full on db-7: writes failing since 04:10 UTC'",
     ):
         say(f"  redis-cli -p {port} {command}")
     if keep and not stopping.is_set():

@@ -39,7 +39,7 @@ from ._shared import (
     with_settings,
 )
 
-__all__ = ["configure", "event_fields", "features_of_text"]
+__all__ = ["configure", "event_fields"]
 
 PUBLISH_CHUNK = 500
 """Events per pipelined round trip: large enough to hide latency, small enough to bound a lost chunk."""
@@ -63,16 +63,6 @@ def _validated(fields: dict[str, str], limits: EventLimits) -> dict[str, str]:
     return fields
 
 
-def features_of_text(line: str) -> dict[str, int]:
-    """The bag of words of a text; InvalidLineError (no_token) when nothing in it can be fingerprinted."""
-    from ..text import features_from_text
-
-    try:
-        return features_from_text(line)
-    except ValueError as error:
-        raise InvalidLineError("no_token", f"the text has nothing to fingerprint: {error}") from None
-
-
 def _compact(features: Any) -> str:
     return json.dumps(features, ensure_ascii=False, separators=(",", ":"))
 
@@ -94,7 +84,7 @@ def event_fields(data: dict[str, Any], limits: EventLimits, default_id: str | No
             raise InvalidLineError("bad_type", "give features or text, not both")
         if not isinstance(data["text"], str):
             raise InvalidLineError("bad_type", f"text must be a JSON string, got {type(data['text']).__name__}")
-        fields["features"] = _compact(features_of_text(data["text"]))
+        fields["text"] = data["text"]  # the worker tokenizes it; validation below checks it yields a bag
     elif "features" in data:
         features = data["features"]
         fields["features"] = features if isinstance(features, str) else _compact(features)
@@ -117,8 +107,7 @@ def _parse_line(line: str, number: int, *, text_mode: bool, id_prefix: str, limi
                 data = None
             if isinstance(data, dict) and "text" in data:
                 return event_fields(data, limits, f"{id_prefix}{number}")
-        features = _compact(features_of_text(line))
-        return _validated({"incident_id": f"{id_prefix}{number}", "features": features}, limits)
+        return _validated({"incident_id": f"{id_prefix}{number}", "text": line}, limits)
     try:
         data = json.loads(line)
     except ValueError as error:
@@ -352,10 +341,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         parser,
         "Append incident events to the events stream, one a line: a JSON object "
         '{"incident_id": "47", "features": {"disk": 2, "full": 1}} with an optional "op" (add, upsert, delete), '
-        'or {"incident_id": "47", "text": "disk full on web-3"} whose text becomes the bag. With --text each line '
-        "is plain text (a log line, an incident title) turned into a bag of words, its ID the prefix and the line "
-        'number; a JSON line with a "text" key is read as above. Every line is validated as the worker would '
-        "validate it: invalid lines are reported with their number and reason and skipped (or, with --strict, "
+        'or {"incident_id": "47", "text": "disk full on web-3"}, a text event the worker turns into a bag of words. '
+        "With --text each line is plain text (a log line, an incident title) sent as a text event, its ID the "
+        'prefix and the line number; a JSON line with a "text" key is read as above. Every line is validated as the '
+        "worker would validate it: invalid lines are reported with their number and reason and skipped (or, with --strict, "
         "nothing is sent). Events go out in pipelined chunks; a progress bar shows on a terminal.",
         examples="""
   incident-worker publish incidents.jsonl
@@ -379,7 +368,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--text",
         action="store_true",
-        help="each line is plain text, turned into a bag of words (worker.text.features_from_text)",
+        help="each line is plain text, sent as a text event (the worker tokenizes it with worker.text)",
     )
     parser.add_argument(
         "--id-prefix",

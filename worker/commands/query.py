@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..connection import RedisClient
-from ..errors import InvalidFeaturesError
+from ..errors import InvalidFeaturesError, TokenizerMismatchError
 from ..fingerprint import fingerprint, format_fingerprint
 from ..settings import Settings
 from ._format import json_line, plural
@@ -53,10 +53,21 @@ class QueryResult:
         }
 
 
-def run_query(client: RedisClient, settings: Settings, bag: dict[str, int], limit: int | None) -> QueryResult:
-    """Look the bag up within `limit` (default: the index's max distance), reading only."""
+def run_query(
+    client: RedisClient, settings: Settings, bag: dict[str, int], limit: int | None, *, text: bool = False
+) -> QueryResult:
+    """Look the bag up within `limit` (default: the index's max distance), reading only.
+
+    `text`: the bag came from this version's tokenizer, so an index whose text incidents came from another
+    version is refused (their fingerprints are not comparable).
+    """
     fp = fingerprint(bag)
     index, _ = stored_index(client, settings)
+    if index is not None and text:
+        try:
+            index.check_tokenizer()
+        except TokenizerMismatchError as error:
+            raise UsageError(str(error)) from None
     if index is None:
         limit = settings.max_distance if limit is None else limit
         return QueryResult(settings.namespace, bag, fp, limit, 0, False, [])
@@ -126,7 +137,7 @@ def _bag_of(args: argparse.Namespace) -> dict[str, int]:
 @with_settings("query")
 def _query(args: argparse.Namespace, settings: Settings) -> int:
     bag = _bag_of(args)
-    result = run_query(command_client(settings, "query"), settings, bag, args.limit)
+    result = run_query(command_client(settings, "query"), settings, bag, args.limit, text=args.text is not None)
     if args.json:
         print(json_line(result.as_json()))
     else:

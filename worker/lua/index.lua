@@ -202,6 +202,9 @@ end
 -- args[11] = approximate MAXLEN of the alerts stream (0 = no trimming)
 -- args[12] = most matches to list (0 = all)
 -- args[13] = how many of the new posting keys (band 0 first) are probed too; the rest are only written
+-- args[14] = text to publish in the alert's `text` field ('' = none)
+-- args[15] = tokenizer version of a text incident ('' for a bag): recorded in {N}:meta's `tokenizer` on first use,
+--            refused (error TOKENIZER) when it differs from the recorded one
 --
 -- Returns {status, match_count, candidates_verified, alert_entry_id_or_'', id1, d1, id2, d2, ...} where status is
 -- indexed | repeat | duplicate | stale | deleted | absent | not_pending. Only indexed, repeat, deleted and absent
@@ -216,6 +219,16 @@ local function apply(keys, args)
 
   local refused = check_layout(meta_key, args[5])
   if refused then return refused end
+  local tokenizer = args[15] or ''
+  if tokenizer ~= '' then
+    local recorded = redis.call('HGET', meta_key, 'tokenizer')
+    if not recorded then
+      redis.call('HSET', meta_key, 'tokenizer', tokenizer)
+    elseif recorded ~= tokenizer then
+      return redis.error_reply('TOKENIZER the text incidents of ' .. meta_key .. ' were made by tokenizer version ' ..
+        recorded .. ', not ' .. tokenizer .. '; run workers of that version, or use a new namespace')
+    end
+  end
   if streaming and not is_pending(events_key, group, entry_id) then
     return {'not_pending', 0, 0, ''}
   end
@@ -265,6 +278,10 @@ local function apply(keys, args)
     if matched > 0 then
       local fields = {'incident_id', id, 'fingerprint', fp, 'matches', matches_json(flat),
                       'match_count', matched, 'max_distance', limit, 'source_entry', entry_id, 'op', op}
+      if (args[14] or '') ~= '' then
+        fields[#fields + 1] = 'text'
+        fields[#fields + 1] = args[14]
+      end
       if alerts_maxlen > 0 then
         alert_id = redis.call('XADD', alerts_key, 'MAXLEN', '~', alerts_maxlen, '*', unpack(fields))
       else

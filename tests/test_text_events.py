@@ -1,0 +1,221 @@
+"""Text events: an event may carry `text` instead of `features`; the worker tokenizes it, records the tokenizer
+version in the index meta, refuses an index made by another version, and can copy a bounded prefix into alerts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+from pydantic import ValidationError
+
+from tests.redis_server import RedisServer
+from tests.streams import alerts, dead_letters, pending_count, publish
+from worker.errors import LayoutMismatchError, TokenizerMismatchError
+from worker.fingerprint import fingerprint, format_fingerprint
+from worker.formats import REASONS, Alert, IncidentEvent, event_error
+from worker.index import FingerprintIndex
+from worker.settings import Settings
+from worker.stream import StreamWorker
+from worker.text import TOKENIZER_VERSION, features_from_text
+
+META = "{incidents}:meta"
+DISK_1 = "Disk full on db-07 (10.0.3.17): writes failing since 03:14 UTC"
+DISK_2 = "disk full on DB-12 (10.0.9.201): writes failing since 22:40 UTC"
+CERT = "TLS certificate for api.example.com expires in 7 days"
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("INCIDENT_WORKER_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(params=["real", "fake"])
+def client(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
+    """A clean Redis answering in bytes, as the worker requires: the real server or fakeredis."""
+    if request.param == "real":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        real = server.client()
+        real.flushall()
+        real.function_flush()
+        yield real
+        real.close()
+    else:
+        fake = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=7))
+        yield fake
+        fake.close()
+
+
+def run_worker(client: Any, **overrides: Any) -> StreamWorker:
+    values: dict[str, Any] = {"consumer": "w1", "block_ms": 50, "claim_interval_ms": 100, "summary_interval_s": 60}
+    values.update(overrides)
+    worker = StreamWorker(client, Settings(**values))
+    worker.run(until_idle=True)
+    return worker
+
+
+# --- the event format ---
+
+
+def test_a_text_event_is_fingerprinted_by_the_products_tokenizer() -> None:
+    event = IncidentEvent.from_fields({"incident_id": "1", "text": DISK_1})
+    assert event.text == DISK_1 and event.features is None
+    assert event.fingerprint == fingerprint(features_from_text(DISK_1))
+    assert IncidentEvent.from_fields(event.to_fields()) == event
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"incident_id": "1", "text": DISK_1, "features": '{"a": 1}'}, "features_or_text"),
+        ({"incident_id": "1", "text": DISK_1, "features": '{"a": 1}', "op": "delete"}, "features_or_text"),
+        ({"incident_id": "1"}, "features_or_text"),
+        ({"incident_id": "1", "op": "upsert"}, "features_or_text"),
+        ({"incident_id": "1", "text": " -- !!"}, "empty_bag"),
+        ({"incident_id": "1", "text": ""}, "empty_bag"),
+        ({"features": '{"a": 1}'}, "missing_field"),
+    ],
+)
+def test_events_without_exactly_one_of_features_and_text_are_refused(fields: dict[str, str], reason: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        IncidentEvent.from_fields(fields)
+    got, detail = event_error(caught.value)
+    assert got == reason and got in REASONS
+    assert detail
+
+
+def test_a_delete_needs_neither_features_nor_text() -> None:
+    assert IncidentEvent.from_fields({"incident_id": "1", "op": "delete"}).fingerprint is None
+
+
+def test_a_text_too_large_for_the_limits_is_refused() -> None:
+    from worker.formats import EventLimits
+
+    with pytest.raises(ValidationError) as caught:
+        text = " ".join(a + b for a in "abcdefgh" for b in "xyz")  # 24 distinct words
+        IncidentEvent.from_fields({"incident_id": "1", "text": text}, EventLimits(max_tokens=10))
+    assert event_error(caught.value)[0] == "too_many_tokens"
+
+
+def test_an_alert_reads_back_with_and_without_text() -> None:
+    fields = {
+        "incident_id": "2",
+        "fingerprint": "0" * 16,
+        "matches": '[{"incident_id":"1","distance":0}]',
+        "match_count": "1",
+        "max_distance": "7",
+        "source_entry": "1-0",
+        "op": "add",
+    }
+    assert Alert.from_fields(fields).text is None
+    alert = Alert.from_fields({**fields, "text": "Disk full"})
+    assert alert.text == "Disk full" and alert.to_fields() == {**fields, "text": "Disk full"}
+
+
+# --- end to end, on a real Redis and on fakeredis ---
+
+
+def test_text_events_alert_like_bags_and_record_the_tokenizer(client: redis.Redis) -> None:
+    publish(
+        client,
+        [
+            {"incident_id": "1", "text": DISK_1},
+            {"incident_id": "2", "text": CERT},
+            {"incident_id": "3", "text": DISK_2},
+            {"incident_id": "4", "features": {"dock": 3}},
+        ],
+    )
+    worker = run_worker(client)
+    assert worker.stats.alerts == 1
+    [alert] = alerts(client)
+    assert alert.incident_id == "3" and [m.incident_id for m in alert.matches] == ["1"]
+    assert alert.text is None  # not asked for
+    assert alert.fingerprint == format_fingerprint(fingerprint(features_from_text(DISK_2)))
+    assert client.hget(META, "tokenizer") == str(TOKENIZER_VERSION).encode()
+    assert pending_count(client) == 0 and dead_letters(client) == []
+
+
+def test_a_bag_only_index_records_no_tokenizer(client: redis.Redis) -> None:
+    publish(client, [{"incident_id": "4", "features": {"dock": 3}}])
+    run_worker(client)
+    assert client.hget(META, "tokenizer") is None
+
+
+def test_alerts_carry_a_bounded_prefix_of_the_text_when_asked(client: redis.Redis) -> None:
+    publish(client, [{"incident_id": "1", "text": DISK_1}, {"incident_id": "3", "text": DISK_2}])
+    run_worker(client, alert_text_chars=12)
+    [alert] = alerts(client)
+    assert alert.text == DISK_2[:12]
+
+
+def test_alert_text_chars_is_bounded() -> None:
+    with pytest.raises(ValidationError):
+        Settings(alert_text_chars=100_000)
+
+
+def test_text_events_with_both_or_neither_are_dead_letters(client: redis.Redis) -> None:
+    publish(
+        client,
+        [
+            {"incident_id": "1", "text": DISK_1, "features": {"a": 1}},
+            {"incident_id": "2"},
+            {"incident_id": "3", "text": "..."},
+        ],
+    )
+    run_worker(client)
+    letters = dead_letters(client)
+    assert [(d.original["incident_id"], d.reason) for d in letters] == [
+        ("1", "features_or_text"),
+        ("2", "features_or_text"),
+        ("3", "empty_bag"),
+    ]
+    assert letters[0].original["text"] == DISK_1  # the original fields are kept
+    assert pending_count(client) == 0 and alerts(client) == []
+
+
+def test_a_worker_refuses_an_index_made_by_another_tokenizer(client: redis.Redis) -> None:
+    publish(client, [{"incident_id": "1", "text": DISK_1}])
+    run_worker(client)
+    client.hset(META, "tokenizer", "1")
+    with pytest.raises(TokenizerMismatchError, match="tokenizer version 1") as caught:
+        StreamWorker(client, Settings(consumer="w2")).setup()
+    assert isinstance(caught.value, LayoutMismatchError)  # handled like a layout mismatch: exit code 2
+    assert "new namespace" in str(caught.value)
+
+
+def test_a_text_event_meeting_another_tokenizer_stops_the_worker_and_stays_pending(client: redis.Redis) -> None:
+    worker = StreamWorker(client, Settings(consumer="w1", block_ms=50, claim_interval_ms=100))
+    worker.setup()  # opened before another version wrote the meta
+    client.hset(META, "tokenizer", "1")
+    publish(client, [{"incident_id": "1", "text": DISK_1}])
+    with pytest.raises(TokenizerMismatchError, match="version 1"):
+        worker.read_and_process()
+    assert pending_count(client) == 1 and client.hlen("{incidents}:fp") == 0
+
+
+def test_bags_alone_need_no_tokenizer_so_the_library_opens_such_an_index(client: redis.Redis) -> None:
+    publish(client, [{"incident_id": "1", "text": DISK_1}])
+    run_worker(client)
+    client.hset(META, "tokenizer", "1")
+    index = FingerprintIndex(client)
+    assert index.neighbours(features_from_text(DISK_1)) == [("1", 0)]
+
+
+def test_query_of_a_text_refuses_an_index_made_by_another_tokenizer(client: redis.Redis) -> None:
+    from worker.commands.query import run_query
+    from worker.errors import UsageError
+
+    publish(client, [{"incident_id": "1", "text": DISK_1}])
+    run_worker(client)
+    bag = features_from_text(DISK_2)
+    assert [m["incident_id"] for m in run_query(client, Settings(), bag, None, text=True).matches] == ["1"]
+    client.hset(META, "tokenizer", "1")
+    with pytest.raises(UsageError, match="tokenizer version 1"):
+        run_query(client, Settings(), bag, None, text=True)
+    assert run_query(client, Settings(), bag, None).matches  # a bag is a bag: no tokenizer involved
