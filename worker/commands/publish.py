@@ -344,8 +344,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         'or {"incident_id": "47", "text": "disk full on web-3"}, a text event the worker turns into a bag of words. '
         "With --text each line is plain text (a log line, an incident title) sent as a text event, its ID the "
         'prefix and the line number; a JSON line with a "text" key is read as above. Every line is validated as the '
-        "worker would validate it: invalid lines are reported with their number and reason and skipped (or, with --strict, "
-        "nothing is sent). Events go out in pipelined chunks; a progress bar shows on a terminal.",
+        "worker would validate it: invalid lines are reported with their number and reason and skipped (or, with "
+        "--strict, nothing is sent). Events go out in pipelined chunks; a progress bar shows on a terminal.",
         examples="""
   incident-worker publish incidents.jsonl
   incident-worker publish --strict --json incidents.jsonl      # all or nothing; summary as JSON
