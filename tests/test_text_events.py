@@ -73,10 +73,10 @@ def test_a_text_event_is_fingerprinted_by_the_products_tokenizer() -> None:
 @pytest.mark.parametrize(
     ("fields", "reason"),
     [
-        ({"incident_id": "1", "text": DISK_1, "features": '{"a": 1}'}, "features_or_text"),
-        ({"incident_id": "1", "text": DISK_1, "features": '{"a": 1}', "op": "delete"}, "features_or_text"),
-        ({"incident_id": "1"}, "features_or_text"),
-        ({"incident_id": "1", "op": "upsert"}, "features_or_text"),
+        ({"incident_id": "1", "text": DISK_1, "features": '{"a": 1}'}, "features_and_text"),
+        ({"incident_id": "1", "text": DISK_1, "features": '{"a": 1}', "op": "delete"}, "features_and_text"),
+        ({"incident_id": "1"}, "missing_field"),
+        ({"incident_id": "1", "op": "upsert"}, "missing_field"),
         ({"incident_id": "1", "text": " -- !!"}, "empty_bag"),
         ({"incident_id": "1", "text": ""}, "empty_bag"),
         ({"features": '{"a": 1}'}, "missing_field"),
@@ -171,8 +171,8 @@ def test_text_events_with_both_or_neither_are_dead_letters(client: redis.Redis) 
     run_worker(client)
     letters = dead_letters(client)
     assert [(d.original["incident_id"], d.reason) for d in letters] == [
-        ("1", "features_or_text"),
-        ("2", "features_or_text"),
+        ("1", "features_and_text"),
+        ("2", "missing_field"),
         ("3", "empty_bag"),
     ]
     assert letters[0].original["text"] == DISK_1  # the original fields are kept

@@ -76,8 +76,8 @@ MAX_ORIGINAL_FIELDS = 1000
 """A dead letter keeps at most this many of the entry's fields (a server-side call takes ~8,000 arguments)."""
 
 REASONS = {
-    "missing_field": "incident_id is missing",
-    "features_or_text": "an add or upsert carries neither features nor text, or an entry carries both",
+    "missing_field": "incident_id is missing, or an add or upsert carries neither features nor text",
+    "features_and_text": "the entry carries both features and text (send exactly one of them)",
     "bad_type": "a field has the wrong type",
     "bad_text": "text is not valid Unicode (a lone surrogate)",
     "bad_incident_id": "incident_id is empty or longer than 256 characters",
@@ -187,7 +187,7 @@ class IncidentEvent(BaseModel):
         fp = None
         bag = None
         if isinstance(data, dict) and data.get("features") is not None and data.get("text") is not None:
-            raise _error("features_or_text", "the entry carries both features and text; send one of them")
+            raise _error("features_and_text", "the entry carries both features and text; send one of them")
         if isinstance(data, dict) and data.get("features") is not None:
             bag = cls._parse_features(data["features"])
         elif isinstance(data, dict) and data.get("text") is not None:
@@ -202,7 +202,7 @@ class IncidentEvent(BaseModel):
                 data = {**data, "features": bag}
         event: IncidentEvent = handler(data)
         if event.op != "delete" and event.features is None and event.text is None:
-            raise _error("features_or_text", f"op {event.op} needs features (a bag) or text; the entry has neither")
+            raise _error("missing_field", f"op {event.op} needs features (a bag) or text; the entry has neither")
         event._fingerprint = fp
         return event
 
