@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from tests.redis_server import RedisServer
 from tests.streams import alerts, dead_letters, pending_count, publish
 from worker.errors import LayoutMismatchError, TokenizerMismatchError
-from worker.fingerprint import fingerprint, format_fingerprint
+from worker.fingerprint import fingerprint
 from worker.formats import REASONS, Alert, IncidentEvent, event_error
 from worker.index import FingerprintIndex
 from worker.settings import Settings
@@ -136,7 +136,7 @@ def test_text_events_alert_like_bags_and_record_the_tokenizer(client: redis.Redi
     [alert] = alerts(client)
     assert alert.incident_id == "3" and [m.incident_id for m in alert.matches] == ["1"]
     assert alert.text is None  # not asked for
-    assert alert.fingerprint == format_fingerprint(fingerprint(features_from_text(DISK_2)))
+    assert alert.fingerprint == fingerprint(features_from_text(DISK_2))
     assert client.hget(META, "tokenizer") == str(TOKENIZER_VERSION).encode()
     assert pending_count(client) == 0 and dead_letters(client) == []
 
@@ -204,7 +204,7 @@ def test_bags_alone_need_no_tokenizer_so_the_library_opens_such_an_index(client:
     run_worker(client)
     client.hset(META, "tokenizer", "1")
     index = FingerprintIndex(client)
-    assert index.neighbours(features_from_text(DISK_1)) == [("1", 0)]
+    assert index.matches(features_from_text(DISK_1)) == [("1", 0)]
 
 
 def test_query_of_a_text_refuses_an_index_made_by_another_tokenizer(client: redis.Redis) -> None:
