@@ -164,6 +164,9 @@ class FingerprintIndex:
             raise LayoutMismatchError(self._mismatch_message(stored))
         self._opened = True
 
+    LATER_META_FIELDS = ("tokenizer",)
+    """Meta fields written after the namespace's first use: `tokenizer`, by the first text event's call."""
+
     def check_tokenizer(self) -> None:
         """Raise `TokenizerMismatchError` if `{N}:meta` records text incidents made by another tokenizer version.
 
