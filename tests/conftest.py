@@ -1,20 +1,32 @@
-"""Shared fixtures: a real redis-server started by the suite, and fakeredis beside it.
+"""Shared fixtures: a real redis-server started by the suite, fakeredis beside it, and the tests' worker settings.
 
 Behaviour that depends on Redis runs against both: `redis_client` is parametrized over a real server (responses as
-bytes) and fakeredis (responses decoded), so both reply shapes are covered too. Under CI=true a missing
-redis-server is a failure, never a skip.
+bytes) and fakeredis (responses decoded unless a module overrides `fake_decodes`), so both reply shapes are covered
+too. Under CI=true a missing redis-server is a failure, never a skip. `FAST` (for worker processes) and
+`fast_settings()` (for workers in the test process) are the one set of quick worker settings.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import fakeredis
 import pytest
 import redis
 
 from tests.redis_server import RedisServer, redis_server_available
+from worker.settings import Settings
+
+FAST = {"block_ms": 100, "claim_idle_ms": 1000, "claim_interval_ms": 200, "summary_interval_s": 1}
+"""Worker settings for tests: quick to notice new entries, to take over a silent consumer's, and to stop."""
+
+
+def fast_settings(**overrides: Any) -> Settings:
+    """Settings of a worker run inside the test process: `FAST`, consumer w1, then `overrides`."""
+    return Settings(**{"consumer": "w1", **FAST, **overrides})
+
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
@@ -57,12 +69,21 @@ def server(redis_server: RedisServer) -> Iterator[RedisServer]:
     yield redis_server
 
 
+@pytest.fixture
+def fake_decodes() -> bool:
+    """Whether the fakeredis side of `redis_client` decodes replies (so the suite meets both reply shapes).
+
+    A module whose code needs bytes (the stream worker refuses a decoding client) overrides it with False.
+    """
+    return True
+
+
 @pytest.fixture(params=["real", "fake"])
-def redis_client(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
-    """A clean Redis: the real server (bytes replies) or fakeredis (decoded replies)."""
+def redis_client(request: pytest.FixtureRequest, fake_decodes: bool) -> Iterator[redis.Redis]:
+    """A clean Redis: the real server (bytes replies) or fakeredis (decoded replies unless `fake_decodes` is off)."""
     if request.param == "real":
         yield request.getfixturevalue("real_redis")
     else:
-        client = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=7), decode_responses=True)
+        client = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=7), decode_responses=fake_decodes)
         yield client
         client.close()

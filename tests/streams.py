@@ -12,8 +12,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tests import conftest
 from worker.fingerprint import fingerprint
 from worker.formats import Alert, DeadLetter
+from worker.replies import text
 
 EVENTS = "{incidents}:events"
 ALERTS = "{incidents}:alerts"
@@ -21,8 +23,8 @@ DEAD = "{incidents}:dead"
 FP = "{incidents}:fp"
 GROUP = "incident-workers"
 
-FAST = {"block_ms": 100, "claim_idle_ms": 1000, "claim_interval_ms": 200, "summary_interval_s": 1}
-"""Worker settings for tests: quick to notice new entries, to take over a killed worker's, and to stop."""
+FAST = conftest.FAST
+"""The suite's one set of quick worker settings (tests/conftest.py), here beside the helpers that start workers."""
 
 
 def publish(client: Any, events: Iterable[Mapping[str, Any]], stream: str = EVENTS) -> list[str]:
@@ -31,11 +33,7 @@ def publish(client: Any, events: Iterable[Mapping[str, Any]], stream: str = EVEN
     for event in events:
         fields = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in event.items()}
         pipe.xadd(stream, fields)
-    return [_text(entry_id) for entry_id in pipe.execute()]
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return [text(entry_id) for entry_id in pipe.execute()]
 
 
 def alerts(client: Any, stream: str = ALERTS) -> list[Alert]:

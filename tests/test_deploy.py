@@ -28,7 +28,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 from redis.retry import Retry
 
-from tests.conftest import require_redis_server
+from tests.conftest import FAST, require_redis_server
 from tests.redis_server import RedisServer, free_port
 from tests.streams import (
     EVENTS,
@@ -60,7 +60,6 @@ RENDER_ACL = DEPLOY / "redis" / "render-acl.sh"
 
 WORKER_USER = "incident-worker"
 PASSWORDS = {"REDIS_WORKER_PASSWORD": "test-worker-pa55", "REDIS_ADMIN_PASSWORD": "test-admin-pa55"}
-FAST = {"block_ms": 100, "claim_idle_ms": 1000, "claim_interval_ms": 200, "summary_interval_s": 0.2}
 NAMESPACE_PATTERN = "~{incidents}:*"
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
@@ -718,7 +717,10 @@ def test_worker_process_does_its_whole_job_as_the_acl_user(
     worker_client.xgroup_create(EVENTS, GROUP, id="0")
     worker_client.xreadgroup(GROUP, "acl-worker", {EVENTS: ">"}, count=1)
     log = tmp_path / "worker.log"
-    worker = start_worker(worker_url(acl_server), "--until-idle", log=log, consumer="acl-worker", **FAST)
+    # summaries every 0.2 s: the ACL user must be allowed the commands of the summary too
+    worker = start_worker(
+        worker_url(acl_server), "--until-idle", log=log, consumer="acl-worker", **{**FAST, "summary_interval_s": 0.2}
+    )
     try:
         code = worker.wait(timeout=60)
     except subprocess.TimeoutExpired:

@@ -19,10 +19,7 @@ from worker.errors import DuplicateIncidentError, LayoutMismatchError
 from worker.fingerprint import fingerprint, format_fingerprint
 from worker.index import FingerprintIndex
 from worker.library import parse_apply
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+from worker.replies import text
 
 
 def _largest_distance(bands: int, cap: int = 24) -> int:
@@ -178,11 +175,11 @@ def test_repeated_add_changes_nothing_and_other_fingerprint_is_refused(redis_cli
     index = FingerprintIndex(redis_client)
     index.add("a", {"x": 1})
     index.add("b", {"x": 1, "y": 1})
-    before = {_text(k): redis_client.dump(k) for k in redis_client.keys("{incidents}:*")}
+    before = {text(k): redis_client.dump(k) for k in redis_client.keys("{incidents}:*")}
     assert index.add("a", {"x": 1}) == []
     with pytest.raises(DuplicateIncidentError, match=r"'a'.*upsert"):
         index.add("a", {"z": 1})
-    after = {_text(k): redis_client.dump(k) for k in redis_client.keys("{incidents}:*")}
+    after = {text(k): redis_client.dump(k) for k in redis_client.keys("{incidents}:*")}
     assert before == after
     assert index.get("a") == fingerprint({"x": 1})
 
@@ -210,19 +207,19 @@ def test_key_layout_is_spec_section_3(redis_client: redis.Redis) -> None:
     fps = {str(i): rng.getrandbits(64) for i in range(20)}
     for i, fp in fps.items():
         index.add_fingerprint(i, fp)
-    assert _text(redis_client.type("{incidents}:fp")) == "hash"
+    assert text(redis_client.type("{incidents}:fp")) == "hash"
     for i, fp in fps.items():
-        stored = _text(redis_client.hget("{incidents}:fp", i))
+        stored = text(redis_client.hget("{incidents}:fp", i))
         assert stored == format_fingerprint(fp) and len(stored) == 16 and stored == stored.lower()
-    band_keys = {_text(k) for k in redis_client.keys("{incidents}:band:*")}
+    band_keys = {text(k) for k in redis_client.keys("{incidents}:band:*")}
     expected_keys = {f"{{incidents}}:band:{b}:{(fp >> (16 * b)) & 0xFFFF:04x}" for fp in fps.values() for b in range(4)}
     assert band_keys == expected_keys
     for key in band_keys:
-        assert _text(redis_client.type(key)) == "set"
+        assert text(redis_client.type(key)) == "set"
         _, _, band, value = key.split(":")
-        members = {_text(m) for m in redis_client.smembers(key)}
+        members = {text(m) for m in redis_client.smembers(key)}
         assert members == {i for i, fp in fps.items() if (fp >> (16 * int(band))) & 0xFFFF == int(value, 16)}
-    meta = {_text(k): _text(v) for k, v in redis_client.hgetall("{incidents}:meta").items()}
+    meta = {text(k): text(v) for k, v in redis_client.hgetall("{incidents}:meta").items()}
     assert meta["bands"] == "4" and meta["max_distance"] == "7" and meta["band_widths"] == "16,16,16,16"
     assert meta["scheme"] == "simhash64-blake2b8le" and meta["format_version"] == "1"
     # deleting everything leaves no posting behind
@@ -236,13 +233,13 @@ def test_odd_band_counts_pad_values_to_the_band_width(redis_client: redis.Redis)
     index = FingerprintIndex(redis_client, "odd", bands=3)
     fp = 0xFFFF_FFFF_FFFF_FFFF
     index.add_fingerprint("x", fp)
-    assert {_text(k) for k in redis_client.keys("{odd}:band:*")} == {
+    assert {text(k) for k in redis_client.keys("{odd}:band:*")} == {
         "{odd}:band:0:3fffff",  # bits 0..21
         "{odd}:band:1:1fffff",  # bits 22..42
         "{odd}:band:2:1fffff",  # bits 43..63
     }
     index.add_fingerprint("y", 0)
-    assert _text(redis_client.smembers("{odd}:band:2:000000").pop()) == "y"
+    assert text(redis_client.smembers("{odd}:band:2:000000").pop()) == "y"
 
 
 def test_reopening_with_another_layout_is_refused(redis_client: redis.Redis) -> None:
@@ -426,7 +423,7 @@ class IndexMachine(RuleBasedStateMachine):
     @precondition(lambda self: hasattr(self, "index"))
     @invariant()
     def same_fingerprints(self) -> None:
-        stored = {_text(k): int(_text(v), 16) for k, v in self.client.hgetall("{sm}:fp").items()}
+        stored = {text(k): int(text(v), 16) for k, v in self.client.hgetall("{sm}:fp").items()}
         assert stored == self.oracle.fps
         assert_postings_match(self.client, "sm", self.index.layout.bands, self.oracle.fps)
 
@@ -446,9 +443,9 @@ def test_changes_stream_records_each_change_in_order(redis_client: redis.Redis) 
     index.delete("a")  # unknown by now: nothing recorded
     index.bulk_load([("b", 5)])
     entries = redis_client.xrange("{incidents}:changes")
-    changes = [tuple(_text(x) for x in next(iter(fields.items()))) for _, fields in entries]
+    changes = [tuple(text(x) for x in next(iter(fields.items()))) for _, fields in entries]
     assert changes == [("add", "a"), ("upsert", "a"), ("delete", "a"), ("add", "b")]
-    times = [int(_text(entry_id).split("-")[0]) for entry_id, _ in entries]
+    times = [int(text(entry_id).split("-")[0]) for entry_id, _ in entries]
     assert times == sorted(times) and abs(times[-1] / 1000 - time.time()) < 60
 
 

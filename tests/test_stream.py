@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import fakeredis
 import pytest
 import redis
 
-from tests.redis_server import RedisServer
+from tests.conftest import fast_settings
 from tests.streams import (
     ALERTS,
     DEAD,
@@ -46,63 +45,50 @@ def _no_worker_env(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(name)
 
 
-@pytest.fixture(params=["real", "fake"])
-def client(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
-    """A clean Redis answering in bytes, as the worker requires: the real server or fakeredis."""
-    if request.param == "real":
-        server: RedisServer = request.getfixturevalue("redis_server")
-        real = server.client()
-        real.flushall()
-        real.function_flush()
-        yield real
-        real.close()
-    else:
-        fake = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=7))
-        yield fake
-        fake.close()
+@pytest.fixture
+def fake_decodes() -> bool:
+    return False  # the worker refuses a redis_client that decodes replies
 
 
 def settings(**overrides: Any) -> Settings:
-    values: dict[str, Any] = {"consumer": "w1", "block_ms": 50, "claim_interval_ms": 100, "summary_interval_s": 60}
-    values.update(overrides)
-    return Settings(**values)
+    return fast_settings(**overrides)
 
 
-def run_worker(client: Any, **overrides: Any) -> StreamWorker:
-    worker = StreamWorker(client, settings(**overrides))
+def run_worker(redis_client: Any, **overrides: Any) -> StreamWorker:
+    worker = StreamWorker(redis_client, settings(**overrides))
     worker.run(until_idle=True)
     return worker
 
 
-def test_spec_section_4_example(client: redis.Redis) -> None:
+def test_spec_section_4_example(redis_client: redis.Redis) -> None:
     publish(
-        client,
+        redis_client,
         [
             {"incident_id": "47", "features": DOCK},
             {"incident_id": "83", "features": ROAD},
             {"incident_id": "90", "features": DOCK},
         ],
     )
-    entries = [entry_id.decode() for entry_id, _ in client.xrange(EVENTS)]
-    run_worker(client)
-    [alert] = alerts(client)
+    entries = [entry_id.decode() for entry_id, _ in redis_client.xrange(EVENTS)]
+    run_worker(redis_client)
+    [alert] = alerts(redis_client)
     assert alert.incident_id == "90"
     assert [(m.incident_id, m.distance) for m in alert.matches] == [("47", 0)]
     assert alert.match_count == 1 and alert.max_distance == 7 and alert.op == "add"
     assert alert.fingerprint == 0x0B61171015620FA1
     assert alert.to_fields()["fingerprint"] == alert.model_dump()["fingerprint"] == "0b61171015620fa1"
     assert alert.source_entry == entries[2]
-    assert client.hget(FP, "47") == b"0b61171015620fa1"
-    assert pending_count(client) == 0
-    index = FingerprintIndex(client)
+    assert redis_client.hget(FP, "47") == b"0b61171015620fa1"
+    assert pending_count(redis_client) == 0
+    index = FingerprintIndex(redis_client)
     assert index.matches(DOCK) == [("47", 0), ("90", 0)]
     assert index.matches(ROAD) == [("83", 0)]
 
 
-def test_events_appended_before_any_worker_are_processed(client: redis.Redis) -> None:
-    publish(client, [{"incident_id": str(i), "features": {f"w{i}": 1}} for i in range(30)])
-    run_worker(client)
-    assert client.hlen(FP) == 30
+def test_events_appended_before_any_worker_are_processed(redis_client: redis.Redis) -> None:
+    publish(redis_client, [{"incident_id": str(i), "features": {f"w{i}": 1}} for i in range(30)])
+    run_worker(redis_client)
+    assert redis_client.hlen(FP) == 30
 
 
 BAD_INPUT = [
@@ -132,83 +118,83 @@ BAD_INPUT = [
 
 @pytest.mark.parametrize(("fields", "reason"), BAD_INPUT, ids=[f"{r}-{i}" for i, (_, r) in enumerate(BAD_INPUT)])
 def test_bad_input_is_dead_lettered_and_good_entries_around_it_are_processed(
-    client: redis.Redis, fields: dict[str, Any], reason: str
+    redis_client: redis.Redis, fields: dict[str, Any], reason: str
 ) -> None:
     good_before = [{"incident_id": f"g{i}", "features": {f"before{i}": 2, "x": 1}} for i in range(3)]
     good_after = [{"incident_id": f"h{i}", "features": {f"after{i}": 2, "y": 1}} for i in range(3)]
-    publish(client, good_before)
-    [bad_entry] = publish(client, [fields])
-    publish(client, good_after)
-    run_worker(client, max_tokens=50, max_token_length=100, max_entry_bytes=4096)
-    [letter] = dead_letters(client)
+    publish(redis_client, good_before)
+    [bad_entry] = publish(redis_client, [fields])
+    publish(redis_client, good_after)
+    run_worker(redis_client, max_tokens=50, max_token_length=100, max_entry_bytes=4096)
+    [letter] = dead_letters(redis_client)
     assert letter.reason == reason
     assert letter.detail and len(letter.detail) > 10
     assert letter.source_entry == bad_entry and letter.source_stream == EVENTS and letter.consumer == "w1"
     # the original fields are kept byte for byte; those of an oversized entry cut to dead_letter_prefix_bytes
-    [(_, raw)] = client.xrange(DEAD)
+    [(_, raw)] = redis_client.xrange(DEAD)
     for name, value in fields.items():
         expected = value if isinstance(value, bytes) else str(value).encode()
         assert raw[name.encode()] == (expected[:1024] if reason == "too_large" else expected)
-    indexed = {k.decode() for k in client.hkeys(FP)}
+    indexed = {k.decode() for k in redis_client.hkeys(FP)}
     assert indexed == {e["incident_id"] for e in good_before + good_after}
-    assert pending_count(client) == 0
+    assert pending_count(redis_client) == 0
 
 
-def test_dead_letter_keeps_an_original_field_named_like_its_own(client: redis.Redis) -> None:
-    publish(client, [{"incident_id": "x", "features": "{}", "reason": "mine", "original_note": "n"}])
-    run_worker(client)
-    [(_, raw)] = client.xrange(DEAD)
+def test_dead_letter_keeps_an_original_field_named_like_its_own(redis_client: redis.Redis) -> None:
+    publish(redis_client, [{"incident_id": "x", "features": "{}", "reason": "mine", "original_note": "n"}])
+    run_worker(redis_client)
+    [(_, raw)] = redis_client.xrange(DEAD)
     assert raw[b"reason"] == b"empty_bag" and raw[b"original_reason"] == b"mine"
-    [letter] = dead_letters(client)
+    [letter] = dead_letters(redis_client)
     assert letter.original == {"incident_id": "x", "features": "{}", "reason": "mine", "original_note": "n"}
 
 
-def test_duplicate_id_with_another_bag_is_dead_lettered(client: redis.Redis) -> None:
-    publish(client, [{"incident_id": "47", "features": DOCK}, {"incident_id": "47", "features": ROAD}])
-    run_worker(client)
-    [letter] = dead_letters(client)
+def test_duplicate_id_with_another_bag_is_dead_lettered(redis_client: redis.Redis) -> None:
+    publish(redis_client, [{"incident_id": "47", "features": DOCK}, {"incident_id": "47", "features": ROAD}])
+    run_worker(redis_client)
+    [letter] = dead_letters(redis_client)
     assert letter.reason == "duplicate_id" and "upsert" in letter.detail
-    assert client.hget(FP, "47") == format_fingerprint(fingerprint(DOCK)).encode()
-    assert pending_count(client) == 0
+    assert redis_client.hget(FP, "47") == format_fingerprint(fingerprint(DOCK)).encode()
+    assert pending_count(redis_client) == 0
 
 
-def test_repeated_event_gives_no_second_alert(client: redis.Redis) -> None:
+def test_repeated_event_gives_no_second_alert(redis_client: redis.Redis) -> None:
     publish(
-        client,
+        redis_client,
         [
             {"incident_id": "47", "features": DOCK},
             {"incident_id": "90", "features": DOCK},
             {"incident_id": "90", "features": DOCK},
         ],
     )
-    run_worker(client)
-    assert [a.incident_id for a in alerts(client)] == ["90"]
-    assert dead_letters(client) == []
-    publish(client, [{"incident_id": "90", "features": DOCK}])  # once more, in a later batch
-    run_worker(client)
-    assert len(alerts(client)) == 1
+    run_worker(redis_client)
+    assert [a.incident_id for a in alerts(redis_client)] == ["90"]
+    assert dead_letters(redis_client) == []
+    publish(redis_client, [{"incident_id": "90", "features": DOCK}])  # once more, in a later batch
+    run_worker(redis_client)
+    assert len(alerts(redis_client)) == 1
 
 
-def test_entry_processed_by_another_consumer_is_not_applied_twice(client: redis.Redis) -> None:
-    publish(client, [{"incident_id": "47", "features": DOCK}, {"incident_id": "90", "features": DOCK}])
-    client.xgroup_create(EVENTS, GROUP, id="0", mkstream=True)
-    slow = StreamWorker(client, settings(consumer="slow"))
+def test_entry_processed_by_another_consumer_is_not_applied_twice(redis_client: redis.Redis) -> None:
+    publish(redis_client, [{"incident_id": "47", "features": DOCK}, {"incident_id": "90", "features": DOCK}])
+    redis_client.xgroup_create(EVENTS, GROUP, id="0", mkstream=True)
+    slow = StreamWorker(redis_client, settings(consumer="slow"))
     slow.setup()
-    entries = client.xreadgroup(GROUP, "slow", {EVENTS: ">"})[0][1]
-    fast = StreamWorker(client, settings(consumer="fast", claim_idle_ms=1000))
+    entries = redis_client.xreadgroup(GROUP, "slow", {EVENTS: ">"})[0][1]
+    fast = StreamWorker(redis_client, settings(consumer="fast", claim_idle_ms=1000))
     time.sleep(1.1)
     fast.setup()
     assert fast.claim_stuck() == 2  # the slow consumer looked dead; its entries were taken over and done
     slow.process(entries)  # the slow one wakes up and finishes its batch anyway
-    assert len(alerts(client)) == 1
+    assert len(alerts(redis_client)) == 1
     assert slow.stats.outcomes == {"not_pending": 2}
-    assert pending_count(client) == 0
+    assert pending_count(redis_client) == 0
 
 
-def test_upsert_and_delete_through_the_stream(client: redis.Redis) -> None:
+def test_upsert_and_delete_through_the_stream(redis_client: redis.Redis) -> None:
     near = {"dock": 3, "scanner": 2, "timeout": 1, "z": 1}  # distance 7 from DOCK
     publish(
-        client,
+        redis_client,
         [
             {"incident_id": "47", "features": DOCK},
             {"incident_id": "83", "features": ROAD},
@@ -218,19 +204,19 @@ def test_upsert_and_delete_through_the_stream(client: redis.Redis) -> None:
             {"incident_id": "90", "features": DOCK},  # 47 is gone; 83 is near
         ],
     )
-    run_worker(client)
-    got = [(a.incident_id, a.op, [(m.incident_id, m.distance) for m in a.matches]) for a in alerts(client)]
+    run_worker(redis_client)
+    got = [(a.incident_id, a.op, [(m.incident_id, m.distance) for m in a.matches]) for a in alerts(redis_client)]
     d = (fingerprint(DOCK) ^ fingerprint(near)).bit_count()
     assert d <= 7
     assert got == [("83", "upsert", [("47", d)]), ("90", "add", [("83", d)])]
-    assert client.hget(FP, "47") is None
-    assert {k.decode() for k in client.hkeys(FP)} == {"83", "90"}
-    assert dead_letters(client) == []
+    assert redis_client.hget(FP, "47") is None
+    assert {k.decode() for k in redis_client.hkeys(FP)} == {"83", "90"}
+    assert dead_letters(redis_client) == []
 
 
-def test_changes_of_one_incident_in_one_batch_apply_in_order(client: redis.Redis) -> None:
+def test_changes_of_one_incident_in_one_batch_apply_in_order(redis_client: redis.Redis) -> None:
     publish(
-        client,
+        redis_client,
         [
             {"incident_id": "a", "features": DOCK},
             {"incident_id": "a", "op": "delete"},
@@ -241,10 +227,10 @@ def test_changes_of_one_incident_in_one_batch_apply_in_order(client: redis.Redis
             {"incident_id": "a", "features": DOCK, "op": "upsert"},
         ],
     )
-    run_worker(client, batch_size=100)
-    assert client.hget(FP, "a") == format_fingerprint(fingerprint(DOCK)).encode()
-    assert dead_letters(client) == [] and alerts(client) == []
-    assert pending_count(client) == 0
+    run_worker(redis_client, batch_size=100)
+    assert redis_client.hget(FP, "a") == format_fingerprint(fingerprint(DOCK)).encode()
+    assert dead_letters(redis_client) == [] and alerts(redis_client) == []
+    assert pending_count(redis_client) == 0
 
 
 def test_segments_cut_where_an_incident_changes_twice() -> None:
@@ -266,40 +252,40 @@ def test_segments_cut_where_an_incident_changes_twice() -> None:
     ]
 
 
-def test_max_matches_caps_the_list_but_counts_all(client: redis.Redis) -> None:
-    publish(client, [{"incident_id": f"s{i:02d}", "features": DOCK} for i in range(12)])
-    run_worker(client, max_matches=3)
-    last = alerts(client)[-1]
+def test_max_matches_caps_the_list_but_counts_all(redis_client: redis.Redis) -> None:
+    publish(redis_client, [{"incident_id": f"s{i:02d}", "features": DOCK} for i in range(12)])
+    run_worker(redis_client, max_matches=3)
+    last = alerts(redis_client)[-1]
     assert last.incident_id == "s11" and last.match_count == 11
     assert [m.incident_id for m in last.matches] == ["s00", "s01", "s02"]
 
 
-def test_stuck_entries_of_a_silent_consumer_are_claimed(client: redis.Redis) -> None:
+def test_stuck_entries_of_a_silent_consumer_are_claimed(redis_client: redis.Redis) -> None:
     events = [{"incident_id": str(i), "features": {f"w{i}": 1, "common": 1}} for i in range(25)]
-    publish(client, events)
-    client.xgroup_create(EVENTS, GROUP, id="0", mkstream=True)
-    client.xreadgroup(GROUP, "ghost", {EVENTS: ">"}, count=10)  # a consumer that read and died
-    worker = run_worker(client, claim_idle_ms=1000)
-    assert client.hlen(FP) == 25
-    assert pending_count(client) == 0
+    publish(redis_client, events)
+    redis_client.xgroup_create(EVENTS, GROUP, id="0", mkstream=True)
+    redis_client.xreadgroup(GROUP, "ghost", {EVENTS: ">"}, count=10)  # a consumer that read and died
+    worker = run_worker(redis_client, claim_idle_ms=1000)
+    assert redis_client.hlen(FP) == 25
+    assert pending_count(redis_client) == 0
     assert worker.stats.processed == 25
 
 
-def test_poison_entries_are_dead_lettered_after_max_deliveries(client: redis.Redis) -> None:
-    publish(client, [{"incident_id": "a", "features": DOCK}])
-    client.set(FP, "not a hash")  # every apply now fails with WRONGTYPE: the entry can never be processed
-    run_worker(client, max_deliveries=3)
-    [letter] = dead_letters(client)
+def test_poison_entries_are_dead_lettered_after_max_deliveries(redis_client: redis.Redis) -> None:
+    publish(redis_client, [{"incident_id": "a", "features": DOCK}])
+    redis_client.set(FP, "not a hash")  # every apply now fails with WRONGTYPE: the entry can never be processed
+    run_worker(redis_client, max_deliveries=3)
+    [letter] = dead_letters(redis_client)
     assert letter.reason == "poison" and letter.deliveries == 4 and "max_deliveries=3" in letter.detail
-    assert pending_count(client) == 0
+    assert pending_count(redis_client) == 0
 
 
-def test_worker_refuses_an_index_of_another_layout(client: redis.Redis) -> None:
-    FingerprintIndex(client, bands=4).add("a", DOCK)
-    publish(client, [{"incident_id": "b", "features": DOCK}])
+def test_worker_refuses_an_index_of_another_layout(redis_client: redis.Redis) -> None:
+    FingerprintIndex(redis_client, bands=4).add("a", DOCK)
+    publish(redis_client, [{"incident_id": "b", "features": DOCK}])
     with pytest.raises(LayoutMismatchError, match="bands=4"):
-        StreamWorker(client, settings(bands=8)).run(until_idle=True)
-    assert client.hlen(FP) == 1
+        StreamWorker(redis_client, settings(bands=8)).run(until_idle=True)
+    assert redis_client.hlen(FP) == 1
 
 
 def test_worker_refuses_a_decoding_client() -> None:
@@ -307,15 +293,15 @@ def test_worker_refuses_a_decoding_client() -> None:
         StreamWorker(fakeredis.FakeRedis(decode_responses=True), settings())
 
 
-def test_heartbeat_while_running_and_removed_after(client: redis.Redis) -> None:
-    worker = StreamWorker(client, settings(heartbeat_ttl_ms=5000))
+def test_heartbeat_while_running_and_removed_after(redis_client: redis.Redis) -> None:
+    worker = StreamWorker(redis_client, settings(heartbeat_ttl_ms=5000))
     worker.setup()
     key = "{incidents}:heartbeat:w1"
-    beat = json.loads(client.get(key))
-    assert beat["consumer"] == "w1" and 0 < client.pttl(key) <= 5000
+    beat = json.loads(redis_client.get(key))
+    assert beat["consumer"] == "w1" and 0 < redis_client.pttl(key) <= 5000
     worker.stop()
     worker.run()
-    assert client.exists(key) == 0
+    assert redis_client.exists(key) == 0
 
 
 def test_custom_stream_names_must_carry_the_hash_tag() -> None:
@@ -325,46 +311,46 @@ def test_custom_stream_names_must_carry_the_hash_tag() -> None:
     assert ok.alerts_stream == "{incidents}:near-duplicates"
 
 
-def test_synthetic_workload_every_pair_reported_once(client: redis.Redis) -> None:
+def test_synthetic_workload_every_pair_reported_once(redis_client: redis.Redis) -> None:
     events = [{"incident_id": i, "features": bag} for i, bag in Workload(seed=5).take(600)]
-    publish(client, events)
-    run_worker(client, batch_size=64)
-    assert_pairs_reported_once(fingerprints(events), alerts(client))
-    assert client.hlen(FP) == 600
-    assert pending_count(client) == 0
+    publish(redis_client, events)
+    run_worker(redis_client, batch_size=64)
+    assert_pairs_reported_once(fingerprints(events), alerts(redis_client))
+    assert redis_client.hlen(FP) == 600
+    assert pending_count(redis_client) == 0
 
 
 @pytest.mark.slow
-def test_alerts_stream_is_trimmed_approximately(client: redis.Redis) -> None:
-    publish(client, [{"incident_id": f"s{i}", "features": DOCK} for i in range(400)])
-    run_worker(client, alerts_maxlen=50)
-    assert 50 <= client.xlen(ALERTS) < 399
+def test_alerts_stream_is_trimmed_approximately(redis_client: redis.Redis) -> None:
+    publish(redis_client, [{"incident_id": f"s{i}", "features": DOCK} for i in range(400)])
+    run_worker(redis_client, alerts_maxlen=50)
+    assert 50 <= redis_client.xlen(ALERTS) < 399
 
 
-def test_entries_that_break_the_parser_are_dead_lettered_not_fatal(client: redis.Redis) -> None:
+def test_entries_that_break_the_parser_are_dead_lettered_not_fatal(redis_client: redis.Redis) -> None:
     publish(
-        client,
+        redis_client,
         [
             {"incident_id": "1", "features": DOCK},
             {"incident_id": "2", "features": '{"a":' + "[" * 100_000},  # nested past the JSON parser's recursion limit
             {"incident_id": "3", "features": ROAD},
         ],
     )
-    run_worker(client)
-    [letter] = dead_letters(client)
+    run_worker(redis_client)
+    [letter] = dead_letters(redis_client)
     assert letter.reason == "bad_json" and "nested" in letter.detail
-    assert {k.decode() for k in client.hkeys(FP)} == {"1", "3"}
+    assert {k.decode() for k in redis_client.hkeys(FP)} == {"1", "3"}
 
 
-def test_entry_with_thousands_of_fields_is_dead_lettered(client: redis.Redis) -> None:
+def test_entry_with_thousands_of_fields_is_dead_lettered(redis_client: redis.Redis) -> None:
     fields = {f"f{i}": "x" for i in range(5000)}
-    client.xadd(EVENTS, {"incident_id": "wide", **fields})
-    publish(client, [{"incident_id": "ok", "features": DOCK}])
-    run_worker(client, max_entry_bytes=1_000_000)
-    [letter] = dead_letters(client)
+    redis_client.xadd(EVENTS, {"incident_id": "wide", **fields})
+    publish(redis_client, [{"incident_id": "ok", "features": DOCK}])
+    run_worker(redis_client, max_entry_bytes=1_000_000)
+    [letter] = dead_letters(redis_client)
     assert letter.reason == "missing_field" and letter.original_fields_dropped == 5001 - 1000
     assert len(letter.original) == 1000
-    assert pending_count(client) == 0 and client.hget(FP, "ok") is not None
+    assert pending_count(redis_client) == 0 and redis_client.hget(FP, "ok") is not None
 
 
 def test_stream_names_may_not_be_index_keys() -> None:
@@ -379,39 +365,41 @@ def test_stream_names_may_not_be_index_keys() -> None:
             settings(alerts_stream=name)
 
 
-def test_until_idle_ends_even_when_redis_cannot_count_the_lag(client: redis.Redis) -> None:
-    ids = publish(client, [{"incident_id": str(i), "features": {f"w{i}": 1}} for i in range(20)])
-    client.xgroup_create(EVENTS, GROUP, id="0", mkstream=True)
-    client.xdel(EVENTS, ids[5])  # a deletion inside the undelivered range: XINFO's lag becomes unknown
-    worker = run_worker(client)
-    assert client.hlen(FP) == 19 and worker.stats.processed == 19
+def test_until_idle_ends_even_when_redis_cannot_count_the_lag(redis_client: redis.Redis) -> None:
+    ids = publish(redis_client, [{"incident_id": str(i), "features": {f"w{i}": 1}} for i in range(20)])
+    redis_client.xgroup_create(EVENTS, GROUP, id="0", mkstream=True)
+    redis_client.xdel(EVENTS, ids[5])  # a deletion inside the undelivered range: XINFO's lag becomes unknown
+    worker = run_worker(redis_client)
+    assert redis_client.hlen(FP) == 19 and worker.stats.processed == 19
 
 
-def test_dead_letter_stream_is_trimmed_approximately(client: redis.Redis) -> None:
-    publish(client, [{"incident_id": f"b{i}", "features": "{}"} for i in range(400)])
-    run_worker(client, dead_maxlen=50)
-    assert 50 <= client.xlen(DEAD) < 399
-    assert pending_count(client) == 0
+def test_dead_letter_stream_is_trimmed_approximately(redis_client: redis.Redis) -> None:
+    publish(redis_client, [{"incident_id": f"b{i}", "features": "{}"} for i in range(400)])
+    run_worker(redis_client, dead_maxlen=50)
+    assert 50 <= redis_client.xlen(DEAD) < 399
+    assert pending_count(redis_client) == 0
 
 
-def test_entry_deleted_while_pending_is_dead_lettered_as_missing(client: redis.Redis) -> None:
-    ids = publish(client, [{"incident_id": "a", "features": DOCK}, {"incident_id": "b", "features": ROAD}])
-    client.xgroup_create(EVENTS, GROUP, id="0", mkstream=True)
-    client.xreadgroup(GROUP, "w1", {EVENTS: ">"})  # this worker read both, then died before processing them
-    client.xdel(EVENTS, ids[0])
-    run_worker(client)  # consumer w1 again: it finishes its own pending entries first
-    [letter] = dead_letters(client)
+def test_entry_deleted_while_pending_is_dead_lettered_as_missing(redis_client: redis.Redis) -> None:
+    ids = publish(redis_client, [{"incident_id": "a", "features": DOCK}, {"incident_id": "b", "features": ROAD}])
+    redis_client.xgroup_create(EVENTS, GROUP, id="0", mkstream=True)
+    redis_client.xreadgroup(GROUP, "w1", {EVENTS: ">"})  # this worker read both, then died before processing them
+    redis_client.xdel(EVENTS, ids[0])
+    run_worker(redis_client)  # consumer w1 again: it finishes its own pending entries first
+    [letter] = dead_letters(redis_client)
     assert letter.reason == "missing_entry" and letter.source_entry == ids[0]
-    assert client.hget(FP, "b") is not None and pending_count(client) == 0
+    assert redis_client.hget(FP, "b") is not None and pending_count(redis_client) == 0
 
 
-def test_oversized_entry_is_dead_lettered_with_prefixes_sizes_and_every_repeated_field(client: redis.Redis) -> None:
+def test_oversized_entry_is_dead_lettered_with_prefixes_sizes_and_every_repeated_field(
+    redis_client: redis.Redis,
+) -> None:
     big = b"\xff" + b"B" * 300_000  # not UTF-8 either: the prefix is kept as bytes
-    entry = client.execute_command("XADD", EVENTS, "*", "incident_id", "huge", "note", "a", "note", big, "x", "y")
-    publish(client, [{"incident_id": "ok", "features": DOCK}])
-    worker = run_worker(client, max_entry_bytes=100_000, dead_letter_prefix_bytes=64)
-    [(_, raw)] = client.xrange(DEAD)
-    [(_, flat)] = _raw_entries(client, DEAD)
+    entry = redis_client.execute_command("XADD", EVENTS, "*", "incident_id", "huge", "note", "a", "note", big, "x", "y")
+    publish(redis_client, [{"incident_id": "ok", "features": DOCK}])
+    worker = run_worker(redis_client, max_entry_bytes=100_000, dead_letter_prefix_bytes=64)
+    [(_, raw)] = redis_client.xrange(DEAD)
+    [(_, flat)] = _raw_entries(redis_client, DEAD)
     letter = DeadLetter.from_fields(raw)
     assert letter.reason == "too_large" and letter.source_entry == entry.decode()
     parts = (b"incident_id", b"huge", b"note", b"a", b"note", big, b"x", b"y")
@@ -419,43 +407,43 @@ def test_oversized_entry_is_dead_lettered_with_prefixes_sizes_and_every_repeated
     assert letter.original_sizes == [(11, 4), (4, 1), (4, len(big)), (1, 1)]
     assert flat[-8:] == [*parts[:5], big[:64], b"x", b"y"]  # both notes, in order
     assert "100000" in letter.detail and "300" in letter.detail
-    assert client.hget(FP, "ok") is not None and pending_count(client) == 0
+    assert redis_client.hget(FP, "ok") is not None and pending_count(redis_client) == 0
     assert worker.stats.dead_letters == 1
 
 
-def test_repeated_field_names_are_all_kept_in_the_dead_letter(client: redis.Redis) -> None:
-    client.execute_command("XADD", EVENTS, "*", "incident_id", "r", "features", "{", "features", "[", "tag", "1")
-    run_worker(client)
-    [(_, flat)] = _raw_entries(client, DEAD)
+def test_repeated_field_names_are_all_kept_in_the_dead_letter(redis_client: redis.Redis) -> None:
+    redis_client.execute_command("XADD", EVENTS, "*", "incident_id", "r", "features", "{", "features", "[", "tag", "1")
+    run_worker(redis_client)
+    [(_, flat)] = _raw_entries(redis_client, DEAD)
     assert flat[-8:] == [b"incident_id", b"r", b"features", b"{", b"features", b"[", b"tag", b"1"]
 
 
-def _raw_entries(client: Any, stream: str) -> list[tuple[bytes, list[bytes]]]:
+def _raw_entries(redis_client: Any, stream: str) -> list[tuple[bytes, list[bytes]]]:
     """XRANGE with the fields as the flat list Redis sends (redis-py's own reply makes a dict of them)."""
-    connection = client.connection_pool.get_connection()
+    connection = redis_client.connection_pool.get_connection()
     try:
         connection.send_command("XRANGE", stream, "-", "+")
         reply = connection.read_response()
     finally:
-        client.connection_pool.release(connection)
+        redis_client.connection_pool.release(connection)
     return [(entry_id, list(fields)) for entry_id, fields in reply]
 
 
-def test_rereading_own_pending_entries_counts_no_delivery(client: redis.Redis) -> None:
+def test_rereading_own_pending_entries_counts_no_delivery(redis_client: redis.Redis) -> None:
     """A reply lost to a dropped connection leaves entries pending; reading them again must not bring poison nearer."""
-    worker = StreamWorker(client, settings(max_deliveries=1))
+    worker = StreamWorker(redis_client, settings(max_deliveries=1))
     worker.setup()
     worker.recover_own_pending()  # the start of the run: nothing pending yet
-    publish(client, [{"incident_id": "a", "features": DOCK}, {"incident_id": "b", "features": ROAD}])
-    client.xreadgroup(GROUP, "w1", {EVENTS: ">"})  # delivered to this worker, but the reply never arrived
+    publish(redis_client, [{"incident_id": "a", "features": DOCK}, {"incident_id": "b", "features": ROAD}])
+    redis_client.xreadgroup(GROUP, "w1", {EVENTS: ">"})  # delivered to this worker, but the reply never arrived
     assert worker.recover_own_pending() == 2
-    assert dead_letters(client) == [] and client.hlen(FP) == 2 and pending_count(client) == 0
+    assert dead_letters(redis_client) == [] and redis_client.hlen(FP) == 2 and pending_count(redis_client) == 0
 
 
-def test_entries_left_by_a_crashed_run_of_the_same_consumer_count_a_delivery(client: redis.Redis) -> None:
-    publish(client, [{"incident_id": "a", "features": DOCK}])
-    client.xgroup_create(EVENTS, GROUP, id="0", mkstream=True)
-    client.xreadgroup(GROUP, "w1", {EVENTS: ">"})  # a previous run of w1 read it and died: perhaps of this entry
-    run_worker(client, max_deliveries=1)
-    [letter] = dead_letters(client)
+def test_entries_left_by_a_crashed_run_of_the_same_consumer_count_a_delivery(redis_client: redis.Redis) -> None:
+    publish(redis_client, [{"incident_id": "a", "features": DOCK}])
+    redis_client.xgroup_create(EVENTS, GROUP, id="0", mkstream=True)
+    redis_client.xreadgroup(GROUP, "w1", {EVENTS: ">"})  # a previous run of w1 read it and died: perhaps of this entry
+    run_worker(redis_client, max_deliveries=1)
+    [letter] = dead_letters(redis_client)
     assert letter.reason == "poison" and letter.deliveries == 2
