@@ -28,6 +28,14 @@ def fast_settings(**overrides: Any) -> Settings:
     return Settings(**{"consumer": "w1", **FAST, **overrides})
 
 
+@pytest.fixture
+def no_worker_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No INCIDENT_WORKER_* variable of the caller's shell reaches the settings of an in-process worker."""
+    for name in list(os.environ):
+        if name.startswith("INCIDENT_WORKER_"):
+            monkeypatch.delenv(name)
+
+
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 
 

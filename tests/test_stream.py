@@ -36,13 +36,7 @@ DOCK = {"dock": 3, "scanner": 2, "timeout": 1}
 ROAD = {"weather": 4, "road": 2}
 
 
-@pytest.fixture(autouse=True)
-def _no_worker_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
-    for name in list(os.environ):
-        if name.startswith("INCIDENT_WORKER_"):
-            monkeypatch.delenv(name)
+pytestmark = pytest.mark.usefixtures("no_worker_env")
 
 
 @pytest.fixture

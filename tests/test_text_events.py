@@ -3,15 +3,13 @@ version in the index meta, refuses an index made by another version, and can cop
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import fakeredis
 import pytest
 import redis
 from pydantic import ValidationError
 
-from tests.redis_server import RedisServer
+from tests.conftest import fast_settings
 from tests.streams import alerts, dead_letters, pending_count, publish
 from worker.errors import LayoutMismatchError, TokenizerMismatchError
 from worker.fingerprint import fingerprint
@@ -27,35 +25,16 @@ DISK_2 = "disk full on DB-12 (10.0.9.201): writes failing since 22:40 UTC"
 CERT = "TLS certificate for api.example.com expires in 7 days"
 
 
-@pytest.fixture(autouse=True)
-def _no_worker_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
-    for name in list(os.environ):
-        if name.startswith("INCIDENT_WORKER_"):
-            monkeypatch.delenv(name)
+pytestmark = pytest.mark.usefixtures("no_worker_env")
 
 
-@pytest.fixture(params=["real", "fake"])
-def client(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
-    """A clean Redis answering in bytes, as the worker requires: the real server or fakeredis."""
-    if request.param == "real":
-        server: RedisServer = request.getfixturevalue("redis_server")
-        real = server.client()
-        real.flushall()
-        real.function_flush()
-        yield real
-        real.close()
-    else:
-        fake = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=7))
-        yield fake
-        fake.close()
+@pytest.fixture
+def fake_decodes() -> bool:
+    return False  # the worker refuses a redis_client that decodes replies
 
 
-def run_worker(client: Any, **overrides: Any) -> StreamWorker:
-    values: dict[str, Any] = {"consumer": "w1", "block_ms": 50, "claim_interval_ms": 100, "summary_interval_s": 60}
-    values.update(overrides)
-    worker = StreamWorker(client, Settings(**values))
+def run_worker(redis_client: Any, **overrides: Any) -> StreamWorker:
+    worker = StreamWorker(redis_client, fast_settings(**overrides))
     worker.run(until_idle=True)
     return worker
 
@@ -121,9 +100,9 @@ def test_an_alert_reads_back_with_and_without_text() -> None:
 # --- end to end, on a real Redis and on fakeredis ---
 
 
-def test_text_events_alert_like_bags_and_record_the_tokenizer(client: redis.Redis) -> None:
+def test_text_events_alert_like_bags_and_record_the_tokenizer(redis_client: redis.Redis) -> None:
     publish(
-        client,
+        redis_client,
         [
             {"incident_id": "1", "text": DISK_1},
             {"incident_id": "2", "text": CERT},
@@ -131,26 +110,26 @@ def test_text_events_alert_like_bags_and_record_the_tokenizer(client: redis.Redi
             {"incident_id": "4", "features": {"dock": 3}},
         ],
     )
-    worker = run_worker(client)
+    worker = run_worker(redis_client)
     assert worker.stats.alerts == 1
-    [alert] = alerts(client)
+    [alert] = alerts(redis_client)
     assert alert.incident_id == "3" and [m.incident_id for m in alert.matches] == ["1"]
     assert alert.text is None  # not asked for
     assert alert.fingerprint == fingerprint(features_from_text(DISK_2))
-    assert client.hget(META, "tokenizer") == str(TOKENIZER_VERSION).encode()
-    assert pending_count(client) == 0 and dead_letters(client) == []
+    assert redis_client.hget(META, "tokenizer") == str(TOKENIZER_VERSION).encode()
+    assert pending_count(redis_client) == 0 and dead_letters(redis_client) == []
 
 
-def test_a_bag_only_index_records_no_tokenizer(client: redis.Redis) -> None:
-    publish(client, [{"incident_id": "4", "features": {"dock": 3}}])
-    run_worker(client)
-    assert client.hget(META, "tokenizer") is None
+def test_a_bag_only_index_records_no_tokenizer(redis_client: redis.Redis) -> None:
+    publish(redis_client, [{"incident_id": "4", "features": {"dock": 3}}])
+    run_worker(redis_client)
+    assert redis_client.hget(META, "tokenizer") is None
 
 
-def test_alerts_carry_a_bounded_prefix_of_the_text_when_asked(client: redis.Redis) -> None:
-    publish(client, [{"incident_id": "1", "text": DISK_1}, {"incident_id": "3", "text": DISK_2}])
-    run_worker(client, alert_text_chars=12)
-    [alert] = alerts(client)
+def test_alerts_carry_a_bounded_prefix_of_the_text_when_asked(redis_client: redis.Redis) -> None:
+    publish(redis_client, [{"incident_id": "1", "text": DISK_1}, {"incident_id": "3", "text": DISK_2}])
+    run_worker(redis_client, alert_text_chars=12)
+    [alert] = alerts(redis_client)
     assert alert.text == DISK_2[:12]
 
 
@@ -159,63 +138,63 @@ def test_alert_text_chars_is_bounded() -> None:
         Settings(alert_text_chars=100_000)
 
 
-def test_text_events_with_both_or_neither_are_dead_letters(client: redis.Redis) -> None:
+def test_text_events_with_both_or_neither_are_dead_letters(redis_client: redis.Redis) -> None:
     publish(
-        client,
+        redis_client,
         [
             {"incident_id": "1", "text": DISK_1, "features": {"a": 1}},
             {"incident_id": "2"},
             {"incident_id": "3", "text": "..."},
         ],
     )
-    run_worker(client)
-    letters = dead_letters(client)
+    run_worker(redis_client)
+    letters = dead_letters(redis_client)
     assert [(d.original["incident_id"], d.reason) for d in letters] == [
         ("1", "features_and_text"),
         ("2", "missing_field"),
         ("3", "empty_bag"),
     ]
     assert letters[0].original["text"] == DISK_1  # the original fields are kept
-    assert pending_count(client) == 0 and alerts(client) == []
+    assert pending_count(redis_client) == 0 and alerts(redis_client) == []
 
 
-def test_a_worker_refuses_an_index_made_by_another_tokenizer(client: redis.Redis) -> None:
-    publish(client, [{"incident_id": "1", "text": DISK_1}])
-    run_worker(client)
-    client.hset(META, "tokenizer", "1")
+def test_a_worker_refuses_an_index_made_by_another_tokenizer(redis_client: redis.Redis) -> None:
+    publish(redis_client, [{"incident_id": "1", "text": DISK_1}])
+    run_worker(redis_client)
+    redis_client.hset(META, "tokenizer", "1")
     with pytest.raises(TokenizerMismatchError, match="tokenizer version 1") as caught:
-        StreamWorker(client, Settings(consumer="w2")).setup()
+        StreamWorker(redis_client, Settings(consumer="w2")).setup()
     assert isinstance(caught.value, LayoutMismatchError)  # handled like a layout mismatch: exit code 2
     assert "new namespace" in str(caught.value)
 
 
-def test_a_text_event_meeting_another_tokenizer_stops_the_worker_and_stays_pending(client: redis.Redis) -> None:
-    worker = StreamWorker(client, Settings(consumer="w1", block_ms=50, claim_interval_ms=100))
+def test_a_text_event_meeting_another_tokenizer_stops_the_worker_and_stays_pending(redis_client: redis.Redis) -> None:
+    worker = StreamWorker(redis_client, Settings(consumer="w1", block_ms=50, claim_interval_ms=100))
     worker.setup()  # opened before another version wrote the meta
-    client.hset(META, "tokenizer", "1")
-    publish(client, [{"incident_id": "1", "text": DISK_1}])
+    redis_client.hset(META, "tokenizer", "1")
+    publish(redis_client, [{"incident_id": "1", "text": DISK_1}])
     with pytest.raises(TokenizerMismatchError, match="version 1"):
         worker.read_and_process()
-    assert pending_count(client) == 1 and client.hlen("{incidents}:fp") == 0
+    assert pending_count(redis_client) == 1 and redis_client.hlen("{incidents}:fp") == 0
 
 
-def test_bags_alone_need_no_tokenizer_so_the_library_opens_such_an_index(client: redis.Redis) -> None:
-    publish(client, [{"incident_id": "1", "text": DISK_1}])
-    run_worker(client)
-    client.hset(META, "tokenizer", "1")
-    index = FingerprintIndex(client)
+def test_bags_alone_need_no_tokenizer_so_the_library_opens_such_an_index(redis_client: redis.Redis) -> None:
+    publish(redis_client, [{"incident_id": "1", "text": DISK_1}])
+    run_worker(redis_client)
+    redis_client.hset(META, "tokenizer", "1")
+    index = FingerprintIndex(redis_client)
     assert index.matches(features_from_text(DISK_1)) == [("1", 0)]
 
 
-def test_query_of_a_text_refuses_an_index_made_by_another_tokenizer(client: redis.Redis) -> None:
+def test_query_of_a_text_refuses_an_index_made_by_another_tokenizer(redis_client: redis.Redis) -> None:
     from worker.commands.query import run_query
     from worker.errors import UsageError
 
-    publish(client, [{"incident_id": "1", "text": DISK_1}])
-    run_worker(client)
+    publish(redis_client, [{"incident_id": "1", "text": DISK_1}])
+    run_worker(redis_client)
     bag = features_from_text(DISK_2)
-    assert [m["incident_id"] for m in run_query(client, Settings(), bag, None, text=True).matches] == ["1"]
-    client.hset(META, "tokenizer", "1")
+    assert [m["incident_id"] for m in run_query(redis_client, Settings(), bag, None, text=True).matches] == ["1"]
+    redis_client.hset(META, "tokenizer", "1")
     with pytest.raises(UsageError, match="tokenizer version 1"):
-        run_query(client, Settings(), bag, None, text=True)
-    assert run_query(client, Settings(), bag, None).matches  # a bag is a bag: no tokenizer involved
+        run_query(redis_client, Settings(), bag, None, text=True)
+    assert run_query(redis_client, Settings(), bag, None).matches  # a bag is a bag: no tokenizer involved
