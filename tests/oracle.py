@@ -51,7 +51,13 @@ def clustered(rng: random.Random, count: int, max_distance: int, centers: int = 
 
 
 def assert_postings_match(client: object, namespace: str, bands: int, fps: dict[str, int] | None = None) -> None:
-    """Every posting set of the namespace holds exactly the IDs whose stored (or given) fingerprint puts them there."""
+    """The namespace's posting sets and twin groups are exactly what its (stored or given) fingerprints call for.
+
+    Each distinct fingerprint has one representative, the same incident in every posting set of it, and nothing
+    else is in the posting sets; a fingerprint held by two or more incidents has a twin group, a sorted set of all of
+    them with score 0; no other twin group exists.
+    """
+    from worker.fingerprint import format_fingerprint
     from worker.index import FingerprintIndex
 
     def text(value: object) -> str:
@@ -60,12 +66,32 @@ def assert_postings_match(client: object, namespace: str, bands: int, fps: dict[
     index = FingerprintIndex(client, namespace, bands=bands, max_distance=0)
     if fps is None:
         fps = {text(k): int(text(v), 16) for k, v in client.hgetall(index.keys.fingerprints).items()}  # type: ignore[attr-defined]
-    expected: dict[str, set[str]] = {}
+    holders: dict[int, set[str]] = {}
     for incident_id, fp in fps.items():
-        for key in index.posting_keys(fp):
-            expected.setdefault(key, set()).add(incident_id)
+        holders.setdefault(fp, set()).add(incident_id)
     found = {
         text(key): {text(m) for m in client.smembers(key)}  # type: ignore[attr-defined]
         for key in client.scan_iter(match=index.keys.band_prefix(0)[: -len("0:")] + "*", count=1000)  # type: ignore[attr-defined]
     }
+    expected: dict[str, set[str]] = {}
+    for fp, group in holders.items():
+        keys = index.posting_keys(fp)
+        representatives = set(group)
+        for key in keys:
+            representatives &= found.get(key, set())
+        assert len(representatives) == 1, (
+            f"fingerprint {fp:016x} of {sorted(group)} has {len(representatives)} representatives in its postings"
+        )
+        for key in keys:
+            expected.setdefault(key, set()).update(representatives)
     assert found == expected, "posting sets disagree with the fingerprints (a leftover or a missing posting)"
+    groups = {
+        text(key): {text(m): s for m, s in client.zrange(key, 0, -1, withscores=True)}  # type: ignore[attr-defined]
+        for key in client.scan_iter(match=index.keys.twin_prefix + "*", count=1000)  # type: ignore[attr-defined]
+    }
+    expected_groups = {
+        index.keys.twins(format_fingerprint(fp)): dict.fromkeys(group, 0.0)
+        for fp, group in holders.items()
+        if len(group) > 1
+    }
+    assert groups == expected_groups, "twin groups disagree with the fingerprints"

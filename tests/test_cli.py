@@ -277,8 +277,11 @@ def test_inspect_shows_fingerprint_bands_posting_sets_and_neighbours(
     assert shown["bits"].replace(" ", "") == format(fp, "064b")
     index = FingerprintIndex(client)
     assert [band["key"] for band in shown["bands"]] == index.posting_keys(fp)
-    assert [band["size"] for band in shown["bands"]] == [2, 2, 2, 2]  # 47 and 90 share every band
+    # 47 and 90 are exact twins: the posting sets hold 47, their representative; {incidents}:twins:<fp> holds both
+    assert [band["size"] for band in shown["bands"]] == [1, 1, 1, 1]
     assert all(band["member"] for band in shown["bands"])
+    twin = json.loads(cli(server, "inspect", "90", "--json").stdout)
+    assert all(band["member"] for band in twin["bands"]), "a twin is reachable through its representative"
     assert shown["neighbours"] == [{"incident_id": "90", "distance": 0, "fingerprint": format_fingerprint(fp)}]
 
     human = cli(server, "inspect", "83")

@@ -43,8 +43,12 @@ __all__ = [
 SCHEME = "simhash64-blake2b8le"
 """docs/contract.md#the-fingerprint: SimHash over 64 bits of BLAKE2b-8 token hashes read little-endian."""
 
-FORMAT_VERSION = 1
-"""How the index is laid out in Redis (docs/contract.md#what-lives-in-redis); another version refuses the index."""
+FORMAT_VERSION = 2
+"""How the index is laid out in Redis (docs/contract.md#what-lives-in-redis); another version refuses the index.
+
+1: every incident in the posting sets of its bands. 2: one incident per distinct fingerprint in the posting sets,
+its exact twins in a `{N}:twins:<fingerprint>` group, so that a storm of duplicates costs no more per event.
+"""
 
 STALE_RETRIES = 32
 """Upsert and delete retry when another client changed the incident between their read and their write."""
@@ -70,7 +74,8 @@ def retry_while_stale(attempt: Callable[[], _Reply], status: Callable[[_Reply], 
 
 @dataclass(frozen=True, slots=True)
 class Posting:
-    """One band of a fingerprint: where its bits are, its value, its posting set and whether that holds an ID."""
+    """One band of a fingerprint: where its bits are, its value, its posting set and whether that holds the
+    incident's fingerprint (through the incident itself or, for a twin, its group's representative)."""
 
     band: int
     offset: int
@@ -187,6 +192,14 @@ class FingerprintIndex:
                 f"{self.keys.meta} exists but is not the meta of an incident index; "
                 f"choose another namespace or delete the key"
             )
+        built, _, old_format = stored.rpartition("/format=")
+        if old_format != str(FORMAT_VERSION) and built == self.layout_tag.rpartition("/format=")[0]:
+            return (
+                f"namespace {self.keys.namespace!r} was built in index format {old_format}, and this worker reads "
+                f"and writes format {FORMAT_VERSION} (exact twins grouped under {self.keys.twin_prefix}<fingerprint>); "
+                f"run the worker version that built it, or rebuild the index into a new namespace from "
+                f"{self.keys.fingerprints}"
+            )
         return (
             f"namespace {self.keys.namespace!r} was built as {stored!r}, but this index is configured as "
             f"{self.layout_tag!r}; use the stored layout (bands and max distance), or another namespace"
@@ -266,6 +279,7 @@ class FingerprintIndex:
         """Keys and arguments of one apply call (see index.lua): for a pipeline, or for `_fcall`.
 
         `expected` is the fingerprint the caller believes is stored (None: not indexed; ANY, "*": don't check).
+        `max_matches` caps the matches listed (0: all); `match_count` always counts them all.
         """
         if fp is None:
             own: list[str] = []
@@ -278,19 +292,23 @@ class FingerprintIndex:
             expected_hex = format_fingerprint(expected)
         else:
             old, expected_hex = [], "-" if expected is None else ANY
+        new_hex = expected_hex if fp is None else format_fingerprint(fp)
+        new_group = self.keys.twins(new_hex)
         return library.apply_call(
             meta=self.keys.meta,
             fingerprints=self.keys.fingerprints,
             changes=self.keys.changes,
             events=stream.events_stream if stream else self.keys.events_stream,
             alerts=stream.alerts_stream if stream else self.keys.alerts_stream,
+            new_group=new_group,
+            old_group=self.keys.twins(expected_hex) if len(expected_hex) == 16 else new_group,
             new_keys=own,
             old_keys=old,
             probe_keys=others,
             probed=probed,
             op=op,
             incident_id=incident_id,
-            fingerprint="" if fp is None else format_fingerprint(fp),
+            fingerprint="" if fp is None else new_hex,
             expected=expected_hex,
             layout_tag=self.layout_tag,
             max_distance=self.layout.max_distance,
@@ -329,22 +347,41 @@ class FingerprintIndex:
         """Index many (incident ID, fingerprint) pairs without looking for matches; returns how many.
 
         For loading a new index (a benchmark's pre-load, a migration, a rebuild from another store): pipelined
-        HSET and SADD, not atomic per incident, and blind to IDs already indexed with another fingerprint, so use
-        it only for IDs the index does not hold yet and while no worker writes to the namespace.
+        writes, not atomic per incident, and blind to IDs already indexed with another fingerprint, so use it only
+        for IDs the index does not hold yet and while no worker writes to the namespace. Exact twins go to their
+        fingerprint's group, as `add` would put them.
         """
         self._ensure_open()
         total = 0
+        representatives: dict[int, str] = {}  # of the fingerprints this load has met
         for part in batched(items, chunk):
             fingerprints: dict[Any, str] = {}
-            postings: dict[str, list[str]] = defaultdict(list)
             for incident_id, fp in part:
                 fingerprints[incident_id] = format_fingerprint(self._check_fp(fp))
-                for key in self.posting_keys(fp):
-                    postings[key].append(incident_id)
+            unknown = list({fp for _, fp in part if fp not in representatives})
+            # a fingerprint indexed before this load: its representative is the one ID in all of its posting sets
+            pipe = self.redis.pipeline(transaction=False)
+            for fp in unknown:
+                pipe.sinter(self.posting_keys(fp))
+            for fp, found in zip(unknown, pipe.execute(), strict=True):
+                if found:
+                    representatives[fp] = text(min(found))
+            postings: dict[str, list[str]] = defaultdict(list)
+            groups: dict[int, list[str]] = defaultdict(list)
+            for incident_id, fp in part:
+                representative = representatives.get(fp)
+                if representative is None:
+                    representatives[fp] = incident_id
+                    for key in self.posting_keys(fp):
+                        postings[key].append(incident_id)
+                elif representative != incident_id:
+                    groups[fp].append(incident_id)
             pipe = self.redis.pipeline(transaction=False)
             pipe.hset(self.keys.fingerprints, mapping=fingerprints)
             for key, members in postings.items():
                 pipe.sadd(key, *members)
+            for fp, members in groups.items():
+                pipe.zadd(self.keys.twins(format_fingerprint(fp)), dict.fromkeys([representatives[fp], *members], 0))
             for incident_id in fingerprints:
                 pipe.xadd(self.keys.changes, {"add": incident_id})
             pipe.execute()
@@ -378,10 +415,10 @@ class FingerprintIndex:
         """
         return self.add_fingerprint(incident_id, fingerprint(features))
 
-    def add_fingerprint(self, incident_id: str, fp: int) -> list[tuple[str, int]]:
-        """`add` for a fingerprint computed elsewhere."""
+    def add_fingerprint(self, incident_id: str, fp: int, *, max_matches: int = 0) -> list[tuple[str, int]]:
+        """`add` for a fingerprint computed elsewhere; `max_matches` lists only that many of the closest (0: all)."""
         self._check_id(incident_id)
-        result = self._apply("add", incident_id, self._check_fp(fp))
+        result = self._apply("add", incident_id, self._check_fp(fp), max_matches=max_matches)
         if result.status == "duplicate":
             assert result.stored is not None
             raise DuplicateIncidentError(incident_id, result.stored, fp)
@@ -394,19 +431,20 @@ class FingerprintIndex:
         """
         return self.upsert_fingerprint(incident_id, fingerprint(features))
 
-    def upsert_fingerprint(self, incident_id: str, fp: int) -> list[tuple[str, int]]:
-        """`upsert` for a fingerprint computed elsewhere."""
+    def upsert_fingerprint(self, incident_id: str, fp: int, *, max_matches: int = 0) -> list[tuple[str, int]]:
+        """`upsert` for a fingerprint computed elsewhere; `max_matches` lists only that many of the closest."""
         self._check_id(incident_id)
-        return self._retrying("upsert", incident_id, self._check_fp(fp)).matches
+        return self._retrying("upsert", incident_id, self._check_fp(fp), max_matches=max_matches).matches
 
     def delete(self, incident_id: str) -> bool:
         """Remove the incident's fingerprint and postings; False when it was not indexed."""
         self._check_id(incident_id)
         return self._retrying("delete", incident_id, None).status == "deleted"
 
-    def _retrying(self, op: str, incident_id: str, fp: int | None) -> ApplyResult:
+    def _retrying(self, op: str, incident_id: str, fp: int | None, max_matches: int = 0) -> ApplyResult:
         result = retry_while_stale(
-            lambda: self._apply(op, incident_id, fp, expected=self.get(incident_id)), lambda r: r.status
+            lambda: self._apply(op, incident_id, fp, expected=self.get(incident_id), max_matches=max_matches),
+            lambda r: r.status,
         )
         if result is None:
             raise StaleRetriesExhaustedError(
@@ -415,25 +453,38 @@ class FingerprintIndex:
             )
         return result
 
-    def matches(self, features: Mapping[str, int], max_distance: int | None = None) -> list[tuple[str, int]]:
+    def matches(
+        self, features: Mapping[str, int], max_distance: int | None = None, *, max_matches: int = 0
+    ) -> list[tuple[str, int]]:
         """Every indexed incident within `max_distance` (at most the configured one) of a bag, without indexing it.
 
-        The matches are sorted by (distance, ID), as `add` and the alerts list them.
+        The matches are sorted by (distance, ID), as `add` and the alerts list them; with `max_matches`, only that
+        many of the closest.
         """
-        return self.matches_of(fingerprint(features), max_distance)
+        return self.matches_of(fingerprint(features), max_distance, max_matches=max_matches)
 
-    def matches_of(self, fp: int, max_distance: int | None = None) -> list[tuple[str, int]]:
+    def matches_of(self, fp: int, max_distance: int | None = None, *, max_matches: int = 0) -> list[tuple[str, int]]:
         """`matches` for a fingerprint."""
+        return self.search(fp, max_distance, max_matches=max_matches).matches
+
+    def search(self, fp: int, max_distance: int | None = None, *, max_matches: int = 0) -> ApplyResult:
+        """The matches of a fingerprint with their exact `match_count` and the candidates verified (status `found`).
+
+        `matches` lists the closest `max_matches` (0: all), sorted by (distance, ID).
+        """
         limit = self.layout.max_distance if max_distance is None else max_distance
         if type(limit) is not int or not 0 <= limit <= self.layout.max_distance:
             raise ValueError(
                 f"max_distance={max_distance!r}: this index finds matches up to {self.layout.max_distance}"
             )
+        if type(max_matches) is not int or max_matches < 0:
+            raise ValueError(f"max_matches={max_matches!r}: give how many matches to list, or 0 for all")
+        hex_fp = format_fingerprint(fp)
         own, probed, others = self.probe_keys(fp, limit)
-        keys = [self.keys.meta, self.keys.fingerprints, *own[:probed], *others]
-        args = [format_fingerprint(fp), limit, self.layout_tag]
+        keys = [self.keys.meta, self.keys.fingerprints, self.keys.twins(hex_fp), *own[:probed], *others]
+        args = [hex_fp, limit, self.layout_tag, max_matches]
         reply = self._fcall(library.FN_MATCHES, keys, args, readonly=True)
-        return pairs(reply[2:])
+        return ApplyResult("found", match_count=int(reply[0]), candidates=int(reply[1]), matches=pairs(reply[2:]))
 
     def neighbours(self, features: Mapping[str, int], max_distance: int | None = None) -> list[tuple[str, int]]:
         """Deprecated name of `matches`."""
@@ -445,13 +496,33 @@ class FingerprintIndex:
         warnings.warn("FingerprintIndex.neighbours_of is now called matches_of", DeprecationWarning, stacklevel=2)
         return self.matches_of(fp, max_distance)
 
-    def postings(self, incident_id: str, fp: int) -> list[Posting]:
-        """Each band's posting set of a fingerprint, its size, and whether it holds the incident (one round trip)."""
+    def twin_group(self, fp: int) -> tuple[int, str | None]:
+        """How many incidents share this exact fingerprint, and which of them the posting sets hold (None: none).
+
+        The representative is the incident with this fingerprint found in every posting set of it.
+        """
         keys = self.posting_keys(fp)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zcard(self.keys.twins(format_fingerprint(fp)))
+        pipe.sinter(keys)
+        size, holders = pipe.execute()
+        holders = sorted(text(h) for h in holders)
+        stored = self.fingerprints_of(holders)
+        representative = next((h for h in holders if stored[h] == fp), None)
+        if not size:
+            size = 0 if representative is None else 1
+        return int(size), representative
+
+    def postings(self, incident_id: str, fp: int) -> list[Posting]:
+        """Each band's posting set of a fingerprint, its size, and whether it holds the incident's fingerprint
+        (the incident, or its twin group's representative)."""
+        keys = self.posting_keys(fp)
+        size, representative = self.twin_group(fp)
+        holder = incident_id if size <= 1 or representative is None else representative
         pipe = self.redis.pipeline(transaction=False)
         for key in keys:
             pipe.scard(key)
-            pipe.sismember(key, incident_id)
+            pipe.sismember(key, holder)
         replies = pipe.execute()
         layout = self.layout
         return [

@@ -76,6 +76,17 @@ class IndexKeys:
         ]
 
     @property
+    def twin_prefix(self) -> str:
+        """`{N}:twins:`; the twin group of a fingerprint appends its 16 lowercase hex digits."""
+        return f"{self.tag}:twins:"
+
+    def twins(self, fingerprint_hex: str) -> str:
+        """Sorted set (all scores 0, so in byte order): every incident with this exact fingerprint, its
+        representative in the posting sets included. Exists only while two or more incidents share it (twin groups,
+        docs/contract.md#what-lives-in-redis)."""
+        return f"{self.tag}:twins:{fingerprint_hex}"
+
+    @property
     def changes(self) -> str:
         """Stream: one entry per index change, `<op> <incident ID>`; its entry ID is the time of the change.
 

@@ -47,7 +47,7 @@ __all__ = [
     "parse_apply",
 ]
 
-_SOURCE_NAME = "incident_index_v1"
+_SOURCE_NAME = "incident_index_v2"
 """The library's name as written in index.lua; replaced by the versioned name when loaded."""
 
 
@@ -101,7 +101,8 @@ class StreamTarget:
 class ApplyResult:
     """What one atomic index step did.
 
-    `status` is one of indexed, repeat, duplicate, stale, deleted, absent, not_pending; `matches` lists the matches
+    `status` is one of indexed, repeat, duplicate, stale, deleted, absent, not_pending (`found` for a search);
+    `candidates` counts the representatives verified (never their twins); `matches` lists the matches
     (at most max_matches of them when that is set), closest first, while `match_count` counts them all.
     """
 
@@ -135,6 +136,8 @@ def apply_call(
     changes: str,
     events: str,
     alerts: str,
+    new_group: str,
+    old_group: str,
     new_keys: Sequence[str],
     old_keys: Sequence[str],
     probe_keys: Sequence[str],
@@ -153,6 +156,8 @@ def apply_call(
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of the apply function, in the order index.lua documents.
 
+    `new_group` and `old_group` are the twin groups of the new fingerprint and of the one it replaces (the same key
+    when there is only one fingerprint: an add, a delete, an upsert of an ID not indexed yet).
     `new_keys` are the new fingerprint's posting keys (band 0 first; the first `probed` of them are probed too),
     `old_keys` those of the fingerprint it replaces, `probe_keys` its other probe keys. `fingerprint` and
     `expected` are hex ('' for a delete; expected '-' for "not indexed", '*' for "don't check"). Without a
@@ -160,7 +165,7 @@ def apply_call(
     `alert_text` goes into the alert's `text` field (when not ''); `tokenizer` is the tokenizer version of a text
     incident ('' for a bag), which the call records in `{N}:meta` or refuses when another version is recorded.
     """
-    keys = [meta, fingerprints, changes, events, alerts, *new_keys, *old_keys, *probe_keys]
+    keys = [meta, fingerprints, changes, events, alerts, new_group, old_group, *new_keys, *old_keys, *probe_keys]
     args = [
         op,
         incident_id,

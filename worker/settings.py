@@ -90,7 +90,9 @@ class Settings(BaseSettings):
         100_000, ge=0, description="Approximate length the dead-letter stream is trimmed to (0 = never trim)."
     )
     max_matches: int = Field(
-        0, ge=0, description="Most matches listed in one alert, closest first (0 = all); match_count counts all."
+        100,
+        ge=0,
+        description="Most matches listed in one alert, closest first (0 = all); match_count counts all.",
     )
     alert_text_chars: int = Field(
         0,

@@ -1,12 +1,20 @@
-#!lua name=incident_index_v1
+#!lua name=incident_index_v2
 --
 -- The server side of one incident fingerprint index (docs/contract.md: bands, keys, what each entry does), as a Redis Functions library.
 -- Loaded once per server by worker/library.py (FUNCTION LOAD REPLACE); the version is part of every name, so
 -- workers of two versions can share a server during a rolling upgrade.
 --
 -- Each call is one atomic step: it reads everything it needs, decides, and only then writes, so a call that
--- refuses (stale, duplicate, not pending) changes nothing. Every key a call touches arrives in `keys`; all of
--- them carry the index's hash tag, so a call is safe on Redis Cluster.
+-- refuses (stale, duplicate, not pending) changes nothing. Every key a call touches arrives in `keys`, except the
+-- twin groups of the fingerprints it finds, whose names only the server can know: those are built from the prefix
+-- of a group key that does arrive in `keys`. All of them carry the index's hash tag, so a call is safe on Redis
+-- Cluster.
+--
+-- Storms (twin groups in docs/contract.md#what-lives-in-redis): the posting sets hold one incident per distinct
+-- fingerprint, its representative. When more incidents share that exact fingerprint, all of them, the
+-- representative included, are the members of the sorted set {N}:twins:<fingerprint> (all scores 0: ZRANGE lists
+-- them in byte order). A query verifies representatives only, so an event costs the same whether its fingerprint
+-- is indexed under one ID or 100,000.
 --
 -- Fingerprints travel and are stored as 16 lowercase hex digits: Lua numbers cannot hold 64 bits exactly.
 -- The distance of two of them is summed from per-digit tables built here at load time, with plain arithmetic
@@ -88,10 +96,16 @@ local function check_layout(meta_key, layout)
     '", not "' .. layout .. '"; use its layout or a new namespace')
 end
 
--- Every indexed incident within `limit` of `query` among the members of the posting sets `probe_keys`
--- (a list of key names), except `self_id`. Returns the number of candidates verified, the number of matches,
--- and the matches sorted by (distance, ID), at most `cap` of them when cap > 0, as a flat list id, d, id, d...
-local function find_matches(fp_key, probe_keys, query, limit, self_id, cap)
+-- Every indexed incident within `limit` of `query`, found through the posting sets `probe_keys` (a list of key
+-- names). Postings hold one representative per distinct fingerprint; the other incidents with that exact
+-- fingerprint (its twins) sit with it in a group, the sorted set `twin_prefix .. <fingerprint>` (all scores 0, so
+-- ZRANGE lists it in byte order), which exists only while two or more incidents share the fingerprint. Only
+-- representatives are verified: a storm of twins costs one candidate, one ZCARD and one ZRANGE of at most `cap`.
+--
+-- Returns the number of candidates verified, the number of matches (every twin counted), the matches sorted by
+-- (distance, ID), at most `cap` of them when cap > 0, as a flat list id, d, id, d..., and the representative of
+-- `query` itself (the candidate at distance 0) or nil when the fingerprint is not indexed.
+local function find_matches(fp_key, twin_prefix, probe_keys, query, limit, cap)
   local candidates
   if #probe_keys == 1 then
     candidates = redis.call('SMEMBERS', probe_keys[1])
@@ -99,9 +113,9 @@ local function find_matches(fp_key, probe_keys, query, limit, self_id, cap)
     candidates = redis.call('SUNION', unpack(probe_keys))
   end
   local n = #candidates
-  if n == 0 then return 0, 0, {} end
+  if n == 0 then return 0, 0, {}, nil end
 
-  local byte = string.byte
+  local byte, lower = string.byte, string.lower
   local q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, q16 = byte(query, 1, 16)
   local T1, T2, T3, T4 = DIGIT_DISTANCE[NIBBLE[q1]], DIGIT_DISTANCE[NIBBLE[q2]],
                          DIGIT_DISTANCE[NIBBLE[q3]], DIGIT_DISTANCE[NIBBLE[q4]]
@@ -112,10 +126,10 @@ local function find_matches(fp_key, probe_keys, query, limit, self_id, cap)
   local T13, T14, T15, T16 = DIGIT_DISTANCE[NIBBLE[q13]], DIGIT_DISTANCE[NIBBLE[q14]],
                              DIGIT_DISTANCE[NIBBLE[q15]], DIGIT_DISTANCE[NIBBLE[q16]]
 
-  -- by_distance[d + 1] lists the IDs at distance d
+  -- by_distance[d + 1] lists the representatives at distance d, each as {id, group key or false}
   local by_distance = {}
   for d = 0, limit do by_distance[d + 1] = {} end
-  local matched, verified = 0, 0
+  local matched, verified, twin = 0, 0, nil
   for first = 1, n, CHUNK do
     local last = first + CHUNK - 1
     if last > n then last = n end
@@ -134,9 +148,15 @@ local function find_matches(fp_key, probe_keys, query, limit, self_id, cap)
         end
         if d <= limit then
           local id = candidates[first + k - 1]
-          if id ~= self_id then
-            local bucket = by_distance[d + 1]
-            bucket[#bucket + 1] = id
+          if d == 0 and not twin then twin = id end
+          local group = twin_prefix .. lower(h)
+          local size = redis.call('ZCARD', group)
+          local bucket = by_distance[d + 1]
+          if size > 1 then
+            bucket[#bucket + 1] = {id, group}
+            matched = matched + size
+          else
+            bucket[#bucket + 1] = {id, false}
             matched = matched + 1
           end
         end
@@ -145,25 +165,72 @@ local function find_matches(fp_key, probe_keys, query, limit, self_id, cap)
   end
 
   local flat = {}
-  if matched == 0 then return verified, 0, flat end
+  if matched == 0 then return verified, 0, flat, twin end
   local order = id_order()
   local want = matched
   if cap > 0 and cap < want then want = cap end
   local taken = 0
   for d = 0, limit do
+    if taken == want then break end
     local bucket = by_distance[d + 1]
     if #bucket > 0 then
-      table.sort(bucket, order)
-      for i = 1, #bucket do
+      local need = want - taken
+      local ids
+      if #bucket == 1 and bucket[1][2] then
+        ids = redis.call('ZRANGE', bucket[1][2], 0, need - 1)  -- already in byte order
+      else
+        -- several representatives at one distance: the first `need` of each group, merged
+        ids = {}
+        for i = 1, #bucket do
+          local entry = bucket[i]
+          if entry[2] then
+            local members = redis.call('ZRANGE', entry[2], 0, need - 1)
+            for j = 1, #members do ids[#ids + 1] = members[j] end
+          else
+            ids[#ids + 1] = entry[1]
+          end
+        end
+        table.sort(ids, order)
+      end
+      for i = 1, #ids do
         if taken == want then break end
         taken = taken + 1
-        flat[2 * taken - 1] = bucket[i]
+        flat[2 * taken - 1] = ids[i]
         flat[2 * taken] = d
       end
-      if taken == want then break end
     end
   end
-  return verified, matched, flat
+  return verified, matched, flat, twin
+end
+
+-- Take `id`, whose fingerprint is indexed under the posting keys `postings` with the group key `group`, out of
+-- the postings and the group. A representative that leaves a group hands its postings to the group's first
+-- member in byte order; a group left with one member is dropped (a lone incident needs no group).
+local function unindex(id, group, postings)
+  local size = redis.call('ZCARD', group)
+  if size == 0 then
+    for i = 1, #postings do redis.call('SREM', postings[i], id) end
+    return
+  end
+  redis.call('ZREM', group, id)
+  if redis.call('SISMEMBER', postings[1], id) == 1 then
+    local heir = redis.call('ZRANGE', group, 0, 0)[1]
+    for i = 1, #postings do
+      redis.call('SREM', postings[i], id)
+      if heir then redis.call('SADD', postings[i], heir) end
+    end
+  end
+  if size <= 2 then redis.call('DEL', group) end
+end
+
+-- Index `id` under its fingerprint: a fingerprint not indexed yet gets `id` as its representative in the
+-- postings; otherwise `id` joins the group of `twin`, the representative (the group is made when needed).
+local function index_one(id, twin, group, postings)
+  if twin then
+    redis.call('ZADD', group, 0, twin, 0, id)
+  else
+    for i = 1, #postings do redis.call('SADD', postings[i], id) end
+  end
 end
 
 local function matches_json(flat)
@@ -189,9 +256,13 @@ end
 --
 -- keys[1] = {N}:meta       keys[2] = {N}:fp         keys[3] = {N}:changes (a stream: one entry <op> <ID> a change)
 -- keys[4] = events stream  keys[5] = alerts stream
--- keys[6 .. 5+n_new]            = the new fingerprint's posting keys, band 0 first
--- keys[6+n_new .. 5+n_new+n_old] = the posting keys of the fingerprint the client expects to replace
--- keys[6+n_new+n_old .. #keys]  = the other probe keys of the new fingerprint
+-- keys[6] = {N}:twins:<new fingerprint> (delete: of the expected one)
+-- keys[7] = {N}:twins:<the fingerprint the client expects to replace> (add, or none expected: same as keys[6])
+-- keys[8 .. 7+n_new]             = the new fingerprint's posting keys, band 0 first
+-- keys[8+n_new .. 7+n_new+n_old] = the posting keys of the fingerprint the client expects to replace, band 0 first
+-- keys[8+n_new+n_old .. #keys]   = the other probe keys of the new fingerprint
+-- The groups of the matches found are read under the prefix of keys[6] (all in the index's hash tag): their names
+-- depend on fingerprints that only the server knows.
 --
 -- args[1] = op: add | upsert | delete       args[2] = incident ID
 -- args[3] = new fingerprint (hex; '' for delete)
@@ -208,14 +279,17 @@ end
 --
 -- Returns {status, match_count, candidates_verified, alert_entry_id_or_'', id1, d1, id2, d2, ...} where status is
 -- indexed | repeat | duplicate | stale | deleted | absent | not_pending. Only indexed, repeat, deleted and absent
--- acknowledge the entry; duplicate, stale and not_pending change nothing.
+-- acknowledge the entry; duplicate, stale and not_pending change nothing. candidates_verified counts the
+-- representatives read, never their twins.
 local function apply(keys, args)
   local meta_key, fp_key, changes_key, events_key, alerts_key = keys[1], keys[2], keys[3], keys[4], keys[5]
+  local new_group, old_group = keys[6], keys[7]
   local op, id, fp, expected = args[1], args[2], args[3], args[4]
   local limit, n_new, n_old = tonumber(args[6]), tonumber(args[7]), tonumber(args[8])
   local group, entry_id = args[9], args[10]
   local alerts_maxlen, cap = tonumber(args[11]), tonumber(args[12])
   local streaming = group ~= ''
+  local FIRST = 8
 
   local refused = check_layout(meta_key, args[5])
   if refused then return refused end
@@ -247,7 +321,7 @@ local function apply(keys, args)
       ack()
       return {'absent', 0, 0, ''}
     end
-    for i = 6 + n_new, 5 + n_new + n_old do redis.call('SREM', keys[i], id) end
+    unindex(id, old_group, slice(keys, FIRST + n_new, FIRST - 1 + n_new + n_old))
     redis.call('HDEL', fp_key, id)
     redis.call('XADD', changes_key, '*', op, id)
     ack()
@@ -262,14 +336,16 @@ local function apply(keys, args)
     return {'duplicate', 0, 0, old}
   end
 
-  local probes = slice(keys, 6, 5 + (tonumber(args[13]) or n_new))
-  for i = 6 + n_new + n_old, #keys do probes[#probes + 1] = keys[i] end
-  local verified, matched, flat = find_matches(fp_key, probes, fp, limit, id, cap)
+  -- Nothing refuses from here on. An upsert takes its old self out first: it never matches itself, and a
+  -- representative leaving hands its postings to a twin, which then matches like any other incident.
+  if old then unindex(id, old_group, slice(keys, FIRST + n_new, FIRST - 1 + n_new + n_old)) end
 
-  if old then
-    for i = 6 + n_new, 5 + n_new + n_old do redis.call('SREM', keys[i], id) end
-  end
-  for i = 6, 5 + n_new do redis.call('SADD', keys[i], id) end
+  local probes = slice(keys, FIRST, FIRST - 1 + (tonumber(args[13]) or n_new))
+  for i = FIRST + n_new + n_old, #keys do probes[#probes + 1] = keys[i] end
+  local twin_prefix = string.sub(new_group, 1, -17)
+  local verified, matched, flat, twin = find_matches(fp_key, twin_prefix, probes, fp, limit, cap)
+
+  index_one(id, twin, new_group, slice(keys, FIRST, FIRST - 1 + n_new))
   redis.call('HSET', fp_key, id, fp)
   redis.call('XADD', changes_key, '*', op, id)
 
@@ -297,14 +373,16 @@ end
 
 -- Every indexed incident within a distance of a fingerprint, without indexing anything.
 --
--- keys[1] = {N}:meta   keys[2] = {N}:fp   keys[3 .. #keys] = the probe keys
+-- keys[1] = {N}:meta   keys[2] = {N}:fp   keys[3] = {N}:twins:<the fingerprint>   keys[4 .. #keys] = the probe keys
 -- args[1] = fingerprint (hex)   args[2] = max distance   args[3] = layout tag
+-- args[4] = most matches to list (0 or absent = all)
 --
--- Returns {match_count, candidates_verified, id1, d1, id2, d2, ...}, every match, sorted.
+-- Returns {match_count, candidates_verified, id1, d1, id2, d2, ...}, sorted, capped as asked.
 local function matches(keys, args)
   local refused = check_layout(keys[1], args[3])
   if refused then return refused end
-  local verified, matched, flat = find_matches(keys[2], slice(keys, 3, #keys), args[1], tonumber(args[2]), nil, 0)
+  local verified, matched, flat = find_matches(keys[2], string.sub(keys[3], 1, -17), slice(keys, 4, #keys), args[1],
+                                               tonumber(args[2]), tonumber(args[4]) or 0)
   local reply = {matched, verified}
   for i = 1, #flat do reply[2 + i] = flat[i] end
   return reply
@@ -489,14 +567,14 @@ local function claim(keys, args)
   return out
 end
 
-redis.register_function('incident_index_v1_apply', apply)
-redis.register_function{function_name = 'incident_index_v1_matches', callback = matches, flags = {'no-writes'}}
-redis.register_function('incident_index_v1_dead_letter', dead_letter)
-redis.register_function('incident_index_v1_ensure_meta', ensure_meta)
-redis.register_function('incident_index_v1_forget_consumer', forget_consumer)
+redis.register_function('incident_index_v2_apply', apply)
+redis.register_function{function_name = 'incident_index_v2_matches', callback = matches, flags = {'no-writes'}}
+redis.register_function('incident_index_v2_dead_letter', dead_letter)
+redis.register_function('incident_index_v2_ensure_meta', ensure_meta)
+redis.register_function('incident_index_v2_forget_consumer', forget_consumer)
 -- allow-oom: reading and claiming allocate next to nothing, and a worker must keep reading while Redis is full
 -- (it then holds what it read until writes work again)
-redis.register_function{function_name = 'incident_index_v1_read_new', callback = read_new, flags = {'allow-oom'}}
-redis.register_function{function_name = 'incident_index_v1_read_pending', callback = read_pending,
+redis.register_function{function_name = 'incident_index_v2_read_new', callback = read_new, flags = {'allow-oom'}}
+redis.register_function{function_name = 'incident_index_v2_read_pending', callback = read_pending,
                         flags = {'allow-oom'}}
-redis.register_function{function_name = 'incident_index_v1_claim', callback = claim, flags = {'allow-oom'}}
+redis.register_function{function_name = 'incident_index_v2_claim', callback = claim, flags = {'allow-oom'}}
