@@ -15,6 +15,8 @@ from typing import Any
 
 import redis as redis_lib
 
+from .connection import RedisClient
+
 __all__ = ["ANSWER_WITHIN_S", "Watchdog"]
 
 _EVERY_S = 1.0
@@ -31,7 +33,7 @@ _REPEAT_S = 30.0
 class Watchdog:
     """A daemon thread pinging Redis through `client` (a client of its own, with short timeouts) and logging changes."""
 
-    def __init__(self, client: Any, log: Any) -> None:
+    def __init__(self, client: RedisClient, log: Any) -> None:
         self.client = client
         self.log = log
         self.answering = True

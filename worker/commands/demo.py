@@ -18,11 +18,12 @@ from typing import Any
 
 import redis
 
+from ..connection import RedisClient
 from ..fingerprint import format_fingerprint
 from ..formats import Alert, IncidentEvent
 from ..index import FingerprintIndex
 from ..logs import configure_logging
-from ..replies import text
+from ..replies import entries, stream_entries, text
 from ..settings import Settings
 from ..stream import StreamWorker
 from ._format import matches_text
@@ -73,7 +74,7 @@ class _Descriptions:
     """What each incident is, for the alert lines: the sample's texts, and the bag of any event published from
     outside (redis-cli, `incident-worker publish`), read back from the events stream."""
 
-    def __init__(self, client: Any, stream: str, samples: list[tuple[dict[str, str], str]]) -> None:
+    def __init__(self, client: RedisClient, stream: str, samples: list[tuple[dict[str, str], str]]) -> None:
         self.client = client
         self.stream = stream
         self.known = {fields["incident_id"]: shown for fields, shown in samples}
@@ -85,8 +86,8 @@ class _Descriptions:
         return self.known.get(incident_id, FROM_OUTSIDE)
 
     def _read_new_events(self) -> None:
-        for entry_id, fields in self.client.xrange(self.stream, f"({self.last}", "+"):
-            self.last = text(entry_id)
+        for entry_id, fields in entries(self.client, self.stream, f"({self.last}"):
+            self.last = entry_id
             found = {text(name): text(value) for name, value in fields.items()}
             incident_id = found.get("incident_id")
             if incident_id is None or incident_id in self.known:
@@ -138,17 +139,16 @@ def run_demo(port: int = 0, keep: bool = False, out: Any = None) -> int:
 
     def print_new_alerts(block_ms: int | None) -> int:
         nonlocal last_id
-        reply: Any = client.xread({settings.alerts_stream: last_id}, block=block_ms)
         count = 0
-        for _, entries in reply or []:
-            for entry_id, fields in entries:
-                last_id = text(entry_id)
-                alert = Alert.from_fields(fields)
-                said = f' "{alert.text}"' if alert.text else ""  # text incidents' alerts carry the text's start
-                say(f"ALERT  {alert.incident_id}{said} matches {matches_text(alert.matches, alert.match_count)}")
-                for incident_id in [alert.incident_id, *(m.incident_id for m in alert.matches[:5])]:
-                    say(f"       {incident_id}: {_clip(described.of(incident_id))}")
-                count += 1
+        found = stream_entries(client.xread({settings.alerts_stream: last_id}, block=block_ms))
+        for entry_id, fields in found:
+            last_id = entry_id
+            alert = Alert.from_fields(fields)
+            said = f' "{alert.text}"' if alert.text else ""  # text incidents' alerts carry the text's start
+            say(f"ALERT  {alert.incident_id}{said} matches {matches_text(alert.matches, alert.match_count)}")
+            for incident_id in [alert.incident_id, *(m.incident_id for m in alert.matches[:5])]:
+                say(f"       {incident_id}: {_clip(described.of(incident_id))}")
+            count += 1
         return count
 
     deadline = time.monotonic() + 60

@@ -14,11 +14,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import redis
 from pydantic import ValidationError
 
+from ..connection import RedisClient
 from ..errors import InvalidLineError
 from ..formats import EventLimits, IncidentEvent, event_error
 from ..replies import text
@@ -168,11 +169,11 @@ class PublishReport:
         }
 
 
-def _send(client: Any, report: PublishReport, chunk: list[tuple[int, dict[str, str]]]) -> None:
+def _send(client: RedisClient, report: PublishReport, chunk: list[tuple[int, dict[str, str]]]) -> None:
     """One pipelined round trip of XADDs; the report then covers the chunk."""
     pipe = client.pipeline(transaction=False)
     for _, fields in chunk:
-        pipe.xadd(report.stream, fields)
+        pipe.xadd(report.stream, cast(dict[Any, Any], fields))
     entry_ids = [text(entry_id) for entry_id in pipe.execute()]
     report.first_entry = report.first_entry or entry_ids[0]
     report.last_entry = entry_ids[-1]
