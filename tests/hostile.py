@@ -1,4 +1,4 @@
-"""A generated hostile-input corpus for the reliability suite: every kind of bad entry SPEC section 4 names, oversized
+"""A generated hostile-input corpus for the reliability suite: every kind of bad entry the contract names, oversized
 and deeply nested input, odd Unicode, and IDs that look like key names, hash tags or stream IDs, interleaved with
 valid events.
 

@@ -1,4 +1,7 @@
-"""SPEC section 2: band widths, probe values, the pigeonhole guarantee, and refused layouts."""
+"""Band widths, probe values, the pigeonhole guarantee, and refused layouts.
+
+The contract: docs/contract.md#bands-and-the-recall-guarantee.
+"""
 
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ def test_classic_layout_when_bands_divide_64(bands: int) -> None:
 def test_three_bands_are_22_21_21_bits_probed_at_2_2_1() -> None:
     layout = BandLayout(3, 7)
     assert layout.widths == (22, 21, 21)
-    assert max(layout.radii) == 7 // 3  # SPEC section 2's p
+    assert max(layout.radii) == 7 // 3  # the contract's p = r // m
     assert layout.radii == (2, 2, 1)  # 7 = 2 * 3 + 1: the first two bands at 2, the last at 1
     assert layout.probes == 254 + 232 + 22
     assert [len(masks) for masks in layout.probe_masks] == [254, 232, 22]
@@ -72,7 +75,7 @@ def test_radii_are_the_tightest_complete_probing(bands: int) -> None:
         radii = probe_radii(bands, max_distance)
         assert sum(p + 1 for p in radii) == max_distance + 1
         assert list(radii) == sorted(radii, reverse=True)  # the probed bands are a prefix, the widest first
-        assert max(radii) == max_distance // bands  # never wider than SPEC section 2's radius
+        assert max(radii) == max_distance // bands  # never wider than r // m
         assert min(radii) >= max_distance // bands - 1
 
 

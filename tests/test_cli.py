@@ -98,7 +98,7 @@ def add_alert(client: redis.Redis, incident_id: str, matches: list[tuple[str, in
 
 
 def index_spec_example(server: RedisServer, tmp_path: Path) -> None:
-    """SPEC section 4's example, published from a JSON Lines file and processed by a worker."""
+    """The contract's example (docs/contract.md#alerts-out), published from JSON Lines and processed by a worker."""
     done = cli(server, "publish", str(write_jsonl(tmp_path / "spec.jsonl", SPEC_EVENTS)))
     assert done.returncode == 0, done.stderr
     run_worker(server, consumer="w1")

@@ -1,4 +1,7 @@
-"""SPEC section 1: the fingerprint, its test vectors, its validation, and the fast path against the definition."""
+"""The fingerprint, its test vectors, its validation, and the fast path against the definition.
+
+The contract: docs/contract.md#the-fingerprint.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""worker.text: the tokenizer's masking rules, its bags as SPEC section 1 wants them, and the demo's sample file."""
+"""worker.text: the tokenizer's masking rules, its bags as the contract wants them, and the demo's sample file."""
 
 from __future__ import annotations
 
