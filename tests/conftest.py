@@ -15,6 +15,7 @@ from typing import Any
 import fakeredis
 import pytest
 import redis
+import structlog
 
 from tests.redis_server import RedisServer, redis_server_available
 from worker.settings import Settings
@@ -37,6 +38,14 @@ def no_worker_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+@pytest.fixture(autouse=True)
+def _structlog_defaults() -> Iterator[None]:
+    """Put structlog back after each test: one that configures logging onto its captured stderr would otherwise leave
+    every later in-process worker writing to a closed file."""
+    yield
+    structlog.reset_defaults()
 
 
 def require_redis_server() -> None:
