@@ -445,6 +445,8 @@ class Heartbeat(BaseModel):
     at: float | None = Field(None, description="Unix time of the beat, in seconds")
     started: float | None = Field(None, description="Unix time the worker started, in seconds")
     processed: int | None = Field(None, description="entries the worker processed since it started")
+    read_path: str | None = Field(None, description="where its searches run: primary, or snapshot (its own copy)")
+    snapshot_position: str | None = Field(None, description="the change-log entry its copy reflects (snapshot)")
     host: str | None = Field(
         default_factory=socket.gethostname,
         description="the host name of the worker's machine, so that `check` finds a named consumer by host "

@@ -25,7 +25,7 @@ from .errors import DuplicateIncidentError, LayoutMismatchError, StaleRetriesExh
 from .fingerprint import fingerprint, format_fingerprint, parse_fingerprint
 from .formats import incident_id_problem
 from .keys import DEFAULT_NAMESPACE, IndexKeys
-from .library import ApplyResult, StreamTarget, parse_apply
+from .library import ApplyResult, SnapshotClaim, StreamTarget, parse_apply
 from .replies import pairs, text
 from .text import TOKENIZER_VERSION
 from .transport import Command, Transport, execute, open_transport
@@ -275,17 +275,21 @@ class FingerprintIndex:
         max_matches: int = 0,
         alert_text: str = "",
         tokenizer: str = "",
+        snapshot: SnapshotClaim | None = None,
     ) -> tuple[list[str], list[Any]]:
         """Keys and arguments of one apply call (see index.lua): for a pipeline, or for `_fcall`.
 
         `expected` is the fingerprint the caller believes is stored (None: not indexed; ANY, "*": don't check).
         `max_matches` caps the matches listed (0: all); `match_count` always counts them all.
+        With `snapshot`, the call validates what a search of a copy of the index found instead of searching the
+        postings (no probe keys are sent; see worker/readpath.py).
         """
-        if fp is None:
-            own: list[str] = []
-            others: list[str] = []
-            probed = 0
-        else:
+        own: list[str] = []
+        others: list[str] = []
+        probed = 0
+        if fp is not None and snapshot is not None:
+            own = self.posting_keys(fp)
+        elif fp is not None:
             own, probed, others = self.probe_keys(fp)
         if isinstance(expected, int):
             old = [] if op == "add" else self.posting_keys(expected)
@@ -317,6 +321,7 @@ class FingerprintIndex:
             max_matches=max_matches,
             alert_text=alert_text,
             tokenizer=tokenizer,
+            snapshot=snapshot,
         )
 
     def apply_command(self, op: str, incident_id: str, fp: int | None, **kwargs: Any) -> Command:
@@ -382,8 +387,8 @@ class FingerprintIndex:
                 pipe.sadd(key, *members)
             for fp, members in groups.items():
                 pipe.zadd(self.keys.twins(format_fingerprint(fp)), dict.fromkeys([representatives[fp], *members], 0))
-            for incident_id in fingerprints:
-                pipe.xadd(self.keys.changes, {"add": incident_id})
+            for incident_id, hex_fp in fingerprints.items():
+                pipe.xadd(self.keys.changes, {"add": incident_id, "fp": hex_fp, "prev": ""})
             pipe.execute()
             total += len(fingerprints)
         return total

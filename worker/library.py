@@ -38,6 +38,7 @@ __all__ = [
     "LIBRARY_NAME",
     "LIBRARY_SOURCE",
     "ApplyResult",
+    "SnapshotClaim",
     "StreamTarget",
     "apply_call",
     "dead_letter_command",
@@ -98,12 +99,26 @@ class StreamTarget:
 
 
 @dataclass(frozen=True, slots=True)
+class SnapshotClaim:
+    """What a search of a copy of the index at `position` of its change log found, for the apply call to validate.
+
+    The match count, the closest matches, and whether those are all of them (docs/contract.md, "Snapshot reads").
+    """
+
+    position: str
+    count: int
+    listed: Sequence[tuple[str, int]]
+    complete: bool
+
+
+@dataclass(frozen=True, slots=True)
 class ApplyResult:
     """What one atomic index step did.
 
-    `status` is one of indexed, repeat, duplicate, stale, deleted, absent, not_pending (`found` for a search);
-    `candidates` counts the representatives verified (never their twins); `matches` lists the matches
-    (at most max_matches of them when that is set), closest first, while `match_count` counts them all.
+    `status` is one of indexed, repeat, duplicate, stale, deleted, absent, not_pending, unvalidated (`found` for a
+    search); `candidates` counts the representatives verified (never their twins), or on the snapshot path the
+    changes validated; `matches` lists the matches (at most max_matches of them when that is set), closest first,
+    while `match_count` counts them all.
     """
 
     status: str
@@ -153,6 +168,7 @@ def apply_call(
     max_matches: int,
     alert_text: str = "",
     tokenizer: str = "",
+    snapshot: SnapshotClaim | None = None,
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of the apply function, in the order index.lua documents.
 
@@ -183,6 +199,10 @@ def apply_call(
         alert_text,
         tokenizer,
     ]
+    if snapshot is not None:
+        args += [snapshot.position, snapshot.count, "1" if snapshot.complete else "0"]
+        for listed_id, distance in snapshot.listed:
+            args += [listed_id, distance]
     return keys, args
 
 

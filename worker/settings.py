@@ -100,6 +100,17 @@ class Settings(BaseSettings):
         le=4096,
         description="Characters of a text incident's text copied into its alert's `text` field (0 = none).",
     )
+    read_path: Literal["auto", "primary", "snapshot"] = Field(
+        "auto",
+        description=(
+            "Where the search for matches runs: primary (inside the atomic step on the primary) or snapshot (on "
+            "the worker's own copy of the index, validated by the atomic step); auto: the copy once the index "
+            "holds snapshot_min_incidents."
+        ),
+    )
+    snapshot_min_incidents: int = Field(
+        100_000, ge=0, description="Index size from which read_path=auto searches the worker's own copy."
+    )
     max_tokens: int = Field(
         _LIMITS.max_tokens, ge=1, description="Most tokens in one bag; a larger bag is dead-lettered."
     )

@@ -43,6 +43,7 @@ from .index import FingerprintIndex, retry_while_stale
 from .library import FN_CLAIM, FN_READ_NEW, FN_READ_PENDING, StreamTarget, dead_letter_command, parse_apply
 from .logs import get_logger
 from .metrics import Metrics
+from .readpath import SnapshotReader
 from .replies import consumers_info, entry_time_ms, group_info, text
 from .settings import Settings
 from .text import TOKENIZER_VERSION
@@ -76,6 +77,7 @@ class _Item:
     deliveries: int = 1
     event: IncidentEvent | None = None
     dead: tuple[str, str] | None = None  # (reason, detail)
+    full_search: bool = False  # the snapshot's claim was not validated: search inside the atomic step
     entry: Entry | None = None  # as read: every field in order, or an oversized entry's summary
 
 
@@ -138,6 +140,7 @@ class StreamWorker:
         self._next_claim = 0.0
         self._next_summary = time.monotonic() + settings.summary_interval_s
         self._started = time.time()
+        self.snapshot: SnapshotReader | None = None
         self._restarted = True  # the first recovery finds what a previous run of this consumer left: deliveries
         self._idle_wait = 0.0
         self._tokenizer = str(TOKENIZER_VERSION)
@@ -263,7 +266,25 @@ class StreamWorker:
                 raise
         self.index.open()
         self.index.check_tokenizer()
+        self.choose_read_path()
         self.heartbeat()
+
+    def choose_read_path(self) -> None:
+        """Search a copy of the index in this worker once the settings (or, with auto, the index's size) ask for it.
+
+        Auto never switches back: a copy that is loaded stays correct however small the index gets.
+        """
+        if self.snapshot is not None or self.settings.read_path == "primary":
+            return
+        if self.settings.read_path == "auto":
+            try:
+                size = len(self.index)
+            except ResponseError:  # a damaged fingerprint hash: the primary path reports it entry by entry
+                return
+            if size < self.settings.snapshot_min_incidents:
+                return
+        self.snapshot = SnapshotReader(self.redis, self.index.keys, self.index.layout, log=self.log)
+        self.snapshot.refresh()
 
     def maintain(self) -> None:
         """The periodic work: heartbeat, pending recovery and claims, the summary line."""
@@ -275,6 +296,7 @@ class StreamWorker:
             self.recover_own_pending()
             self.claim_stuck()
             self.forget_gone_consumers()
+            self.choose_read_path()
         if now >= self._next_summary:
             self._next_summary = now + self.settings.summary_interval_s
             self.summary()
@@ -287,6 +309,8 @@ class StreamWorker:
             at=round(time.time(), 3),
             started=round(self._started, 3),
             processed=self.stats.processed,
+            read_path="primary" if self.snapshot is None else "snapshot",
+            snapshot_position=None if self.snapshot is None else self.snapshot.index.position,
         ).to_value()
         try:
             self.redis.set(self._heartbeat_key, value, px=ttl)
@@ -324,6 +348,7 @@ class StreamWorker:
             pending=pending,
             indexed=size,
             outcomes=dict(self.stats.outcomes),
+            **(self.snapshot.describe() if self.snapshot is not None else {"read_path": "primary"}),
         )
 
     # -- reading ----------------------------------------------------------------------------------------------
@@ -362,7 +387,8 @@ class StreamWorker:
                 ahead = None
                 if not self.stopping and time.monotonic() < until:
                     ahead = self._reader.submit(self._read_ahead)
-                if all(item.event is None or item.event.op == "add" for item in items):
+                # a snapshot is validated from the moment it is sent: no batch goes out with a copy one batch behind
+                if self.snapshot is None and all(item.event is None or item.event.op == "add" for item in items):
                     calls.send([self._command(item, {}) for item in items])
                     sent.append((items, time.perf_counter()))
                     if len(sent) > 1:
@@ -505,6 +531,8 @@ class StreamWorker:
 
     def _send(self, items: list[_Item]) -> list[Any]:
         """Run one call per item (upserts and deletes with what they replace, read first); returns the replies."""
+        if self.snapshot is not None:
+            self.snapshot.refresh()
         changing = [item.event.incident_id for item in items if item.event and item.event.op != "add"]
         expected = self.index.fingerprints_of(changing)
         return self.index.execute([self._command(item, expected) for item in items])
@@ -583,6 +611,9 @@ class StreamWorker:
             return self._dead_command(item, *item.dead)
         event = item.event
         assert event is not None
+        claim = None
+        if self.snapshot is not None and event.fingerprint is not None and not item.full_search:
+            claim = self.snapshot.claim(event.incident_id, event.fingerprint, self.settings.max_matches)
         return self.index.apply_command(
             event.op,
             event.incident_id,
@@ -593,6 +624,7 @@ class StreamWorker:
             max_matches=self.settings.max_matches,
             alert_text=event.text[: self.settings.alert_text_chars] if event.text else "",
             tokenizer=self._tokenizer if event.text is not None else "",
+            snapshot=claim,
         )
 
     def _dead_command(self, item: _Item, reason: str, detail: str) -> Command:
@@ -621,6 +653,12 @@ class StreamWorker:
         result = parse_apply(reply)
         where = {"entry_id": item.entry_id, "incident_id": event.incident_id}  # bound only when a line is written
         if result.status == "stale":
+            self._retry_stale(item)
+            return
+        if result.status == "unvalidated":  # the copy could not be validated: nothing happened, search in full
+            assert self.snapshot is not None
+            self.snapshot.fallbacks += 1
+            item.full_search = True
             self._retry_stale(item)
             return
         if result.status == "duplicate":

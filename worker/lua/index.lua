@@ -233,6 +233,125 @@ local function index_one(id, twin, group, postings)
   end
 end
 
+-- The representative of fingerprint `fp` (the incident in its postings), or nil when it is not indexed: any member
+-- of its group when it has twins, else the incident in every one of its posting sets (SINTER starts from the
+-- smallest) whose fingerprint is `fp`. The snapshot path needs it without searching.
+local function representative_of(fp_key, group, fp, postings)
+  local member = redis.call('ZRANGE', group, 0, 0)[1]
+  if member then return member end
+  if #postings == 0 then return nil end
+  local found = #postings == 1 and redis.call('SMEMBERS', postings[1]) or redis.call('SINTER', unpack(postings))
+  for i = 1, #found do
+    if redis.call('HGET', fp_key, found[i]) == fp then return found[i] end
+  end
+  return nil
+end
+
+-- The distance from `query` to any stored fingerprint, as a function (the per-digit tables of find_matches).
+local function distance_from(query)
+  local rows = {}
+  for i = 1, 16 do rows[i] = DIGIT_DISTANCE[NIBBLE[string.byte(query, i)]] end
+  return function(h)
+    if #h ~= 16 then return 64 end
+    local d = 0
+    for i = 1, 16 do d = d + rows[i][string.byte(h, i)] end
+    return d
+  end
+end
+
+-- Entry IDs compare as (milliseconds, sequence); their strings do not (10-0 < 9-0 as text).
+local function entry_id_less(a, b)
+  local am, as = string.match(a, '^(%d+)-?(%d*)$')
+  local bm, bs = string.match(b, '^(%d+)-?(%d*)$')
+  if not am or not bm then return true end
+  if #am ~= #bm then return #am < #bm end
+  if am ~= bm then return am < bm end
+  as, bs = tonumber(as) or 0, tonumber(bs) or 0
+  return as < bs
+end
+
+-- A snapshot whose position is more changes behind than this is not validated: the full search is cheaper.
+local MAX_VALIDATED_CHANGES = 4000
+
+-- Snapshot reads (docs/contract.md, "Snapshot reads"). A worker searched its own copy of the index as it stood at
+-- `position` in {N}:changes and counted `count` matches other than `self_id`, the closest listed in `listed`
+-- (flat id, d, ... sorted by distance then ID; all of them when `complete`). Every change after that position is
+-- re-checked against the new fingerprint: an incident the copy counted (its fingerprint before its first later
+-- change was within `limit`) and one that counts now (its latest fingerprint is) adjust the count and the list.
+--
+-- Returns changes_checked, matched, flat (at most `cap` pairs when cap > 0); or nil when the copy cannot be
+-- validated (its changes were trimmed, are too many, or lack fingerprints, or what it listed no longer covers the
+-- cap): the caller then answers `unvalidated` and the worker sends the full search.
+local function validate_snapshot(meta_key, changes_key, query, limit, self_id, cap, position, count, listed, complete)
+  local floor = redis.call('HGET', meta_key, 'changes_trimmed_to')
+  if floor and entry_id_less(position, floor) then return nil end
+  local changes = redis.call('XRANGE', changes_key, '(' .. position, '+', 'COUNT', MAX_VALIDATED_CHANGES + 1)
+  if #changes > MAX_VALIDATED_CHANGES then return nil end
+
+  local first_prev, latest, order = {}, {}, {}
+  for i = 1, #changes do
+    local f = changes[i][2]
+    -- <op> <id> fp <new hex or ''> prev <old hex or ''>
+    if f[3] ~= 'fp' or f[5] ~= 'prev' then return nil end
+    local id = f[2]
+    if first_prev[id] == nil then
+      first_prev[id] = f[6]
+      order[#order + 1] = id
+    end
+    latest[id] = f[4]
+  end
+
+  local distance = distance_from(query)
+  local order_ids = id_order()
+  local function before(ad, aid, bd, bid)
+    if ad ~= bd then return ad < bd end
+    if order_ids then return order_ids(aid, bid) end
+    return aid < bid
+  end
+
+  local kept = {}
+  local n_listed = #listed / 2
+  local changed = {}
+  local additions = {}
+  for _, id in ipairs(order) do
+    if id ~= self_id then
+      changed[id] = true
+      local was, now = first_prev[id], latest[id]
+      local was_in = was ~= '' and distance(was) <= limit
+      local d = now ~= '' and distance(now) or 64
+      if was_in then count = count - 1 end
+      if d <= limit then
+        count = count + 1
+        additions[#additions + 1] = {d, id}
+      end
+    end
+  end
+  for i = 1, #listed, 2 do
+    local id = listed[i]
+    if not changed[id] then kept[#kept + 1] = {tonumber(listed[i + 1]), id} end
+  end
+
+  -- the copy listed every match, or only those up to its last listed one: past that, nothing is known
+  local bound = nil
+  if not complete then
+    if n_listed == 0 then return nil end
+    bound = {tonumber(listed[#listed]), listed[#listed - 1]}
+  end
+  for _, pair in ipairs(additions) do
+    if not bound or not before(bound[1], bound[2], pair[1], pair[2]) then kept[#kept + 1] = pair end
+  end
+  table.sort(kept, function(a, b) return before(a[1], a[2], b[1], b[2]) end)
+  local want = count
+  if cap > 0 and cap < want then want = cap end
+  if #kept < want then return nil end
+  local flat = {}
+  for i = 1, want do
+    flat[2 * i - 1] = kept[i][2]
+    flat[2 * i] = kept[i][1]
+  end
+  return #changes, count, flat
+end
+
 local function matches_json(flat)
   local parts = {}
   for i = 1, #flat, 2 do
@@ -276,11 +395,14 @@ end
 -- args[14] = text to publish in the alert's `text` field ('' = none)
 -- args[15] = tokenizer version of a text incident ('' for a bag): recorded in {N}:meta's `tokenizer` on first use,
 --            refused (error TOKENIZER) when it differs from the recorded one
+-- args[16] = snapshot position in {N}:changes ('' or absent: search the postings here; see validate_snapshot)
+-- args[17] = the snapshot's match count   args[18] = '1' when it listed every match   args[19 ..] = id, d, ...
 --
 -- Returns {status, match_count, candidates_verified, alert_entry_id_or_'', id1, d1, id2, d2, ...} where status is
--- indexed | repeat | duplicate | stale | deleted | absent | not_pending. Only indexed, repeat, deleted and absent
--- acknowledge the entry; duplicate, stale and not_pending change nothing. candidates_verified counts the
--- representatives read, never their twins.
+-- indexed | repeat | duplicate | stale | deleted | absent | not_pending | unvalidated. Only indexed, repeat,
+-- deleted and absent acknowledge the entry; duplicate, stale, not_pending and unvalidated change nothing.
+-- candidates_verified counts the representatives read, never their twins (on the snapshot path: the changes
+-- validated).
 local function apply(keys, args)
   local meta_key, fp_key, changes_key, events_key, alerts_key = keys[1], keys[2], keys[3], keys[4], keys[5]
   local new_group, old_group = keys[6], keys[7]
@@ -323,7 +445,7 @@ local function apply(keys, args)
     end
     unindex(id, old_group, slice(keys, FIRST + n_new, FIRST - 1 + n_new + n_old))
     redis.call('HDEL', fp_key, id)
-    redis.call('XADD', changes_key, '*', op, id)
+    redis.call('XADD', changes_key, '*', op, id, 'fp', '', 'prev', old)
     ack()
     return {'deleted', 0, 0, ''}
   end
@@ -336,18 +458,31 @@ local function apply(keys, args)
     return {'duplicate', 0, 0, old}
   end
 
+  -- A snapshot's claim is validated before anything is written: `unvalidated` must change nothing.
+  local position = args[16] or ''
+  local verified, matched, flat, twin
+  if position ~= '' then
+    verified, matched, flat = validate_snapshot(meta_key, changes_key, fp, limit, id, cap, position,
+                                                tonumber(args[17]), slice(args, 19, #args), args[18] == '1')
+    if not verified then return {'unvalidated', 0, 0, ''} end
+  end
+
   -- Nothing refuses from here on. An upsert takes its old self out first: it never matches itself, and a
   -- representative leaving hands its postings to a twin, which then matches like any other incident.
   if old then unindex(id, old_group, slice(keys, FIRST + n_new, FIRST - 1 + n_new + n_old)) end
 
-  local probes = slice(keys, FIRST, FIRST - 1 + (tonumber(args[13]) or n_new))
-  for i = FIRST + n_new + n_old, #keys do probes[#probes + 1] = keys[i] end
-  local twin_prefix = string.sub(new_group, 1, -17)
-  local verified, matched, flat, twin = find_matches(fp_key, twin_prefix, probes, fp, limit, cap)
+  if position == '' then
+    local probes = slice(keys, FIRST, FIRST - 1 + (tonumber(args[13]) or n_new))
+    for i = FIRST + n_new + n_old, #keys do probes[#probes + 1] = keys[i] end
+    local twin_prefix = string.sub(new_group, 1, -17)
+    verified, matched, flat, twin = find_matches(fp_key, twin_prefix, probes, fp, limit, cap)
+  else
+    twin = representative_of(fp_key, new_group, fp, slice(keys, FIRST, FIRST - 1 + n_new))
+  end
 
   index_one(id, twin, new_group, slice(keys, FIRST, FIRST - 1 + n_new))
   redis.call('HSET', fp_key, id, fp)
-  redis.call('XADD', changes_key, '*', op, id)
+  redis.call('XADD', changes_key, '*', op, id, 'fp', fp, 'prev', old or '')
 
   local alert_id = ''
   if streaming then

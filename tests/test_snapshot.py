@@ -1,0 +1,238 @@
+"""The worker-side copy of the index (worker/snapshot.py) against the brute-force oracle."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.oracle import Oracle, clustered, flip
+from worker.bands import BandLayout
+from worker.snapshot import MemoryIndex
+
+LAYOUTS = [(4, 7), (3, 7), (8, 7), (5, 7), (2, 3), (1, 0), (6, 12)]
+
+
+def _expected(oracle: Oracle, fp: int, exclude: str | None, limit: int) -> tuple[int, list[tuple[str, int]]]:
+    found = oracle.matches(fp, exclude=exclude)
+    return len(found), found[:limit] if limit else found
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 2**32),
+    ops=st.lists(
+        st.tuples(st.sampled_from(["set", "set", "set", "delete"]), st.integers(0, 40), st.integers(0, 11)),
+        max_size=120,
+    ),
+    limit=st.sampled_from([0, 1, 3, 100]),
+)
+def test_search_equals_a_linear_scan_through_sets_deletes_and_twins(layout, seed, ops, limit) -> None:
+    bands, max_distance = layout
+    rng = random.Random(seed)
+    # few distinct fingerprints, so that twins (storms) and near pairs are common
+    pool = clustered(rng, 12, max_distance, centers=2)
+    index = MemoryIndex(BandLayout(bands, max_distance))
+    oracle = Oracle(max_distance)
+    for op, incident, which in ops:
+        incident_id = f"i{incident}"
+        if op == "set":
+            index.set(incident_id, pool[which])
+            oracle.fps[incident_id] = pool[which]
+        else:
+            index.delete(incident_id)
+            oracle.fps.pop(incident_id, None)
+    assert dict(index.items()) == oracle.fps
+    for fp in [*pool, flip(pool[0], max_distance, rng), flip(pool[1], max_distance + 1, rng)]:
+        for exclude in (None, "i0", "i1"):
+            result = index.search(fp, exclude=exclude, limit=limit)
+            assert (result.match_count, result.matches) == _expected(oracle, fp, exclude, limit)
+
+
+def test_a_storm_of_twins_is_one_candidate() -> None:
+    index = MemoryIndex(BandLayout(4, 7))
+    rng = random.Random(3)
+    fp = rng.getrandbits(64)
+    for n in range(5000):
+        index.set(f"storm-{n:05d}", fp)
+    result = index.search(fp, limit=100)
+    assert result.candidates == 1
+    assert result.match_count == 5000
+    assert result.matches == [(f"storm-{n:05d}", 0) for n in range(100)]
+    assert index.distinct == 1
+
+
+def test_deleting_every_twin_frees_the_row_and_its_postings() -> None:
+    index = MemoryIndex(BandLayout(4, 7))
+    index.set("a", 1)
+    index.set("b", 1)
+    index.set("b", 2)
+    index.delete("a")
+    index.delete("b")
+    assert len(index) == 0 and index.distinct == 0
+    assert all(not table for table in index._tables)
+    assert index.search(1).match_count == 0
+
+
+def test_ids_sort_in_utf8_byte_order_as_redis_sorts_them() -> None:
+    index = MemoryIndex(BandLayout(4, 7))
+    ids = ["é", "z", "Z", "a", "aa", "\U0001f600", "\uffff"]
+    for incident_id in ids:
+        index.set(incident_id, 42)
+    listed = [m for m, _ in index.search(42).matches]
+    assert listed == sorted(ids, key=lambda s: s.encode())
+
+
+# -- the follower, on a real server and on fakeredis ----------------------------------------------------------
+
+from worker.keys import IndexKeys  # noqa: E402
+from worker.readpath import CHANGES_FLOOR_FIELD, ChangeFollower, SnapshotLostError  # noqa: E402
+
+
+def _change(client, keys: IndexKeys, op: str, incident_id: str, fp: int | None, prev: int | None) -> None:
+    """What the index's functions write: the fingerprint hash, then one change-log entry with both fingerprints."""
+    if fp is None:
+        client.hdel(keys.fingerprints, incident_id)
+    else:
+        client.hset(keys.fingerprints, incident_id, f"{fp:016x}")
+    client.xadd(
+        keys.changes,
+        {op: incident_id, "fp": "" if fp is None else f"{fp:016x}", "prev": "" if prev is None else f"{prev:016x}"},
+    )
+
+
+def test_follower_loads_then_follows_the_change_log(redis_client) -> None:
+    keys = IndexKeys("snap")
+    rng = random.Random(5)
+    truth: dict[str, int] = {}
+    for n in range(300):
+        fp = rng.getrandbits(64)
+        _change(redis_client, keys, "add", f"a{n}", fp, None)
+        truth[f"a{n}"] = fp
+    follower = ChangeFollower(redis_client, keys, BandLayout(4, 7), batch=64)
+    follower.load()
+    assert dict(follower.index.items()) == truth
+    for n in range(0, 300, 3):
+        new = rng.getrandbits(64)
+        _change(redis_client, keys, "upsert", f"a{n}", new, truth[f"a{n}"])
+        truth[f"a{n}"] = new
+    for n in range(1, 300, 7):
+        _change(redis_client, keys, "delete", f"a{n}", None, truth.pop(f"a{n}"))
+    assert follower.catch_up() > 0
+    assert dict(follower.index.items()) == truth
+    last = redis_client.xrevrange(keys.changes, "+", "-", count=1)[0][0]
+    assert follower.index.position == (last.decode() if isinstance(last, bytes) else last)
+
+
+def test_follower_refuses_a_log_trimmed_past_its_position(redis_client) -> None:
+    keys = IndexKeys("snap")
+    _change(redis_client, keys, "add", "x", 1, None)
+    follower = ChangeFollower(redis_client, keys, BandLayout(4, 7))
+    follower.load()
+    _change(redis_client, keys, "add", "y", 2, None)
+    redis_client.hset(keys.meta, CHANGES_FLOOR_FIELD, "99999999999999-0")
+    with pytest.raises(SnapshotLostError):
+        follower.catch_up()
+
+
+def test_follower_refuses_entries_without_fingerprints(redis_client) -> None:
+    keys = IndexKeys("snap")
+    follower = ChangeFollower(redis_client, keys, BandLayout(4, 7))
+    follower.load()
+    redis_client.xadd(keys.changes, {"add": "old-format"})
+    with pytest.raises(SnapshotLostError):
+        follower.catch_up()
+
+
+# -- the validation step alone: a stale copy's search, validated by the apply call, equals a linear scan --------
+
+from worker.index import FingerprintIndex  # noqa: E402
+from worker.library import FN_APPLY, SnapshotClaim, parse_apply  # noqa: E402
+
+
+def _claim(follower: ChangeFollower, fp: int, exclude: str, cap: int, extra: int) -> SnapshotClaim:
+    result = follower.index.search(fp, exclude=exclude, limit=cap + extra if cap else 0)
+    return SnapshotClaim(
+        follower.index.position, result.match_count, result.matches, len(result.matches) == result.match_count
+    )
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**32),
+    before=st.lists(
+        st.tuples(st.sampled_from(["add", "upsert", "delete"]), st.integers(0, 30), st.integers(0, 9)), max_size=40
+    ),
+    after=st.lists(
+        st.tuples(st.sampled_from(["add", "upsert", "delete"]), st.integers(0, 30), st.integers(0, 9)), max_size=25
+    ),
+    cap=st.sampled_from([0, 1, 2, 5]),
+    extra=st.sampled_from([0, 2]),
+    query=st.integers(0, 9),
+    op=st.sampled_from(["add", "upsert"]),
+)
+def test_a_validated_stale_snapshot_finds_exactly_what_a_full_search_finds(
+    redis_client, seed, before, after, cap, extra, query, op
+) -> None:
+    redis_client.flushall()
+    rng = random.Random(seed)
+    pool = clustered(rng, 10, 7, centers=2)
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.open()
+    oracle = Oracle(7)
+
+    def run(ops) -> None:
+        for kind, n, which in ops:
+            incident_id, fp = f"i{n}", pool[which]
+            if kind == "add":
+                if oracle.add(incident_id, fp) != "duplicate":
+                    index.add_fingerprint(incident_id, fp)
+            elif kind == "upsert":
+                index.upsert_fingerprint(incident_id, fp)
+                oracle.upsert(incident_id, fp)
+            else:
+                index.delete(incident_id)
+                oracle.delete(incident_id)
+
+    run(before)
+    follower = ChangeFollower(redis_client, index.keys, index.layout)
+    follower.load()
+    run(after)  # the copy is now stale by these changes
+    new_id = "i3" if op == "upsert" else "new"
+    fp = flip(pool[query], rng.randint(0, 3), rng)
+    claim = _claim(follower, fp, new_id, cap, extra)
+    expected = oracle.matches(fp, exclude=new_id)
+    keys, args = index.apply_call(
+        op, new_id, fp, expected="*" if op == "add" else index.get(new_id), max_matches=cap, snapshot=claim
+    )
+    result = parse_apply(redis_client.fcall(FN_APPLY, len(keys), *keys, *args))
+    if result.status == "unvalidated":
+        # only allowed when the copy listed too little to cover the cap after removals
+        assert not claim.complete
+        return
+    if op == "upsert" and oracle.fps.get(new_id) == fp:
+        assert result.status == "repeat"
+        return
+    assert result.status == "indexed"
+    assert result.match_count == len(expected)
+    assert result.matches == (expected[:cap] if cap else expected)
+    # and the change log says what the copy needs to follow
+    follower.catch_up()
+    assert follower.index.get(new_id) == fp
+
+
+def test_a_snapshot_behind_a_trimmed_log_is_not_validated(redis_client) -> None:
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.add_fingerprint("a", 1)
+    follower = ChangeFollower(redis_client, index.keys, index.layout)
+    follower.load()
+    index.add_fingerprint("b", 3)
+    redis_client.hset(index.keys.meta, CHANGES_FLOOR_FIELD, "99999999999999-0")
+    claim = _claim(follower, 7, "c", 100, 0)
+    keys, args = index.apply_call("add", "c", 7, snapshot=claim, max_matches=100)
+    result = parse_apply(redis_client.fcall(FN_APPLY, len(keys), *keys, *args))
+    assert result.status == "unvalidated"
+    assert index.get("c") is None  # it changed nothing

@@ -1,0 +1,155 @@
+"""The stream worker on the snapshot read path: searches on the worker's own copy, validated by the atomic step.
+
+The invariants are those of the primary path (every pair within r reported exactly once, each incident indexed
+once, nothing pending), here with copies made stale on purpose, concurrent workers, upserts and deletes of listed
+matches between a copy's search and its validation, a change log trimmed under a reader, and storms.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+
+from tests.oracle import Oracle
+from tests.redis_server import RedisServer
+from tests.streams import FP, alerts, assert_pairs_reported_once, dead_letters, fingerprints, pending_count, publish
+from worker.devtools.workload import Workload
+from worker.fingerprint import fingerprint
+from worker.readpath import CHANGES_FLOOR_FIELD
+from worker.settings import Settings
+from worker.stream import StreamWorker
+
+DOCK = {"dock": 3, "scanner": 2, "timeout": 1}
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("INCIDENT_WORKER_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture(params=["real", "fake"])
+def client(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
+    if request.param == "real":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        real = server.client()
+        real.flushall()
+        real.function_flush()
+        yield real
+        real.close()
+    else:
+        fake = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=7))
+        yield fake
+        fake.close()
+
+
+def worker(client: Any, consumer: str = "w1", **overrides: Any) -> StreamWorker:
+    values: dict[str, Any] = {
+        "consumer": consumer,
+        "block_ms": 50,
+        "claim_interval_ms": 100,
+        "summary_interval_s": 60,
+        "read_path": "snapshot",
+    }
+    values.update(overrides)
+    return StreamWorker(client, Settings(**values))
+
+
+def test_snapshot_path_reports_every_pair_once_on_the_synthetic_workload(client: redis.Redis) -> None:
+    events = [{"incident_id": i, "features": bag} for i, bag in Workload(seed=7).take(500)]
+    publish(client, events)
+    w = worker(client, batch_size=32)
+    w.run(until_idle=True)
+    assert w.snapshot is not None
+    assert_pairs_reported_once(fingerprints(events), alerts(client))
+    assert client.hlen(FP) == 500
+    assert pending_count(client) == 0
+    assert w.snapshot.index.position != "0-0"
+
+
+def test_two_workers_with_stale_copies_miss_no_pair_and_report_none_twice(client: redis.Redis) -> None:
+    """Two consumers take turns; one never refreshes its copy after loading it, so every claim it makes is stale."""
+    events = [{"incident_id": i, "features": bag} for i, bag in Workload(seed=11, near_duplicates=0.5).take(400)]
+    a, b = worker(client, "a", batch_size=16), worker(client, "b", batch_size=16)
+    a.setup()
+    b.setup()
+    assert a.snapshot is not None and b.snapshot is not None
+    a.snapshot.refresh()
+    a.snapshot.refresh = lambda: None  # type: ignore[method-assign]  # a stays at its first position
+    publish(client, events)
+    while a.read_and_process() + b.read_and_process():
+        pass
+    assert_pairs_reported_once(fingerprints(events), alerts(client))
+    assert client.hlen(FP) == 400
+    assert pending_count(client) == 0
+    assert a.snapshot.index.position < b.snapshot.index.position or len(a.snapshot.index) == 0
+
+
+def test_listed_matches_deleted_or_moved_after_the_copy_are_not_alerted(client: redis.Redis) -> None:
+    rng = random.Random(3)
+    base = fingerprint(DOCK)
+    w = worker(client, batch_size=8, max_matches=2)
+    publish(client, [{"incident_id": f"m{n}", "features": {**DOCK, f"x{n}": 1}} for n in range(6)])
+    w.run(until_idle=True)
+    assert w.snapshot is not None
+    w.snapshot.refresh()
+    w.snapshot.refresh = lambda: None  # type: ignore[method-assign]
+    # behind the copy's back: delete two listed matches, move one away, add two new ones
+    other = worker(client, "other", read_path="primary")
+    publish(
+        client,
+        [
+            {"incident_id": "m0", "op": "delete"},
+            {"incident_id": "m1", "op": "delete"},
+            {"incident_id": "m2", "op": "upsert", "features": {"far": 1, "away": 9, "q": rng.randint(1, 9)}},
+            {"incident_id": "n1", "features": DOCK},
+            {"incident_id": "n2", "features": {**DOCK, "y": 1}},
+        ],
+    )
+    other.run(until_idle=True)
+    before = len(alerts(client))
+    publish(client, [{"incident_id": "probe", "features": DOCK}])
+    w.run(until_idle=True)
+    alert = alerts(client)[before:]
+    stored = {k.decode(): int(v, 16) for k, v in client.hgetall(FP).items()}
+    oracle = Oracle(7)
+    oracle.fps = {k: v for k, v in stored.items() if k != "probe"}
+    expected = oracle.matches(base)
+    assert len(alert) == 1 and alert[0].incident_id == "probe"
+    assert alert[0].match_count == len(expected)
+    assert [(m.incident_id, m.distance) for m in alert[0].matches] == expected[:2]
+
+
+def test_a_change_log_trimmed_under_a_reader_falls_back_to_the_full_search(client: redis.Redis) -> None:
+    events = [{"incident_id": i, "features": bag} for i, bag in Workload(seed=13).take(200)]
+    w = worker(client, batch_size=20)
+    publish(client, events[:100])
+    w.run(until_idle=True)
+    assert w.snapshot is not None
+    w.snapshot.refresh = lambda: None  # type: ignore[method-assign]
+    client.hset("{incidents}:meta", CHANGES_FLOOR_FIELD, "99999999999999-0")
+    publish(client, events[100:])
+    w.run(until_idle=True)
+    assert w.snapshot.fallbacks == 100
+    assert_pairs_reported_once(fingerprints(events), alerts(client))
+    assert pending_count(client) == 0
+
+
+def test_storm_of_twins_on_the_snapshot_path_counts_every_twin(client: redis.Redis) -> None:
+    publish(client, [{"incident_id": f"s{n:04d}", "features": DOCK} for n in range(300)])
+    w = worker(client, batch_size=50, max_matches=10)
+    w.run(until_idle=True)
+    got = alerts(client)
+    assert len(got) == 299
+    assert [a.match_count for a in got] == list(range(1, 300))
+    assert all(len(a.matches) == min(10, a.match_count) for a in got)
+    assert got[-1].matches[0].incident_id == "s0000"
+    assert dead_letters(client) == []

@@ -1,0 +1,181 @@
+"""The snapshot read path: a worker's own copy of the index, kept current from the change log.
+
+`ChangeFollower` loads every fingerprint once (HSCAN, in bounded batches) and then applies `{N}:changes` in order,
+so its `MemoryIndex` always equals the index as it stood at `index.position`, an entry ID of the change log. The
+worker searches that copy and sends the position with what it found; the atomic step on the primary re-checks the
+changes after it (docs/contract.md, "Snapshot reads"), so a copy that is behind is slower to validate, never wrong.
+
+Loading is consistent without stopping anyone: the position is taken before the scan, and the scan is followed by
+replaying every change from that position. An incident the scan read after a later change is set again by that
+change's entry, which carries the fingerprint, so once the replay has passed the end of the log as it was when the
+scan finished, the copy is exact at every position it reports.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .bands import BandLayout
+from .keys import IndexKeys
+from .library import SnapshotClaim
+from .replies import text as _text
+from .snapshot import MemoryIndex
+
+__all__ = ["CHANGES_FLOOR_FIELD", "READ_PATHS", "ChangeFollower", "SnapshotLostError", "SnapshotReader"]
+
+CHANGES_FLOOR_FIELD = "changes_trimmed_to"
+"""`{N}:meta` field: entries of `{N}:changes` below this ID may have been trimmed; a copy older than it reloads."""
+
+
+class SnapshotLostError(Exception):
+    """The change log no longer holds every change after the copy's position: load it again."""
+
+
+def entry_id_tuple(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class ChangeFollower:
+    """Keeps a `MemoryIndex` equal to the index at a position of its change log."""
+
+    def __init__(self, client: Any, keys: IndexKeys, layout: BandLayout, *, batch: int = 5000) -> None:
+        self.client = client
+        self.keys = keys
+        self.layout = layout
+        self.batch = batch
+        self.index = MemoryIndex(layout)
+        self.loaded = False
+        self.load_seconds = 0.0
+
+    def load(self) -> None:
+        """Read every fingerprint and replay the changes made meanwhile."""
+        started = time.monotonic()
+        index = MemoryIndex(self.layout)
+        last = self.client.xrevrange(self.keys.changes, "+", "-", count=1)
+        index.position = _text(last[0][0]) if last else "0-0"
+        cursor = 0
+        while True:
+            cursor, chunk = self.client.hscan(self.keys.fingerprints, cursor, count=self.batch)
+            for incident_id, hex_fp in chunk.items():
+                text = _text(hex_fp)
+                if len(text) == 16:
+                    index.set(_text(incident_id), int(text, 16))
+            if int(cursor) == 0:
+                break
+        self.index = index
+        self.loaded = True
+        self.catch_up()
+        self.load_seconds = time.monotonic() - started
+
+    def _floor(self) -> str | None:
+        floor = self.client.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
+        return None if floor is None else _text(floor)
+
+    def catch_up(self, *, limit: int | None = None) -> int:
+        """Apply the changes after the copy's position (at most `limit`); returns how many it applied.
+
+        Raises `SnapshotLostError` when some of them were trimmed away or are of a format without fingerprints.
+        """
+        if not self.loaded:
+            self.load()
+            return 0
+        floor = self._floor()
+        index = self.index
+        if floor is not None and entry_id_tuple(index.position) < entry_id_tuple(floor):
+            raise SnapshotLostError(
+                f"{self.keys.changes} was trimmed to {floor}, past this copy's position {index.position}"
+            )
+        applied = 0
+        while limit is None or applied < limit:
+            count = self.batch if limit is None else min(self.batch, limit - applied)
+            entries = self.client.xrange(self.keys.changes, "(" + index.position, "+", count=count)
+            if not entries:
+                break
+            for entry_id, fields in entries:
+                self._apply(fields)
+                index.position = _text(entry_id)
+            applied += len(entries)
+            if len(entries) < count:
+                break
+        return applied
+
+    def _apply(self, fields: Mapping[Any, Any]) -> None:
+        op_id: tuple[str, str] | None = None
+        fp: str | None = None
+        for name, value in fields.items():
+            key = _text(name)
+            if key == "fp":
+                fp = _text(value)
+            elif key != "prev" and op_id is None:
+                op_id = (key, _text(value))
+        if op_id is None or fp is None:
+            raise SnapshotLostError("a change-log entry without its fingerprint (written by an older version)")
+        if fp:
+            self.index.set(op_id[1], int(fp, 16))
+        else:
+            self.index.delete(op_id[1])
+
+
+READ_PATHS = ("auto", "primary", "snapshot")
+"""`primary`: every search runs inside the atomic step on the primary. `snapshot`: searches run on the worker's own
+copy and the atomic step validates them. `auto`: the snapshot once the index holds `snapshot_min_incidents`."""
+
+CLAIM_EXTRA = 16
+"""Matches listed beyond the alert cap, so that a few of them deleted after the snapshot still leave the cap covered."""
+
+
+class SnapshotReader:
+    """The worker's side of the snapshot read path: keeps the copy current and turns searches into claims."""
+
+    def __init__(self, client: Any, keys: IndexKeys, layout: BandLayout, *, log: Any = None) -> None:
+        self.follower = ChangeFollower(client, keys, layout)
+        self.log = log
+        self.reloads = 0
+        self.fallbacks = 0
+
+    @property
+    def index(self) -> MemoryIndex:
+        return self.follower.index
+
+    def refresh(self) -> None:
+        """Bring the copy up to the end of the change log (loading it the first time, again when it was lost)."""
+        if not self.follower.loaded:
+            self._load("first use")
+            return
+        try:
+            self.follower.catch_up()
+        except SnapshotLostError as lost:
+            self._load(str(lost))
+
+    def _load(self, why: str) -> None:
+        self.follower.load()
+        self.reloads += 1
+        if self.log is not None:
+            self.log.info(
+                "snapshot loaded",
+                why=why,
+                incidents=len(self.follower.index),
+                distinct=self.follower.index.distinct,
+                seconds=round(self.follower.load_seconds, 2),
+                position=self.follower.index.position,
+            )
+
+    def claim(self, incident_id: str, fp: int, cap: int) -> SnapshotClaim:
+        """Search the copy for `fp` (its own ID excluded) and say what was found, for the apply call to validate."""
+        result = self.follower.index.search(fp, exclude=incident_id, limit=cap + CLAIM_EXTRA if cap else 0)
+        complete = len(result.matches) == result.match_count
+        return SnapshotClaim(self.follower.index.position, result.match_count, result.matches, complete)
+
+    def describe(self) -> dict[str, Any]:
+        index = self.follower.index
+        return {
+            "read_path": "snapshot",
+            "snapshot_incidents": len(index),
+            "snapshot_position": index.position,
+            "snapshot_load_seconds": round(self.follower.load_seconds, 2),
+            "snapshot_reloads": self.reloads,
+            "snapshot_fallbacks": self.fallbacks,
+        }
