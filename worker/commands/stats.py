@@ -275,7 +275,12 @@ def _print_workers(stats: Stats) -> None:
         ago = f"last beat {duration(max(0.0, stats.now - beat.at))} ago" if beat.at is not None else "beating"
         up = f", up {duration(max(0.0, stats.now - beat.started))}" if beat.started is not None else ""
         processed = "?" if beat.processed is None else beat.processed
-        print(f"  {shown(beat.consumer)}: {ago}{up}, processed {processed}")
+        path = ""
+        if beat.read_path == "snapshot":
+            path = f", searches its own copy (snapshot at {beat.snapshot_position})"
+        elif beat.read_path is not None:
+            path = ", searches on the primary"
+        print(f"  {shown(beat.consumer)}: {ago}{up}, processed {processed}{path}")
 
 
 def _print_dead(stats: Stats) -> None:

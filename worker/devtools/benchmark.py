@@ -23,6 +23,7 @@ import csv
 import multiprocessing as mp
 import os
 import platform
+import resource
 import statistics
 import sys
 import threading
@@ -98,6 +99,7 @@ def _worker_process(url: str, options: dict[str, Any], stop: Any, results: Any) 
             "last": latency.last,
             "latency": latency.values,
             "candidates": candidates.values,
+            "max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         }
     )
 
@@ -111,6 +113,7 @@ class _Run:
     bands: int
     count: int
     batch_size: int = 100
+    read_path: str = "primary"
 
     def __post_init__(self) -> None:
         context = mp.get_context("spawn")
@@ -131,6 +134,7 @@ class _Run:
                         "summary_interval_s": 3600,
                         "alerts_maxlen": 10_000,
                         "socket_timeout_s": 120,
+                        "read_path": self.read_path,
                     },
                     self.stop,
                     self.results,
@@ -249,11 +253,12 @@ class Bench:
         items: list[tuple[str, dict[str, int]]],
         workers: int,
         cap_s: float | None = None,
+        read_path: str = "primary",
     ) -> dict[str, Any]:
         """Events/s of `workers` processes on a backlog of `items`, capped at cap_s; candidates and server time."""
         keys = IndexKeys(namespace)
-        run = _Run(self.url, namespace, bands, workers)
-        time.sleep(0.5)  # let the processes import and connect before the clock starts
+        run = _Run(self.url, namespace, bands, workers, read_path=read_path)
+        startup = self._wait_for_workers(keys, workers)
         usec0, cpu0 = _server_usec(self.client), _server_cpu(self.client)
         started = time.time()
         _publish(self.client, keys.events_stream, _stream_fields(items))
@@ -278,15 +283,26 @@ class Bench:
             "candidates_p99": _percentile(candidates, 0.99),
             "fcall_usec_per_event": round((usec1 - usec0) / max(done, 1), 1),
             "redis_cpu_usec_per_event": round((cpu1 - cpu0) * 1e6 / max(done, 1), 1),
+            "startup_s": startup,
+            "worker_max_rss_mb": round(max(r.get("max_rss_kb", 0) for r in reports) / 1024, 1),
         }
 
-    def latency(self, namespace: str, bands: int, rate: float) -> dict[str, Any]:
+    def _wait_for_workers(self, keys: IndexKeys, workers: int) -> float:
+        """Seconds until every worker process beats: imported, connected and, on the snapshot path, its copy loaded."""
+        started = time.monotonic()
+        pattern = keys.heartbeat("bench-*")
+        while time.monotonic() - started < 600 and len(list(self.client.scan_iter(match=pattern))) < workers:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        return round(time.monotonic() - started, 2)
+
+    def latency(self, namespace: str, bands: int, rate: float, read_path: str = "primary") -> dict[str, Any]:
         """p50/p99 from XADD to acknowledgement with one worker fed at a steady `rate` events/s."""
         keys = IndexKeys(namespace)
         count = max(200, min(int(rate * self.latency_s), 20_000))
         items = _stream_fields(self.events.take(count))
-        run = _Run(self.url, namespace, bands, 1)
-        time.sleep(0.5)
+        run = _Run(self.url, namespace, bands, 1, read_path=read_path)
+        self._wait_for_workers(keys, 1)
         tick = 0.01
         per_tick = max(rate * tick, 0.01)
         started = time.monotonic()
@@ -443,7 +459,7 @@ def run_benchmark(
     for size in sizes:
         preload = events.take(size)
         fps = [(incident_id, fingerprint(bag)) for incident_id, bag in preload]
-        follow = events.take(measure * 3)
+        follow = events.take(measure * 5)
         row: dict[str, Any] = {"indexed": size, "layouts": {}}
         for name, bands in _layouts(size):
             layout = BandLayout(bands, 7)
@@ -465,6 +481,17 @@ def run_benchmark(
             two = bench.throughput("bench", bands, follow[measure : 2 * measure], 2)
             result["one_worker"], result["two_workers"] = one, two
             result["latency_half_load"] = bench.latency("bench", bands, one["events_per_s"] / 2)
+            if name == "default":
+                log(f"N={size:,}: default layout, snapshot read path ...")
+                snap_one = bench.throughput("bench", bands, follow[2 * measure : 3 * measure], 1, read_path="snapshot")
+                snap_two = bench.throughput("bench", bands, follow[3 * measure : 4 * measure], 2, read_path="snapshot")
+                result["snapshot"] = {
+                    "one_worker": snap_one,
+                    "two_workers": snap_two,
+                    "latency_half_load": bench.latency(
+                        "bench", bands, snap_one["events_per_s"] / 2, read_path="snapshot"
+                    ),
+                }
             row["layouts"][name] = result
         log(f"N={size:,}: in-process baseline ...")
         baseline = _Baseline()
@@ -530,6 +557,17 @@ def markdown(results: dict[str, Any]) -> str:
                 f"{one['candidates_p99']} | {one['fcall_usec_per_event']}, {one['redis_cpu_usec_per_event']} | "
                 f"{r['memory_per_incident']} |"
             )
+        snap = row["layouts"]["default"].get("snapshot")
+        if snap is not None:
+            one, two, lat = snap["one_worker"], snap["two_workers"], snap["latency_half_load"]
+            capped, capped_two = ("*" if run["capped"] else "" for run in (one, two))
+            out.append(
+                f"| default, snapshot read path (copy loaded in {one['startup_s']} s, worker RSS "
+                f"{one['worker_max_rss_mb']} MB) | {one['events_per_s']:,}{capped} | "
+                f"{two['events_per_s']:,}{capped_two} | {lat['p50_ms']} / {lat['p99_ms']} | "
+                f"{one['candidates_mean']} changes validated | "
+                f"{one['fcall_usec_per_event']}, {one['redis_cpu_usec_per_event']} | same |"
+            )
         base = row["baseline"]
         offered = base.get("offered", row["layouts"]["default"]["one_worker"]["offered"])
         base_capped = "*" if base["events"] < offered else ""
@@ -549,6 +587,11 @@ def markdown(results: dict[str, Any]) -> str:
             ratios.append(f"recommended ({recommended['bands']} bands) / default {rate / max(default, 1e-9):.1f}x")
         two = row["layouts"]["default"]["two_workers"]["events_per_s"]
         ratios.append(f"two workers / one {two / max(default, 1e-9):.2f}x")
+        if snap is not None:
+            ratios.append(f"snapshot / default {snap['one_worker']['events_per_s'] / max(default, 1e-9):.2f}x")
+            redis_default = row["layouts"]["default"]["one_worker"]["redis_cpu_usec_per_event"]
+            redis_snap = snap["one_worker"]["redis_cpu_usec_per_event"]
+            ratios.append(f"Redis CPU per event snapshot / default {redis_snap / max(redis_default, 1e-9):.2f}x")
         capped_any = base_capped or any(
             layout[run]["capped"] for layout in row["layouts"].values() for run in ("one_worker", "two_workers")
         )
