@@ -169,8 +169,9 @@ class FingerprintIndex:
             raise LayoutMismatchError(self._mismatch_message(stored))
         self._opened = True
 
-    LATER_META_FIELDS = ("tokenizer",)
-    """Meta fields written after the namespace's first use: `tokenizer`, by the first text event's call."""
+    LATER_META_FIELDS = ("tokenizer", "changes_trimmed_to")
+    """Meta fields written after the namespace's first use: `tokenizer`, by the first text event's call;
+    `changes_trimmed_to`, by the first trim of the change log (worker/readpath.py's CHANGES_FLOOR_FIELD)."""
 
     def check_tokenizer(self) -> None:
         """Raise `TokenizerMismatchError` if `{N}:meta` records text incidents made by another tokenizer version.
