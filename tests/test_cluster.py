@@ -108,6 +108,8 @@ def test_two_namespaces_on_a_three_master_cluster(cluster: list[RedisServer], tm
             namespace=namespace,
             consumer=f"{namespace}-{k}",
             batch_size=50,
+            # one namespace searches inside the atomic step, the other on each worker's own validated copy
+            read_path="snapshot" if namespace == second else "primary",
             **FAST,
         )
         for namespace in workloads
