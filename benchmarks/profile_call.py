@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without ins
 
 import redis  # noqa: E402 (after the sys.path line)
 
+from worker import library  # noqa: E402
 from worker.bands import BandLayout  # noqa: E402
 from worker.fingerprint import fingerprint  # noqa: E402
 from worker.index import FingerprintIndex  # noqa: E402
@@ -84,6 +85,7 @@ def profile_layout(
     """Per-query server microseconds of each step, for one layout, on a freshly loaded index."""
     client.flushall()
     client.function_flush()
+    library.load(client)
     before = int(client.info("memory")["used_memory"])
     index = FingerprintIndex(client, "profile", bands=bands)
     index.bulk_load(preload)

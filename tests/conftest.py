@@ -18,6 +18,7 @@ import redis
 import structlog
 
 from tests.redis_server import RedisServer, redis_server_available
+from worker import library
 from worker.settings import Settings
 
 FAST = {"block_ms": 100, "claim_idle_ms": 1000, "claim_interval_ms": 200, "summary_interval_s": 1}
@@ -73,6 +74,7 @@ def real_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client = redis_server.client()
     client.flushall()
     client.function_flush()
+    library.load(client)  # as the deployment's administrator step does (incident-worker load-functions)
     yield client
     client.close()
 
@@ -83,6 +85,7 @@ def server(redis_server: RedisServer) -> Iterator[RedisServer]:
     with redis_server.client() as client:
         client.flushall()
         client.function_flush()
+        library.load(client)  # as the deployment's administrator step does
     yield redis_server
 
 
@@ -102,5 +105,6 @@ def redis_client(request: pytest.FixtureRequest, fake_decodes: bool) -> Iterator
         yield request.getfixturevalue("real_redis")
     else:
         client = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=7), decode_responses=fake_decodes)
+        library.load(client)
         yield client
         client.close()

@@ -14,7 +14,8 @@ from redis.cluster import RedisCluster
 
 from tests.conftest import IN_CI
 from tests.redis_server import RedisServer, free_port
-from tests.streams import FAST, assert_pairs_reported_once, fingerprints, start_worker
+from tests.streams import FAST, assert_pairs_reported_once, fingerprints, start_worker, worker_command
+from worker import library
 from worker.devtools.workload import Workload
 from worker.formats import Alert, DeadLetter
 from worker.index import FingerprintIndex
@@ -99,6 +100,17 @@ def test_two_namespaces_on_a_three_master_cluster(cluster: list[RedisServer], tm
             if n % 97 == 0:
                 pipe.xadd(f"{{{namespace}}}:events", {"incident_id": f"bad-{n}", "features": "[]"})
         pipe.execute()
+    # the deployment's administrator step, through the real entry point: the library on every master
+    loaded = subprocess.run(
+        [*worker_command(), "load-functions", "--cluster", "--admin-redis-url", url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    for server in cluster:
+        with server.client() as node:
+            assert library.installed_versions(node) == [library.LIBRARY_NAME]
     workers = [
         start_worker(
             url,

@@ -43,6 +43,7 @@ from tests.streams import (
     stop,
     worker_command,
 )
+from worker import library
 from worker.cli import build_parser
 from worker.fingerprint import fingerprint
 from worker.index import FingerprintIndex
@@ -59,7 +60,20 @@ ACL_TEMPLATE = DEPLOY / "redis" / "users.acl"
 RENDER_ACL = DEPLOY / "redis" / "render-acl.sh"
 
 WORKER_USER = "incident-worker"
-PASSWORDS = {"REDIS_WORKER_PASSWORD": "test-worker-pa55", "REDIS_ADMIN_PASSWORD": "test-admin-pa55"}
+PRODUCER_USER = "incident-producer"
+SUBSCRIBER_USER = "incident-subscriber"
+PASSWORDS = {
+    "REDIS_WORKER_PASSWORD": "test-worker-pa55",
+    "REDIS_PRODUCER_PASSWORD": "test-producer-pa55",
+    "REDIS_SUBSCRIBER_PASSWORD": "test-subscriber-pa55",
+    "REDIS_ADMIN_PASSWORD": "test-admin-pa55",
+}
+USER_PASSWORDS = {
+    WORKER_USER: "REDIS_WORKER_PASSWORD",
+    PRODUCER_USER: "REDIS_PRODUCER_PASSWORD",
+    SUBSCRIBER_USER: "REDIS_SUBSCRIBER_PASSWORD",
+    "admin": "REDIS_ADMIN_PASSWORD",
+}
 NAMESPACE_PATTERN = "~{incidents}:*"
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
@@ -97,11 +111,13 @@ def interpolate(value: str, env: dict[str, str] | None = None) -> str:
 
 
 def worker_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The services built from deploy/Dockerfile."""
+    """The services built from deploy/Dockerfile that run workers (load-functions apart)."""
     return {
         name: service
         for name, service in compose["services"].items()
-        if isinstance(service.get("build"), dict) and service["build"].get("dockerfile") == "deploy/Dockerfile"
+        if isinstance(service.get("build"), dict)
+        and service["build"].get("dockerfile") == "deploy/Dockerfile"
+        and service.get("command") != ["load-functions"]
     }
 
 
@@ -370,6 +386,24 @@ def test_compose_passwords_are_placeholders_that_match(tmp_path: Path) -> None:
     assert compose_environment(compose["services"]["redis"], chosen)["REDIS_WORKER_PASSWORD"] == "chosen-pw"
 
 
+def test_compose_loads_the_functions_as_admin_before_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
+    compose = load_compose()
+    step = compose["services"]["load-functions"]
+    assert step["command"] == ["load-functions"] and step["restart"] == "no"
+    assert step["build"] == next(iter(worker_services(compose).values()))["build"], "another image than the workers'"
+    assert step["depends_on"]["redis"]["condition"] == "service_healthy"
+    env = compose_environment(step)
+    admin_url = urlsplit(env["INCIDENT_WORKER_ADMIN_REDIS_URL"])
+    redis_env = compose_environment(compose["services"]["redis"])
+    assert (admin_url.username, admin_url.password) == ("admin", redis_env["REDIS_ADMIN_PASSWORD"])
+    settings_from(worker_variables(env), monkeypatch)  # valid settings
+    for name, service in worker_services(compose).items():
+        assert service["depends_on"]["load-functions"]["condition"] == "service_completed_successfully", name
+        variables = compose_environment(service)
+        assert "INCIDENT_WORKER_ADMIN_REDIS_URL" not in variables, f"{name} is given the admin's URL"
+        assert redis_env["REDIS_ADMIN_PASSWORD"] not in json.dumps(variables), f"{name} is given the admin's password"
+
+
 # -- Kubernetes -----------------------------------------------------------------------------------------------
 
 
@@ -390,10 +424,28 @@ def test_kustomize_builds_the_manifests_with_the_image_set() -> None:
     built = subprocess.run([kubectl, "kustomize", str(KUBERNETES)], capture_output=True, text=True, timeout=60)
     assert built.returncode == 0, built.stderr
     documents = {document["kind"]: document for document in yaml.safe_load_all(built.stdout)}
-    assert set(documents) == {"Deployment", "ConfigMap", "Secret", "Service"}
+    assert set(documents) == {"Deployment", "ConfigMap", "Secret", "Service", "Job"}
     kustomization = yaml.safe_load((KUBERNETES / "kustomization.yaml").read_text())
     [image] = kustomization["images"]
     assert worker_container(documents)["image"] == f"{image['newName']}:{image['newTag']}"
+
+
+def test_a_job_loads_the_functions_as_admin_and_the_workers_never_see_its_secret() -> None:
+    documents = kubernetes_documents()
+    job = documents["Job"]
+    pod = job["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["args"] == ["load-functions"]
+    assert container["image"] == worker_container(documents)["image"]
+    assert pod["restartPolicy"] == "OnFailure" and job["spec"]["backoffLimit"] >= 3
+    assert job["spec"]["ttlSecondsAfterFinished"] > 0, "a finished Job would block the next apply of a new image"
+    [admin_url] = [item for item in container["env"] if item["name"] == f"{ENV_PREFIX}ADMIN_REDIS_URL"]
+    secret = admin_url["valueFrom"]["secretKeyRef"]["name"]
+    assert secret != documents["Secret"]["metadata"]["name"], "the admin's URL must not share the workers' Secret"
+    assert secret in (KUBERNETES / "load-functions.yaml").read_text().split("kubectl create secret", 1)[1]
+    assert pod["securityContext"]["runAsNonRoot"] is True and container["securityContext"]["readOnlyRootFilesystem"]
+    assert secret not in (KUBERNETES / "deployment.yaml").read_text()
+    assert f"{ENV_PREFIX}ADMIN_REDIS_URL" not in kubernetes_environment(documents)
 
 
 def test_deployment_runs_two_replicas_with_probes_through_check() -> None:
@@ -579,12 +631,12 @@ def _rendered_rules(tmp_path: Path) -> dict[str, list[str]]:
 
 def test_render_writes_one_line_per_user_with_hashed_passwords(tmp_path: Path) -> None:
     rules = _rendered_rules(tmp_path)
-    assert set(rules) == {"default", WORKER_USER, "admin"}
+    assert set(rules) == {"default", *USER_PASSWORDS}
     assert "off" in rules["default"] and not any(rule.startswith(("#", ">", "nopass")) for rule in rules["default"])
     text = (tmp_path / "users.acl").read_text()
     for password in PASSWORDS.values():
         assert password not in text
-    for user, variable in ((WORKER_USER, "REDIS_WORKER_PASSWORD"), ("admin", "REDIS_ADMIN_PASSWORD")):
+    for user, variable in USER_PASSWORDS.items():
         assert "#" + hashlib.sha256(PASSWORDS[variable].encode()).hexdigest() in rules[user]
     assert oct((tmp_path / "users.acl").stat().st_mode & 0o777) == "0o600"
 
@@ -604,6 +656,7 @@ NEVER_GRANTED = {
     "debug",
     "config",
     "acl",
+    "function|load",
     "function|flush",
     "function|delete",
     "function|restore",
@@ -669,6 +722,7 @@ def admin(acl_server: RedisServer) -> Iterator[redis.Redis]:
     client = acl_server.client(username="admin", password=PASSWORDS["REDIS_ADMIN_PASSWORD"], decode_responses=True)
     client.flushall()
     client.function_flush()
+    library.load(client)  # the deployment's administrator step: workers may not load code
     client.acl_log_reset()
     yield client
     client.close()
@@ -851,6 +905,10 @@ OUTSIDE: dict[str, Callable[[redis.Redis], Any]] = {
     "CONFIG GET": lambda c: c.config_get("*"),
     "CONFIG SET": lambda c: c.config_set("appendonly", "no"),
     "KEYS": lambda c: c.keys("*"),
+    "FUNCTION LOAD": lambda c: c.function_load(PROBE_LIBRARY),
+    "FUNCTION LOAD REPLACE of the index's own library": lambda c: c.function_load(library.LIBRARY_SOURCE, replace=True),
+    "FUNCTION RESTORE": lambda c: c.function_restore(b"x", "REPLACE"),
+    "SCRIPT LOAD": lambda c: c.script_load("return 1"),
     "FUNCTION FLUSH": lambda c: c.function_flush(),
     "FUNCTION DELETE": lambda c: c.function_delete("incident_index"),
     "EVAL": lambda c: c.eval("return 1", 0),
@@ -874,13 +932,199 @@ redis.register_function('acl_probe_command', function() return redis.call('FLUSH
 """
 
 
-def test_functions_run_with_the_callers_permissions(worker_client: redis.Redis) -> None:
-    # FUNCTION LOAD is granted, so a worker could load any code: it still runs as the worker, inside its namespace.
-    worker_client.function_load(PROBE_LIBRARY)
+def test_functions_run_with_the_callers_permissions(admin: redis.Redis, worker_client: redis.Redis) -> None:
+    # Code an admin loaded still runs as its caller: a function cannot take the worker outside its namespace.
+    admin.function_load(PROBE_LIBRARY)
     with pytest.raises(ResponseError, match="can't access at least one of the keys"):
         worker_client.fcall("acl_probe_key", 0)
     with pytest.raises(ResponseError, match="can't run this command"):
         worker_client.fcall("acl_probe_command", 0)
+
+
+# -- every user: what its role needs, and nothing else -----------------------------------------------------------
+
+ALERTS_STREAM = "{incidents}:alerts"
+DEAD_STREAM = "{incidents}:dead"
+EVENT = {"incident_id": "7", "features": json.dumps({"a": 1})}
+
+
+def _fcall_neighbours(c: redis.Redis) -> Any:
+    return FingerprintIndex(c).neighbours({"a": 1})
+
+
+def _own_group_read(c: redis.Redis) -> Any:
+    c.xgroup_create(ALERTS_STREAM, "oncall", id="0", mkstream=True)
+    return c.xreadgroup("oncall", "oncall-1", {ALERTS_STREAM: ">"}, count=10)
+
+
+ROLES: list[tuple[str, str, Callable[[redis.Redis], Any], bool]] = [
+    # (user, what, the call, allowed)
+    (PRODUCER_USER, "XADD an event", lambda c: c.xadd(EVENTS, EVENT), True),
+    (PRODUCER_USER, "PING", lambda c: c.ping(), True),
+    (PRODUCER_USER, "CLIENT SETNAME", lambda c: c.client_setname("publisher"), True),
+    (PRODUCER_USER, "XADD a forged alert", lambda c: c.xadd(ALERTS_STREAM, {"incident_id": "x"}), False),
+    (PRODUCER_USER, "XADD to another namespace", lambda c: c.xadd("{other}:events", EVENT), False),
+    (PRODUCER_USER, "XADD to a key without the tag", lambda c: c.xadd("events", EVENT), False),
+    (PRODUCER_USER, "XRANGE the events (others' incidents)", lambda c: c.xrange(EVENTS), False),
+    (PRODUCER_USER, "XREAD the events", lambda c: c.xread({EVENTS: "0"}), False),
+    (PRODUCER_USER, "XLEN the events", lambda c: c.xlen(EVENTS), False),
+    (PRODUCER_USER, "XDEL an event", lambda c: c.xdel(EVENTS, "0-1"), False),
+    (PRODUCER_USER, "XTRIM the events", lambda c: c.xtrim(EVENTS, maxlen=0), False),
+    (PRODUCER_USER, "DEL the events", lambda c: c.delete(EVENTS), False),
+    (PRODUCER_USER, "XREADGROUP as the workers", lambda c: c.xreadgroup(GROUP, "x", {EVENTS: ">"}), False),
+    (PRODUCER_USER, "XGROUP DESTROY the workers' group", lambda c: c.xgroup_destroy(EVENTS, GROUP), False),
+    (PRODUCER_USER, "XGROUP SETID the workers' group", lambda c: c.xgroup_setid(EVENTS, GROUP, "$"), False),
+    (PRODUCER_USER, "XRANGE the alerts", lambda c: c.xrange(ALERTS_STREAM), False),
+    (PRODUCER_USER, "HGETALL the index", lambda c: c.hgetall(FP), False),
+    (PRODUCER_USER, "FCALL the index", _fcall_neighbours, False),
+    (PRODUCER_USER, "FUNCTION LOAD", lambda c: c.function_load(PROBE_LIBRARY), False),
+    (PRODUCER_USER, "EVAL", lambda c: c.eval("return 1", 0), False),
+    (PRODUCER_USER, "KEYS", lambda c: c.keys("*"), False),
+    (PRODUCER_USER, "SCAN", lambda c: c.scan(0), False),
+    (PRODUCER_USER, "INFO", lambda c: c.info(), False),
+    (PRODUCER_USER, "FLUSHALL", lambda c: c.flushall(), False),
+    (SUBSCRIBER_USER, "XRANGE the alerts", lambda c: c.xrange(ALERTS_STREAM), True),
+    (SUBSCRIBER_USER, "XREVRANGE the alerts", lambda c: c.xrevrange(ALERTS_STREAM, count=1), True),
+    (SUBSCRIBER_USER, "XREAD the alerts", lambda c: c.xread({ALERTS_STREAM: "0"}, count=1), True),
+    (SUBSCRIBER_USER, "XGROUP CREATE and XREADGROUP, its own group", _own_group_read, True),
+    (SUBSCRIBER_USER, "XACK in its group", lambda c: c.xack(ALERTS_STREAM, "pager", "0-1"), True),
+    (SUBSCRIBER_USER, "XPENDING of its group", lambda c: c.xpending(ALERTS_STREAM, "pager"), True),
+    (SUBSCRIBER_USER, "XAUTOCLAIM in its group", lambda c: c.xautoclaim(ALERTS_STREAM, "pager", "b", 0), True),
+    (SUBSCRIBER_USER, "XCLAIM in its group", lambda c: c.xclaim(ALERTS_STREAM, "pager", "b", 0, ["0-1"]), True),
+    (SUBSCRIBER_USER, "PING", lambda c: c.ping(), True),
+    (SUBSCRIBER_USER, "XADD a forged alert", lambda c: c.xadd(ALERTS_STREAM, {"incident_id": "x"}), False),
+    (SUBSCRIBER_USER, "XDEL an alert", lambda c: c.xdel(ALERTS_STREAM, "0-1"), False),
+    (SUBSCRIBER_USER, "XTRIM the alerts", lambda c: c.xtrim(ALERTS_STREAM, maxlen=0), False),
+    (SUBSCRIBER_USER, "DEL the alerts", lambda c: c.delete(ALERTS_STREAM), False),
+    (SUBSCRIBER_USER, "XGROUP DESTROY a group", lambda c: c.xgroup_destroy(ALERTS_STREAM, "pager"), False),
+    (SUBSCRIBER_USER, "XGROUP SETID a group", lambda c: c.xgroup_setid(ALERTS_STREAM, "pager", "0"), False),
+    (SUBSCRIBER_USER, "XADD an event", lambda c: c.xadd(EVENTS, EVENT), False),
+    (SUBSCRIBER_USER, "XRANGE the events", lambda c: c.xrange(EVENTS), False),
+    (SUBSCRIBER_USER, "XREADGROUP the events as the workers", lambda c: c.xreadgroup(GROUP, "x", {EVENTS: ">"}), False),
+    (SUBSCRIBER_USER, "XRANGE the dead letters", lambda c: c.xrange(DEAD_STREAM), False),
+    (SUBSCRIBER_USER, "XRANGE another namespace's alerts", lambda c: c.xrange("{other}:alerts"), False),
+    (SUBSCRIBER_USER, "HGETALL the index", lambda c: c.hgetall(FP), False),
+    (SUBSCRIBER_USER, "FCALL the index", _fcall_neighbours, False),
+    (SUBSCRIBER_USER, "FUNCTION LOAD", lambda c: c.function_load(PROBE_LIBRARY), False),
+    (SUBSCRIBER_USER, "KEYS", lambda c: c.keys("*"), False),
+    (SUBSCRIBER_USER, "FLUSHALL", lambda c: c.flushall(), False),
+    (WORKER_USER, "FCALL the index", _fcall_neighbours, True),
+    (WORKER_USER, "XADD an event", lambda c: c.xadd(EVENTS, EVENT), True),
+    (WORKER_USER, "XREADGROUP the events", lambda c: c.xreadgroup(GROUP, "w", {EVENTS: ">"}, count=1), True),
+    (WORKER_USER, "FUNCTION LOAD", lambda c: c.function_load(PROBE_LIBRARY), False),
+    (WORKER_USER, "FUNCTION LOAD REPLACE", lambda c: c.function_load(library.LIBRARY_SOURCE, replace=True), False),
+    (WORKER_USER, "FUNCTION DELETE", lambda c: c.function_delete(library.LIBRARY_NAME), False),
+    (WORKER_USER, "FUNCTION FLUSH", lambda c: c.function_flush(), False),
+    (WORKER_USER, "FUNCTION RESTORE", lambda c: c.function_restore(b"x", "REPLACE"), False),
+    (WORKER_USER, "FUNCTION LIST (other applications' code)", lambda c: c.function_list(withcode=True), False),
+    (WORKER_USER, "EVAL", lambda c: c.eval("return 1", 0), False),
+    (WORKER_USER, "SCRIPT LOAD", lambda c: c.script_load("return 1"), False),
+    (WORKER_USER, "HGET another namespace", lambda c: c.hget("{other}:fp", "1"), False),
+    (WORKER_USER, "SET a key without the tag", lambda c: c.set("other", "1"), False),
+    ("admin", "FUNCTION LOAD REPLACE", lambda c: c.function_load(library.LIBRARY_SOURCE, replace=True), True),
+]
+
+
+@pytest.fixture
+def role_clients(acl_server: RedisServer, admin: redis.Redis) -> Iterator[dict[str, redis.Redis]]:
+    """A client of every user, on a server holding the library, an event with its group, and an alert."""
+    admin.xgroup_create(EVENTS, GROUP, id="0", mkstream=True)
+    admin.xadd(EVENTS, EVENT)
+    admin.xadd(ALERTS_STREAM, {"incident_id": "7", "matches": "[]"})
+    admin.xgroup_create(ALERTS_STREAM, "pager", id="0")
+    once = {"retry": Retry(NoBackoff(), 0)}
+    clients = {
+        user: acl_server.client(username=user, password=PASSWORDS[variable], **once)
+        for user, variable in USER_PASSWORDS.items()
+    }
+    yield clients
+    for client in clients.values():
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("user", "what", "call", "allowed"),
+    ROLES,
+    ids=[f"{user}: {'may' if allowed else 'may not'} {what}" for user, what, _, allowed in ROLES],
+)
+def test_each_user_may_do_what_its_role_needs_and_nothing_else(
+    role_clients: dict[str, redis.Redis],
+    admin: redis.Redis,
+    user: str,
+    what: str,
+    call: Callable[[redis.Redis], Any],
+    allowed: bool,
+) -> None:
+    admin.acl_log_reset()
+    if allowed:
+        call(role_clients[user])
+        assert refusals(admin) == [], f"{user} was refused part of {what}"
+    else:
+        with pytest.raises(NoPermissionError):
+            call(role_clients[user])
+        assert admin.function_list(library="acl_probe") == [], "code was loaded"
+
+
+def test_every_user_of_the_template_is_in_the_table(tmp_path: Path) -> None:
+    users = set(_rendered_rules(tmp_path)) - {"default"}
+    assert users == {user for user, *_ in ROLES}
+    for user in users - {"admin"}:
+        refused = {what for who, what, _, allowed in ROLES if who == user and not allowed}
+        assert "FUNCTION LOAD" in refused, f"{user} is not shown to be refused FUNCTION LOAD"
+
+
+def test_producer_and_subscriber_run_their_subcommands(
+    acl_server: RedisServer, admin: redis.Redis, tmp_path: Path
+) -> None:
+    def url(user: str) -> str:
+        return f"redis://{user}:{PASSWORDS[USER_PASSWORDS[user]]}@127.0.0.1:{acl_server.port}/0"
+
+    def cli(user: str, *args: str, stdin: str | None = None) -> str:
+        env = clean_env(redis_url=url(user), log_format="json")
+        result = subprocess.run(
+            [*worker_command(), *args], env=env, input=stdin, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, f"{user}: incident-worker {' '.join(args)}: {result.stdout}{result.stderr}"
+        return result.stdout
+
+    valid = [event for event in SPEC_EVENTS if not isinstance(event.get("features"), str)]
+    cli(PRODUCER_USER, "publish", "-", stdin="".join(json.dumps(event) + "\n" for event in valid))
+    assert admin.xlen(EVENTS) == len(valid)
+    worker = start_worker(url(WORKER_USER), "--until-idle", log=tmp_path / "w.log", **FAST)
+    assert worker.wait(timeout=60) == 0, (tmp_path / "w.log").read_text()[-3000:]
+    assert len(cli(SUBSCRIBER_USER, "alerts", "--since", "0", "--json").splitlines()) == 2
+    assert len(cli(SUBSCRIBER_USER, "alerts", "--count", "1", "--json").splitlines()) == 1
+    grouped = cli(SUBSCRIBER_USER, "alerts", "--group", "pager", "--from-start", "--count", "5", "--json")
+    assert len(grouped.splitlines()) == 2
+    assert refusals(admin) == []
+
+
+def test_load_functions_needs_the_admin(acl_server: RedisServer, admin: redis.Redis) -> None:
+    admin.function_flush()
+    as_worker = subprocess.run(
+        [*worker_command(), "load-functions", "--admin-redis-url", worker_url(acl_server)],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert as_worker.returncode == 1 and "Traceback" not in as_worker.stderr
+    assert "NOPERM" in as_worker.stderr or "permission" in as_worker.stderr
+    assert PASSWORDS["REDIS_WORKER_PASSWORD"] not in as_worker.stderr
+    assert admin.function_list() == []
+    admin_url = f"redis://admin:{PASSWORDS['REDIS_ADMIN_PASSWORD']}@127.0.0.1:{acl_server.port}/0"
+    loaded = subprocess.run(
+        [*worker_command(), "load-functions", "--json"],
+        env=clean_env(redis_url=worker_url(acl_server), admin_redis_url=admin_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    report = json.loads(loaded.stdout)
+    assert report["loaded"] == library.LIBRARY_NAME and report["redis"].startswith("redis://admin:***@")
+    assert PASSWORDS["REDIS_ADMIN_PASSWORD"] not in loaded.stdout + loaded.stderr
+    assert library.installed_versions(admin) == [library.LIBRARY_NAME]
 
 
 def test_default_user_and_wrong_passwords_are_refused(acl_server: RedisServer, admin: redis.Redis) -> None:

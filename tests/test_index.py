@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from tests.oracle import Oracle, assert_postings_match, clustered, flip, hamming
+from worker import library
 from worker.bands import MAX_PROBES, probe_count
-from worker.errors import DuplicateIncidentError, LayoutMismatchError
+from worker.errors import DuplicateIncidentError, FunctionsMissingError, LayoutMismatchError
 from worker.fingerprint import fingerprint, format_fingerprint
 from worker.index import FingerprintIndex
 from worker.library import parse_apply
@@ -259,13 +260,29 @@ def test_foreign_meta_key_is_refused(redis_client: redis.Redis) -> None:
         FingerprintIndex(redis_client, "n").add("a", {"x": 1})
 
 
-def test_index_recovers_when_functions_and_meta_vanish(redis_client: redis.Redis) -> None:
+def test_index_recovers_when_its_meta_vanishes(redis_client: redis.Redis) -> None:
     index = FingerprintIndex(redis_client)
     index.add("a", {"x": 1})
-    redis_client.function_flush()
     redis_client.delete("{incidents}:meta")
     assert index.add("b", {"x": 1}) == [("a", 0)]
     assert redis_client.hget("{incidents}:meta", "bands") in (b"4", "4")
+
+
+def test_index_without_its_functions_says_what_to_run_and_loads_nothing(redis_client: redis.Redis) -> None:
+    # Loading code is an administrator's step (SPEC section 7): the index never does it, at the start or later.
+    redis_client.function_flush()
+    with pytest.raises(FunctionsMissingError, match="incident-worker load-functions") as missing:
+        FingerprintIndex(redis_client).add("a", {"x": 1})
+    assert library.LIBRARY_NAME in str(missing.value)
+    library.load(redis_client)
+    index = FingerprintIndex(redis_client)
+    index.add("a", {"x": 1})
+    redis_client.function_flush()
+    with pytest.raises(FunctionsMissingError):
+        index.add("b", {"x": 1})
+    with pytest.raises(FunctionsMissingError):
+        index.neighbours({"x": 1})
+    assert not redis_client.function_list()
 
 
 def test_matches_beyond_the_configured_distance_is_refused(redis_client: redis.Redis) -> None:

@@ -32,10 +32,10 @@ def test_quick_start_is_two_make_commands() -> None:
 def test_every_subcommand_the_readme_names_exists() -> None:
     parser = build_parser()
     subcommands = next(a for a in parser._actions if a.dest == "command").choices
-    named = set(re.findall(r"incident-worker (\w+)", README)) | set(
-        re.findall(r"`(\w+)(?: [^`]*)?`", _between("- **Command line.**", "- **Scaling out.**"))
+    named = set(re.findall(r"incident-worker ([\w-]+)", README)) | set(
+        re.findall(r"`(\w[\w-]*)(?: [^`]*)?`", _between("- **Command line.**", "- **Scaling out.**"))
     )
-    named -= {"json", "text", "all", "group", "follow", "consumer"}
+    named -= {"json", "text", "all", "group", "follow", "consumer", "incident-worker"}
     assert named <= set(subcommands), named - set(subcommands)
     assert set(subcommands) <= named, f"not in the README: {set(subcommands) - named}"
 

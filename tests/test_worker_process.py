@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import subprocess
@@ -26,7 +27,9 @@ from tests.streams import (
     publish,
     start_worker,
     stop,
+    worker_command,
 )
+from worker import library
 from worker.devtools.workload import Workload
 from worker.fingerprint import fingerprint, format_fingerprint
 
@@ -167,6 +170,7 @@ def test_redis_restart_mid_run(tmp_path: Path) -> None:
     server.start()
     try:
         client = server.client()
+        library.load(client)
         events, bad = _workload(5000, seed=6, bad_every=101)
         publish(client, events)
         worker = start_worker(
@@ -194,6 +198,7 @@ def test_password_never_reaches_the_logs(tmp_path: Path) -> None:
         url = f"redis://:s3cret-pa55@127.0.0.1:{server.port}/0"
         log = tmp_path / "w.log"
         client = redis.Redis(port=server.port, password="s3cret-pa55")
+        library.load(client)
         publish(client, [{"incident_id": "1", "features": {"a": 1}}, {"incident_id": "2", "features": "{"}])
         assert _wait(start_worker(url, "--until-idle", log=log, log_level="debug", **FAST), 30) == 0
         wrong = f"redis://:wrong-pa55@127.0.0.1:{server.port}/0"
@@ -212,6 +217,7 @@ def test_out_of_memory_holds_the_batch_instead_of_poisoning_it(tmp_path: Path) -
     server.start()
     try:
         client = server.client()
+        library.load(client)
         events, bad = _workload(3000, seed=8, bad_every=0)
         publish(client, events)
         used = int(client.info("memory")["used_memory"])
@@ -338,7 +344,8 @@ def test_heartbeat_is_refreshed_and_check_sees_a_frozen_worker(server: RedisServ
 
 
 def test_worker_survives_its_stream_and_state_vanishing(server: RedisServer, tmp_path: Path) -> None:
-    """FLUSHALL and FUNCTION FLUSH while the worker blocks: what a restart without persistence looks like."""
+    """FLUSHALL while the worker blocks: a restart without persistence, after which the administrator's
+    deployment step has loaded the functions again."""
     client = server.client()
     log = tmp_path / "w.log"
     worker = start_worker(server.url, log=log, consumer="phoenix", **FAST)
@@ -349,6 +356,7 @@ def test_worker_survives_its_stream_and_state_vanishing(server: RedisServer, tmp
             time.sleep(0.05)
         client.flushall()
         client.function_flush()
+        library.load(client)
         time.sleep(0.5)
         publish(
             client,
@@ -364,6 +372,55 @@ def test_worker_survives_its_stream_and_state_vanishing(server: RedisServer, tmp
     finally:
         assert stop(worker) == 0
     assert "setting up again" in log.read_text()
+
+
+def _functions_missing_message(log: str) -> str:
+    [line] = [json.loads(line) for line in log.splitlines() if "functions library missing" in line]
+    assert line["level"] == "error" and "Traceback" not in log
+    return str(line["error"])
+
+
+def test_worker_without_the_functions_exits_2_saying_what_to_run(server: RedisServer, tmp_path: Path) -> None:
+    client = server.client()
+    client.function_flush()
+    publish(client, [{"incident_id": "47", "features": {"dock": 3}}])
+    log = tmp_path / "w.log"
+    assert _wait(start_worker(server.url, "--until-idle", log=log, **FAST), 30) == 2
+    message = _functions_missing_message(log.read_text())
+    assert library.LIBRARY_NAME in message and "incident-worker load-functions --admin-redis-url" in message
+    assert "docker compose run --rm load-functions" in message and "kubectl" in message
+    assert client.function_list() == [], "the worker loaded code"
+    assert client.hlen(FP) == 0 and client.xlen("{incidents}:dead") == 0, "an event was handled without functions"
+    # the administrator's step, through the real entry point, and the worker gets on with it
+    loaded = subprocess.run(
+        [*worker_command(), "load-functions", "--admin-redis-url", server.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert loaded.returncode == 0 and library.LIBRARY_NAME in loaded.stdout, loaded.stderr
+    assert _wait(start_worker(server.url, "--until-idle", log=log, **FAST), 30) == 0
+    assert client.hlen(FP) == 1
+
+
+def test_worker_whose_functions_vanish_stops_and_leaves_the_entry_pending(server: RedisServer, tmp_path: Path) -> None:
+    # Functions lost while a worker runs (FUNCTION FLUSH by someone, a restart without persistence): the worker
+    # cannot put them back, so it stops with the message; the entries it held stay pending for the next worker.
+    client = server.client()
+    log = tmp_path / "w.log"
+    worker = start_worker(server.url, log=log, **FAST)
+    publish(client, [{"incident_id": "47", "features": {"dock": 3}}])
+    deadline = time.monotonic() + 30
+    while client.hlen(FP) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    client.function_flush()
+    publish(client, [{"incident_id": "90", "features": {"dock": 3}}])
+    assert _wait(worker, 30) == 2
+    assert library.LIBRARY_NAME in _functions_missing_message(log.read_text())
+    assert client.hlen(FP) == 1 and pending_count(client) == 1 and client.xlen("{incidents}:dead") == 0
+    library.load(client)
+    assert _wait(start_worker(server.url, "--until-idle", log=log, **FAST), 30) == 0
+    assert [alert.incident_id for alert in alerts(client)] == ["90"] and pending_count(client) == 0
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,8 @@ Library errors (what a caller of `worker.fingerprint`, `worker.bands` or `worker
 * `FingerprintIndexError`: base of the index's own errors.
   * `DuplicateIncidentError`: `add` of an ID already indexed with another fingerprint.
   * `LayoutMismatchError`: the namespace was built with another layout.
+  * `FunctionsMissingError`: Redis has no functions library of this code's version; an administrator loads it
+    (`incident-worker load-functions`), since a worker may not load code.
   * `StaleRetriesExhaustedError`: an upsert or delete kept racing another client rewriting the same incident.
 
 Command-line errors (how a subcommand ends without a traceback):
@@ -24,6 +26,7 @@ __all__ = [
     "CommandError",
     "DuplicateIncidentError",
     "FingerprintIndexError",
+    "FunctionsMissingError",
     "InvalidFeaturesError",
     "InvalidLineError",
     "LayoutError",
@@ -77,6 +80,12 @@ class TokenizerMismatchError(LayoutMismatchError):
     A kind of layout mismatch: fingerprints of one index must come from one tokenizer, or near duplicates would
     land far apart.
     """
+
+
+class FunctionsMissingError(FingerprintIndexError):
+    """Redis has no functions library of this code's version: never loaded, lost, or only another version's.
+
+    Workers may not load code (SPEC section 7); the message says what an administrator runs."""
 
 
 class StaleRetriesExhaustedError(FingerprintIndexError):

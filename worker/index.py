@@ -21,7 +21,13 @@ from redis.exceptions import ResponseError
 from . import library
 from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, BandLayout
 from .connection import RedisClient
-from .errors import DuplicateIncidentError, LayoutMismatchError, StaleRetriesExhaustedError, TokenizerMismatchError
+from .errors import (
+    DuplicateIncidentError,
+    FunctionsMissingError,
+    LayoutMismatchError,
+    StaleRetriesExhaustedError,
+    TokenizerMismatchError,
+)
 from .fingerprint import fingerprint, format_fingerprint, parse_fingerprint
 from .formats import incident_id_problem
 from .keys import DEFAULT_NAMESPACE, IndexKeys
@@ -152,19 +158,23 @@ class FingerprintIndex:
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
 
-    def load_library(self) -> None:
-        """Load (or reload) the server-side functions; on a cluster, on every primary."""
-        library.load(self.redis)
-
     def open(self) -> None:
-        """Load the functions and check `{N}:meta` (writing it on first use). Called by the first operation."""
-        self.load_library()
+        """Check `{N}:meta` (writing it on first use). Called by the first operation.
+
+        The functions must be loaded already (`incident-worker load-functions`, an administrator's step, or
+        `library.load` in tests): without them this raises `FunctionsMissingError`, saying what to run.
+        """
         fields = self.meta_fields()
         layout = fields.pop("layout")
         args: list[str] = [layout]
         for name, value in fields.items():
             args += [name, value]
-        stored = text(self.redis.fcall(library.FN_ENSURE_META, 1, self.keys.meta, *args))
+        try:
+            stored = text(self.redis.fcall(library.FN_ENSURE_META, 1, self.keys.meta, *args))
+        except ResponseError as error:
+            if library.is_missing_function(error):
+                raise FunctionsMissingError(library.missing_message()) from None
+            raise
         if stored != layout:
             raise LayoutMismatchError(self._mismatch_message(stored))
         self._opened = True
@@ -223,11 +233,14 @@ class FingerprintIndex:
     def handle_error(self, error: ResponseError) -> bool:
         """Recover from an error reply of a call if it can be recovered: True means retry the call.
 
-        A server that restarted without persistence has lost the functions and may have lost `{N}:meta`;
-        both are put back. A layout mismatch raises `LayoutMismatchError`.
+        A lost `{N}:meta` (a server that restarted without persistence) is written again. Lost functions raise
+        `FunctionsMissingError`: only an administrator may load them. A layout mismatch raises
+        `LayoutMismatchError`.
         """
         message = str(error)
-        if library.is_missing_function(error) or message.startswith("NOMETA"):
+        if library.is_missing_function(error):
+            raise FunctionsMissingError(library.missing_message()) from None
+        if message.startswith("NOMETA"):
             self.open()
             return True
         if message.startswith("LAYOUT"):

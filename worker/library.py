@@ -2,8 +2,10 @@
 
 * `LIBRARY_NAME`, `LIBRARY_SOURCE`: the library, named after a hash of its source, so that workers of two versions
   can share a server during a rolling upgrade; `FN_APPLY`, `FN_MATCHES`, ... its functions' names.
-* `load(client)`: FUNCTION LOAD REPLACE (on a cluster, on every primary); `is_missing_function(error)` tells an
-  error reply that means the server lost the library (a restart without persistence).
+* `load(client)`: FUNCTION LOAD REPLACE (on a cluster, on every primary): the deployment step
+  `incident-worker load-functions`, run with an administrator's credentials; workers never load code.
+  `is_missing_function(error)` tells an error reply that means the library is not there, and `missing_message()`
+  says what to run about it.
 * Call builders: `apply_call`, `dead_letter_command`, `fcall`: the KEYS and ARGV of each function, in the order
   the Lua header of that function documents, and `parse_apply` for the apply function's reply.
 * `StreamTarget`: the streams and group a stream-mode call acknowledges in and publishes to.
@@ -43,8 +45,10 @@ __all__ = [
     "apply_call",
     "dead_letter_command",
     "fcall",
+    "installed_versions",
     "is_missing_function",
     "load",
+    "missing_message",
     "parse_apply",
 ]
 
@@ -71,9 +75,42 @@ FN_READ_PENDING = f"{LIBRARY_NAME}_read_pending"
 FN_CLAIM = f"{LIBRARY_NAME}_claim"
 
 
+LIBRARY_PREFIX = "incident_index_"
+"""Every version's library name starts with this."""
+
+LOAD_COMMAND = "incident-worker load-functions --admin-redis-url redis://admin:PASSWORD@HOST:6379/0"
+"""What an administrator runs to load the library (see deploy/README.md for compose and Kubernetes)."""
+
+
 def load(client: RedisClient) -> None:
-    """Load (or reload) the library; on a cluster, on every primary."""
+    """Load (or reload) the library; on a cluster, on every primary. Needs FUNCTION LOAD: an administrator's step."""
     client.function_load(LIBRARY_SOURCE, replace=True)
+
+
+def installed_versions(client: RedisClient) -> list[str]:
+    """The names of every version of the library the server holds (FUNCTION LIST: an administrator's command).
+
+    A cluster client may answer per node ({node: libraries}); the names of all nodes are merged."""
+    listed = client.function_list(library=LIBRARY_PREFIX + "*")
+    replies = list(listed.values()) if isinstance(listed, dict) else [listed]
+    names = set()
+    for reply in replies:
+        for entry in reply:
+            fields = dict(zip(entry[::2], entry[1::2], strict=True)) if isinstance(entry, list) else entry
+            names.add(text(fields.get(b"library_name", fields.get("library_name", ""))))
+    return sorted(names - {""})
+
+
+def missing_message() -> str:
+    """What a worker says when the library of its version is not on the server, and what to run about it."""
+    return (
+        f"Redis has no functions library {LIBRARY_NAME}, the one this version of the worker calls: it was never "
+        "loaded, was lost when Redis restarted without persistence, or only another version's is loaded. Workers "
+        "may not load code; an administrator loads it before the workers start: "
+        f"`{LOAD_COMMAND}` (docker compose: `docker compose run --rm load-functions`; Kubernetes: "
+        "`kubectl delete job incident-worker-load-functions --ignore-not-found && kubectl apply -k "
+        "deploy/kubernetes`; see deploy/README.md), then start the workers again"
+    )
 
 
 def is_missing_function(error: ResponseError) -> bool:

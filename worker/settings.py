@@ -45,6 +45,11 @@ class Settings(BaseSettings):
         "unix:///path/to/socket; special characters in the password percent-encoded (urllib.parse.quote). "
         "The password never reaches a log.",
     )
+    admin_redis_url: SecretStr | None = Field(
+        None,
+        description="An administrator's Redis URL, for `incident-worker load-functions` only (default: redis_url); "
+        "never give it to workers.",
+    )
     cluster: bool = Field(False, description="Connect to a Redis Cluster (redis-py's cluster client) at redis_url.")
     sentinels: str | None = Field(
         None,
@@ -150,11 +155,12 @@ class Settings(BaseSettings):
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Lowest level logged.")
 
-    @field_validator("redis_url")
+    @field_validator("redis_url", "admin_redis_url")
     @classmethod
-    def _check_url(cls, value: SecretStr) -> SecretStr:
+    def _check_url(cls, value: SecretStr | None) -> SecretStr | None:
         # the message never quotes the URL: a refused URL's password cannot be told from the rest of it
-        check_url(value.get_secret_value())
+        if value is not None:
+            check_url(value.get_secret_value())
         return value
 
     @field_validator("metrics_address")
@@ -273,6 +279,8 @@ def shown_default(name: str) -> str:
     default = Settings.model_fields[name].get_default(call_default_factory=False)
     if name == "consumer":
         return "host name and PID"
+    if name == "admin_redis_url":
+        return "redis_url"
     if isinstance(default, SecretStr):
         return default.get_secret_value()
     if name.endswith("_stream"):
@@ -286,6 +294,8 @@ def settings_table() -> str:
     """The README's configuration table, generated from the fields above (a test keeps the two equal)."""
     rows = ["| variable | flag of `run` | default | meaning |", "|---|---|---|---|"]
     for name, info in Settings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        rows.append(f"| `{ENV_PREFIX}{name.upper()}` | `{flag}` | `{shown_default(name)}` | {info.description} |")
+        flag = f"`--{name.replace('_', '-')}`"
+        if name == "admin_redis_url":
+            flag = "(`load-functions --admin-redis-url`)"
+        rows.append(f"| `{ENV_PREFIX}{name.upper()}` | {flag} | `{shown_default(name)}` | {info.description} |")
     return "\n".join(rows)

@@ -38,7 +38,7 @@ class Subcommand:
 
     @property
     def module(self) -> str:
-        return f"{__name__}.{self.name}"
+        return f"{__name__}.{self.name.replace('-', '_')}"
 
 
 SUBCOMMANDS = (
@@ -52,6 +52,7 @@ SUBCOMMANDS = (
     ),
     Subcommand("dead", "list dead letters (entries the worker could not process); `dead replay` re-queues them"),
     Subcommand("check", "health check for Docker HEALTHCHECK and Kubernetes probes"),
+    Subcommand("load-functions", "load the index's Redis Functions library with an administrator's credentials"),
     Subcommand("demo", "run the worker on an embedded Redis with sample incidents (nothing to install)"),
     Subcommand("bench", "measure throughput, latency, candidates and memory on a real Redis"),
 )

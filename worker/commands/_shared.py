@@ -23,7 +23,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..connection import connect
-from ..errors import CommandError, LayoutError, LayoutMismatchError, UsageError
+from ..errors import CommandError, FunctionsMissingError, LayoutError, LayoutMismatchError, UsageError
 from ..logs import redact
 from ..settings import ENV_PREFIX, Settings, shown_default
 
@@ -226,7 +226,7 @@ def with_settings(command: str) -> Callable[[Callable[[argparse.Namespace, Setti
             except LayoutMismatchError as error:
                 say(command, str(error))
                 return EXIT_USAGE
-            except CommandError as error:
+            except (CommandError, FunctionsMissingError) as error:
                 say(command, str(error))
                 return EXIT_FAILURE
             except (redis.ConnectionError, redis.TimeoutError) as error:

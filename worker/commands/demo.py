@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 
+from .. import library
 from ..connection import RedisClient
 from ..fingerprint import format_fingerprint
 from ..formats import Alert, IncidentEvent
@@ -119,6 +120,7 @@ def run_demo(port: int = 0, keep: bool = False, out: Any = None) -> int:
     configure_logging("console", "warning")
     settings = Settings(redis_url=url, consumer="demo", block_ms=200, claim_interval_ms=1000, alert_text_chars=60)
     client = redis.Redis(port=port)
+    library.load(client)  # the deployment's administrator step (load-functions), done here for the demo
     worker = StreamWorker(client, settings)
     thread = threading.Thread(target=worker.run, name="worker", daemon=True)
 

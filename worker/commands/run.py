@@ -60,7 +60,7 @@ def install_stop_signals(stop: Callable[[], None], stopped: threading.Event | No
 @with_settings("run")
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     from ..connection import connect
-    from ..errors import LayoutMismatchError
+    from ..errors import FunctionsMissingError, LayoutMismatchError
     from ..logs import configure_logging, get_logger
     from ..stream import StreamWorker
     from ..watchdog import ANSWER_WITHIN_S, Watchdog
@@ -82,6 +82,10 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     except LayoutMismatchError as error:
         log.error("index layout mismatch; not starting", error=str(error))
         return EXIT_USAGE
+    except FunctionsMissingError as error:
+        # the entries in hand stay pending: a worker started once the library is loaded takes them over
+        log.error("functions library missing; stopping", error=str(error))
+        return EXIT_USAGE
     return EXIT_OK
 
 
@@ -93,13 +97,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(SIGTERM), leaving the entries in hand pending for another worker to take over."
     )
     parser.epilog = (
-        "Exit codes: 0 stopped cleanly (or idle, with --until-idle), 1 Redis refused a command, 2 bad configuration "
-        "or a layout mismatch, 130 or 143 stopped at once by a second Ctrl-C or SIGTERM."
+        "Exit codes: 0 stopped cleanly (or idle, with --until-idle), 1 Redis refused a command, 2 bad configuration, "
+        "a layout mismatch, or the functions library not loaded (see load-functions), 130 or 143 stopped at once "
+        "by a second Ctrl-C or SIGTERM."
     )
     parser.add_argument(
         "--until-idle",
         action="store_true",
         help="exit 0 once nothing is left to read or pending (for batch jobs and tests)",
     )
-    add_settings_flags(parser)
+    # every setting but the administrator's URL, which a worker must never be given
+    add_settings_flags(parser, only=[name for name in Settings.model_fields if name != "admin_redis_url"])
     parser.set_defaults(handler=_run)

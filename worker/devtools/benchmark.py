@@ -37,6 +37,7 @@ from typing import Any
 
 import redis
 
+from .. import library
 from ..bands import DEFAULT_BANDS, BandLayout, recommend_bands
 from ..fingerprint import fingerprint, fingerprint_reference
 from ..formats import IncidentEvent
@@ -245,6 +246,7 @@ class Bench:
     def fresh(self, namespace: str) -> None:
         self.client.flushall()
         self.client.function_flush()
+        library.load(self.client)  # as the deployment's administrator step would (the benchmark's server is its own)
 
     def throughput(
         self,
