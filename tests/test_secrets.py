@@ -24,6 +24,7 @@ from redis.connection import parse_url
 from tests.conftest import require_redis_server
 from tests.redis_server import RedisServer, free_port
 from tests.streams import FAST, clean_env, publish, worker_command
+from worker import library
 from worker.logs import hide_secrets, redact
 from worker.settings import Settings
 from worker.urls import KNOWN_PARAMETERS, RedisUrlError, check_url, safe_url, url_secrets
@@ -100,6 +101,7 @@ def test_worker_logs_show_no_password_in_any_form(protected: RedisServer, form: 
     with redis.Redis(port=protected.port, password=PASSWORD) as admin:
         admin.flushall()
         admin.function_flush()
+        library.load(admin)  # the administrator's step
         publish(admin, [{"incident_id": "1", "features": {"a": 1}}, {"incident_id": "2", "features": "{"}])
     done = _run(url, "run", "--until-idle", log_level="debug", **FAST)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -132,17 +134,21 @@ def _main(url: str, args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: py
     return out.out + out.err
 
 
-@pytest.mark.parametrize("cluster", [False, True], ids=["standalone", "cluster client"])
+@pytest.mark.parametrize("mode", ["standalone", "cluster client", "sentinel"])
 def test_failures_show_no_password_in_any_form(
     protected: RedisServer,
     tmp_path: Path,
-    cluster: bool,
+    mode: str,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # A wrong password, a server that is not there, TLS against a plain port, the cluster client against a server
     # that is no cluster: each fails with a message, and none of the messages shows the password.
+    # (with Sentinels, the password of redis_url is the primary's: the same forms, reached through another client)
+    cluster = mode == "cluster client"
     monkeypatch.setenv("INCIDENT_WORKER_CLUSTER", str(cluster).lower())
+    if mode == "sentinel":
+        monkeypatch.setenv("INCIDENT_WORKER_SENTINELS", f"127.0.0.1:{free_port()}")
     wrong = quote("s3cret-but-wrong:@/#?", safe="")
     urls = {
         **tls_forms(protected.port),
@@ -153,9 +159,11 @@ def test_failures_show_no_password_in_any_form(
         **{f"nobody listening, {name}": url for name, url in forms(free_port(), tmp_path / "absent.sock").items()},
     }
     for name, url in urls.items():
+        if mode == "sentinel" and not name.startswith("nobody listening"):
+            continue  # the Sentinel is absent: the primary's URL forms are what is searched, once each
         if cluster and url.startswith("unix"):
             continue  # the cluster client takes host:port URLs only
-        for args in (["stats"], ["check", "--redis-only"]):
+        for args in [["check", "--redis-only"]] if mode == "sentinel" else [["stats"], ["check", "--redis-only"]]:
             shown = _main(url, args, monkeypatch, capsys)
             assert_hidden(shown)
             assert "s3cret-but-wrong" not in shown and wrong not in shown, (name, shown)

@@ -5,6 +5,7 @@ No persistence unless asked for (`appendonly=True`). Needs the redis-server bina
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import socket
@@ -43,12 +44,24 @@ def free_port(*, cluster: bool = False) -> int:
 
 
 class RedisServer:
-    """A redis-server child process. `appendonly=True` gives it an AOF in its directory, for persistence tests."""
+    """A redis-server child process. `appendonly=True` gives it an AOF in its directory, for persistence tests.
+
+    Started, it holds the index's functions library, as a deployment's administrator step (`load-functions`) leaves
+    a server, unless `load_functions=False` or it wants a password (an ACL's admin loads it then) or is a cluster
+    node (load through the cluster client once the cluster is formed).
+    """
 
     def __init__(
-        self, directory: Path, *, port: int | None = None, appendonly: bool = False, extra: list[str] | None = None
+        self,
+        directory: Path,
+        *,
+        port: int | None = None,
+        appendonly: bool = False,
+        extra: list[str] | None = None,
+        load_functions: bool = True,
     ) -> None:
         self.directory = directory
+        self.load_functions = load_functions and "--cluster-enabled" not in (extra or [])
         self.port = port or free_port()
         self.appendonly = appendonly
         self.extra = extra or []
@@ -91,12 +104,21 @@ class RedisServer:
             try:
                 with redis.Redis(port=self.port, socket_timeout=1) as probe:
                     if probe.ping():
+                        if self.load_functions:
+                            self._load_functions(probe)
                         return
             except (redis.AuthenticationError, redis.ResponseError):
                 return  # it answers; it wants a password (NOAUTH)
             except (redis.ConnectionError, redis.BusyLoadingError):
                 time.sleep(0.05)
         raise RuntimeError(f"redis-server on port {self.port} did not answer within {timeout}s")
+
+    @staticmethod
+    def _load_functions(client: redis.Redis) -> None:
+        from .. import library
+
+        with contextlib.suppress(redis.ReadOnlyError):  # a replica gets the library from its primary
+            library.load(client)
 
     def stop(self) -> None:
         if self.process is None:
