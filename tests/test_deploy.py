@@ -949,7 +949,7 @@ EVENT = {"incident_id": "7", "features": json.dumps({"a": 1})}
 
 
 def _fcall_neighbours(c: redis.Redis) -> Any:
-    return FingerprintIndex(c).neighbours({"a": 1})
+    return FingerprintIndex(c).matches({"a": 1})
 
 
 def _own_group_read(c: redis.Redis) -> Any:

@@ -281,7 +281,7 @@ def test_index_without_its_functions_says_what_to_run_and_loads_nothing(redis_cl
     with pytest.raises(FunctionsMissingError):
         index.add("b", {"x": 1})
     with pytest.raises(FunctionsMissingError):
-        index.neighbours({"x": 1})
+        index.matches({"x": 1})
     assert not redis_client.function_list()
 
 
