@@ -763,9 +763,11 @@ SPEC_EVENTS: list[dict[str, Any]] = [
 ]
 
 
+@pytest.mark.parametrize("read_path", ["primary", "snapshot"])
 def test_worker_process_does_its_whole_job_as_the_acl_user(
-    acl_server: RedisServer, admin: redis.Redis, worker_client: redis.Redis, tmp_path: Path
+    acl_server: RedisServer, admin: redis.Redis, worker_client: redis.Redis, tmp_path: Path, read_path: str
 ) -> None:
+    # read_path=auto turns to the snapshot at SNAPSHOT_MIN_INCIDENTS: both paths must work as the ACL user
     publish(worker_client, SPEC_EVENTS)
     # a previous run of this consumer left an entry pending: the restart counts its delivery (XCLAIM RETRYCOUNT)
     worker_client.xgroup_create(EVENTS, GROUP, id="0")
@@ -773,7 +775,12 @@ def test_worker_process_does_its_whole_job_as_the_acl_user(
     log = tmp_path / "worker.log"
     # summaries every 0.2 s: the ACL user must be allowed the commands of the summary too
     worker = start_worker(
-        worker_url(acl_server), "--until-idle", log=log, consumer="acl-worker", **{**FAST, "summary_interval_s": 0.2}
+        worker_url(acl_server),
+        "--until-idle",
+        log=log,
+        consumer="acl-worker",
+        read_path=read_path,
+        **{**FAST, "summary_interval_s": 0.2},
     )
     try:
         code = worker.wait(timeout=60)
