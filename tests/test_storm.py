@@ -7,19 +7,26 @@ with it. Everything here is checked against the brute-force oracle, on a real re
 from __future__ import annotations
 
 import random
+import threading
+from collections.abc import Iterator
 from typing import Any
 
+import fakeredis
 import pytest
 import redis
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from tests.conftest import fast_settings
 from tests.oracle import Oracle, assert_postings_match, flip
+from tests.streams import alerts, pending_count, publish
 from worker.errors import LayoutMismatchError
-from worker.fingerprint import format_fingerprint
+from worker.fingerprint import fingerprint, format_fingerprint
 from worker.index import FingerprintIndex
 from worker.library import ApplyResult, parse_apply
+from worker.replies import text
+from worker.stream import StreamWorker
 
 
 def _text(value: Any) -> str:
@@ -195,3 +202,74 @@ def test_an_index_of_the_old_format_is_refused_with_what_to_do(redis_client: red
     with pytest.raises(LayoutMismatchError, match=r"index format 1.*format 2.*\{old\}:twins:"):
         index.add_fingerprint("a", BASE)
     assert redis_client.hlen("{old}:fp") == 0
+
+
+# -- through the stream workers ------------------------------------------------------------------------------------
+
+DOCK = {"dock": 3, "scanner": 2, "timeout": 1}
+
+
+def _near_bags(rng: random.Random, count: int) -> list[dict[str, int]]:
+    """Bags whose fingerprints lie within 1 to 7 of DOCK's, and some at 8 to 12 (near, but not a match)."""
+    center, found = fingerprint(DOCK), []
+    while len(found) < count:
+        bag = {**DOCK, f"extra{rng.randrange(10**6)}": rng.randint(1, 2)}
+        if 1 <= (fingerprint(bag) ^ center).bit_count() <= 12:
+            found.append(bag)
+    return found
+
+
+@pytest.fixture(params=["real", "fake"])
+def stream_clients(request: pytest.FixtureRequest) -> Iterator[list[redis.Redis]]:
+    """Two clients (bytes replies, as the worker needs) of one clean Redis: the real server or one fakeredis."""
+    if request.param == "real":
+        server = request.getfixturevalue("server")
+        clients = [server.client(), server.client()]
+    else:
+        shared = fakeredis.FakeServer(version=7)
+        clients = [fakeredis.FakeRedis(server=shared), fakeredis.FakeRedis(server=shared)]
+    yield clients
+    for client in clients:
+        client.close()
+
+
+@pytest.mark.usefixtures("no_worker_env")
+def test_storm_through_two_workers_reports_every_pair_once_with_exact_counts(stream_clients: list[redis.Redis]) -> None:
+    """A storm of 260 copies with near duplicates among it, through two workers at once: each alert lists exactly
+    the closest 100 of what was indexed before it (the order is read back from {N}:changes) and counts all of it,
+    so every pair within r is counted once, by the incident indexed second."""
+    rng = random.Random(10)
+    events: list[dict[str, Any]] = [{"incident_id": f"s{i:03d}", "features": DOCK} for i in range(260)]
+    events += [{"incident_id": f"n{i:02d}", "features": bag} for i, bag in enumerate(_near_bags(rng, 40))]
+    events += [{"incident_id": f"o{i:02d}", "features": {f"other{i}": 1, "x": 2}} for i in range(20)]
+    rng.shuffle(events)
+    client = stream_clients[0]
+    publish(client, events)
+    workers = [StreamWorker(c, fast_settings(consumer=f"w{k}", batch_size=16)) for k, c in enumerate(stream_clients)]
+    threads = [threading.Thread(target=w.run, kwargs={"until_idle": True}) for w in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not any(thread.is_alive() for thread in threads)
+    assert pending_count(client) == 0
+    fps = {e["incident_id"]: fingerprint(e["features"]) for e in events}
+    order = [text(next(iter(fields.values()))) for _, fields in client.xrange("{incidents}:changes")]
+    assert sorted(order) == sorted(fps), "every incident indexed once"
+    by_id = {alert.incident_id: alert for alert in alerts(client)}
+    oracle, counted = Oracle(7), 0
+    for incident_id in order:
+        expected = oracle.add(incident_id, fps[incident_id])
+        assert isinstance(expected, list)
+        alert = by_id.pop(incident_id, None)
+        if not expected:
+            assert alert is None, f"{incident_id} alerted with nothing indexed within r before it"
+            continue
+        assert alert is not None, f"{incident_id} matched {len(expected)} but was not alerted"
+        assert alert.match_count == len(expected)
+        assert [(m.incident_id, m.distance) for m in alert.matches] == expected[:100]
+        counted += alert.match_count
+    assert not by_id, "alerts of incidents never indexed"
+    pairs = sum(1 for i, x in enumerate(fps) for y in list(fps)[i + 1 :] if (fps[x] ^ fps[y]).bit_count() <= 7)
+    assert counted == pairs >= 260 * 259 // 2
+    assert_postings_match(client, "incidents", 4)
