@@ -89,3 +89,28 @@ def test_call_profile_unions_exactly_the_probed_postings(server) -> None:  # typ
             assert set(result["steps"]) == set(profile_call.STEPS)
             assert result["steps"]["add"]["sadd"] > 0 and result["steps"]["sunion+hmget"]["hmget"] > 0
             assert f"{layout.probes} probe keys" in profile_call.report(result)
+
+
+@pytest.mark.slow
+def test_storm_benchmark_compares_a_storm_with_distinct_incidents() -> None:
+    """`bench --storm N`: the storm verifies one candidate an event, keeps one posting per band and one twin group,
+    and its alerts list 100 matches while the index stays small."""
+    require_redis_server()
+    done = subprocess.run(
+        [*worker_command(), "bench", "--storm", "300", "--ingest-cap", "60", "--json"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    storm, distinct = results["storm"], results["distinct"]
+    assert storm["events"] == distinct["events"] == 300 and storm["incidents"] == distinct["incidents"] == 300
+    assert storm["candidates_p99"] == 1 and storm["posting_keys"] == 4 and storm["twin_groups"] == 1
+    assert distinct["twin_groups"] == 0 and distinct["posting_keys"] > 300
+    assert storm["alerts_kept"] == 299 and storm["bytes_per_alert"] > 100 * 20  # 100 matches listed in each
+    assert storm["index_bytes_per_incident"] < distinct["index_bytes_per_incident"]
+    assert results["throughput_ratio"] > 0 and results["memory_ratio"] == round(
+        storm["index_bytes_per_incident"] / distinct["index_bytes_per_incident"], 2
+    )

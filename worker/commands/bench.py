@@ -46,6 +46,12 @@ def _bench(args: argparse.Namespace) -> int:
                 if probe.dbsize() and not args.force:
                     raise UsageError("the Redis at --redis-url is not empty; the benchmark flushes it: add --force")
         try:
+            if args.storm:
+                from ..devtools.storm import run_storm, storm_markdown
+
+                storm = run_storm(url=url, copies=args.storm, cap_s=args.ingest_cap, seed=args.seed, log=log)
+                print(json.dumps(storm, indent=2) if args.json else storm_markdown(storm))
+                return EXIT_OK
             results = run_benchmark(
                 url=url,
                 sizes=sizes,
@@ -72,8 +78,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.epilog = (
         "Examples: incident-worker bench; incident-worker bench --large (adds N = 1,000,000); "
-        "incident-worker bench --sizes 10000 --ingest 0 --json. Exit codes: 0 measured, 2 bad usage (no "
-        "redis-server on PATH, a non-empty Redis without --force)."
+        "incident-worker bench --sizes 10000 --ingest 0 --json; incident-worker bench --storm 100000 (a storm of "
+        "exact duplicates against distinct incidents). Exit codes: 0 measured, 2 bad usage (no redis-server on PATH, "
+        "a non-empty Redis without --force)."
     )
     parser.add_argument("--redis-url", help="use this Redis instead of starting one (it must be empty, or --force)")
     parser.add_argument("--force", action="store_true", help="with --redis-url: allow a non-empty database (FLUSHED)")
@@ -96,5 +103,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--latency-seconds", type=float, default=8.0, help="length of the half-load latency run")
     parser.add_argument("--seed", type=int, default=1, help="seed of the synthetic workload")
     parser.add_argument("--real-data", type=Path, help="a directory of Loghub *_structured.csv files to use instead")
+    parser.add_argument(
+        "--storm",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: N copies of one bag against N distinct bags (events/s, index memory per incident)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(handler=_bench)
