@@ -198,3 +198,21 @@ def test_query_of_a_text_refuses_an_index_made_by_another_tokenizer(redis_client
     with pytest.raises(UsageError, match="tokenizer version 1"):
         run_query(redis_client, Settings(), bag, None, text=True)
     assert run_query(redis_client, Settings(), bag, None).matches  # a bag is a bag: no tokenizer involved
+
+
+def test_the_alerts_command_shows_the_text_of_a_text_incident() -> None:
+    from worker.commands.alerts import alert_line
+
+    fields = {
+        "incident_id": "3",
+        "fingerprint": "0" * 16,
+        "matches": '[{"incident_id":"1","distance":2}]',
+        "match_count": "1",
+        "max_distance": "7",
+        "source_entry": "1-0",
+        "op": "add",
+    }
+    assert "text:" not in alert_line("1-0", Alert.from_fields(fields))
+    assert "text: 'Disk full on db-12'" in alert_line(
+        "1-0", Alert.from_fields({**fields, "text": "Disk full on db-12"})
+    )
