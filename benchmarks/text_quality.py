@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-drain3", action="store_true", help="leave Drain3 out even when it is installed")
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     args = parser.parse_args(argv)
-    logging.disable(logging.WARNING)  # Drain3 logs every new cluster
+    logging.getLogger("drain3").setLevel(logging.ERROR)  # Drain3 logs every new cluster
 
     loghub = find_loghub(args.loghub)
     if loghub is None:

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import pytest
 import redis
+import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -179,6 +180,7 @@ def test_exception_texts_and_log_lines_are_redacted(capsys: pytest.CaptureFixtur
     except redis.ConnectionError:
         get_logger(url=f"redis://h:1/0?password={ENCODED}").exception("failed", detail={"password": PASSWORD})
     assert_hidden(capsys.readouterr().err)
+    structlog.reset_defaults()  # the logger wrote to this test's captured stderr, which pytest closes after it
 
 
 @pytest.mark.parametrize(
