@@ -8,15 +8,12 @@ matches between a copy's search and its validation, a change log trimmed under a
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from typing import Any
 
-import fakeredis
 import pytest
 import redis
 
 from tests.oracle import Oracle
-from tests.redis_server import RedisServer
 from tests.streams import FP, alerts, assert_pairs_reported_once, dead_letters, fingerprints, pending_count, publish
 from worker.devtools.workload import Workload
 from worker.fingerprint import fingerprint
@@ -27,28 +24,17 @@ from worker.stream import StreamWorker
 DOCK = {"dock": 3, "scanner": 2, "timeout": 1}
 
 
-@pytest.fixture(autouse=True)
-def _no_worker_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
-
-    for name in list(os.environ):
-        if name.startswith("INCIDENT_WORKER_"):
-            monkeypatch.delenv(name)
+pytestmark = pytest.mark.usefixtures("no_worker_env")
 
 
-@pytest.fixture(params=["real", "fake"])
-def client(request: pytest.FixtureRequest) -> Iterator[redis.Redis]:
-    if request.param == "real":
-        server: RedisServer = request.getfixturevalue("redis_server")
-        real = server.client()
-        real.flushall()
-        real.function_flush()
-        yield real
-        real.close()
-    else:
-        fake = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=7))
-        yield fake
-        fake.close()
+@pytest.fixture
+def fake_decodes() -> bool:
+    return False  # the worker refuses a client that decodes replies
+
+
+@pytest.fixture
+def client(redis_client: redis.Redis) -> redis.Redis:
+    return redis_client
 
 
 def worker(client: Any, consumer: str = "w1", **overrides: Any) -> StreamWorker:
@@ -188,4 +174,4 @@ def test_snapshot_workers_killed_at_random_moments_lose_and_duplicate_nothing(se
     steady.terminate()
     assert steady.wait(timeout=30) == 0
     _check_run(client, events, bad)
-    assert '"read_path": "snapshot"' in (tmp_path / "final.log").read_text()
+    assert '"event": "snapshot loaded"' in (tmp_path / "steady.log").read_text()

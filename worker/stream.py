@@ -43,7 +43,7 @@ from .index import FingerprintIndex, retry_while_stale
 from .library import FN_CLAIM, FN_READ_NEW, FN_READ_PENDING, StreamTarget, dead_letter_command, parse_apply
 from .logs import get_logger
 from .metrics import Metrics
-from .readpath import SnapshotReader
+from .readpath import SNAPSHOT_SEND, SnapshotReader
 from .replies import consumers_info, entry_time_ms, group_info, text
 from .settings import Settings
 from .text import TOKENIZER_VERSION
@@ -531,11 +531,18 @@ class StreamWorker:
 
     def _send(self, items: list[_Item]) -> list[Any]:
         """Run one call per item (upserts and deletes with what they replace, read first); returns the replies."""
-        if self.snapshot is not None:
-            self.snapshot.refresh()
         changing = [item.event.incident_id for item in items if item.event and item.event.op != "add"]
         expected = self.index.fingerprints_of(changing)
-        return self.index.execute([self._command(item, expected) for item in items])
+        if self.snapshot is None:
+            return self.index.execute([self._command(item, expected) for item in items])
+        # Each call validates every change after its copy's position, the earlier calls of its own send included:
+        # short sends, each after a refresh, keep that to a few changes an event.
+        replies: list[Any] = []
+        for start in range(0, len(items), SNAPSHOT_SEND):
+            self.snapshot.refresh()
+            chunk = items[start : start + SNAPSHOT_SEND]
+            replies += self.index.execute([self._command(item, expected) for item in chunk])
+        return replies
 
     def _finish(self, items: list[_Item], replies: list[Any], *, attempt: int = 0) -> None:
         """Act on the replies of a batch's calls: log, count, dead-letter duplicates, retry what can be retried."""
