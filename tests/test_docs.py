@@ -156,3 +156,13 @@ def test_links_into_the_contract_point_at_its_sections() -> None:
             for anchor in re.findall(r"\]\(#([a-z0-9\-]+)\)", text):
                 assert anchor in anchors, f"docs/contract.md links to #{anchor}, not a section"
     assert links, "nothing links to docs/contract.md"
+
+
+def test_the_docs_and_the_code_cite_the_contract_not_spec_sections() -> None:
+    """A clone has docs/contract.md, not the customer's SPEC.md: citations point at the contract's sections."""
+    sources = [ROOT / "README.md", CONTRACT_PATH, *sorted((ROOT / "worker").rglob("*.py"))]
+    sources += sorted((ROOT / "worker").rglob("*.lua"))
+    for path in sources:
+        text = path.read_text(encoding="utf-8")
+        found = re.search(r"SPEC(?:\.md)?,? (?:sections?|§) ?\d", text)
+        assert found is None, f"{path.relative_to(ROOT)} cites {found.group(0)!r}; link a contract section instead"
