@@ -31,7 +31,7 @@ demo: $(STAMP)
 # The whole suite, as CI runs it.
 test: $(STAMP)
 	@echo "The whole suite, as CI runs it: about 5 minutes on 2 idle cores, longer on a busy machine."
-	@echo "For everyday work, 'make test-fast' skips the slow end-to-end tests (about a third of the time)."
+	@echo "For everyday work, 'make test-fast' skips the slow end-to-end tests and takes about half as long."
 	$(BIN)/python -m pytest
 
 # Everything but the tests marked slow (crash-and-recover runs, several worker processes, long property searches).

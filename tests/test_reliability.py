@@ -40,7 +40,7 @@ from tests.streams import (
 from worker.fingerprint import fingerprint
 from worker.formats import REASONS
 
-pytestmark = pytest.mark.usefixtures("_needs_redis")
+pytestmark = [pytest.mark.usefixtures("_needs_redis"), pytest.mark.slow]
 
 SETTINGS = {**FAST, **LIMITS, "max_deliveries": 2, "reconnect_max_backoff_s": 0.5}
 """Tight: two deliveries make poison, so a fault that counted deliveries it should not would show."""

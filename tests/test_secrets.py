@@ -135,6 +135,7 @@ def _main(url: str, args: list[str], monkeypatch: pytest.MonkeyPatch, capsys: py
     return out.out + out.err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["standalone", "cluster client", "sentinel"])
 def test_failures_show_no_password_in_any_form(
     protected: RedisServer,

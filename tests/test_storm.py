@@ -117,6 +117,7 @@ class StormMachine(RuleBasedStateMachine):
         assert_postings_match(self.client, "storm", self.index.layout.bands, self.oracle.fps)
 
 
+@pytest.mark.slow
 def test_storm_state_machine(redis_client: redis.Redis) -> None:
     StormMachine.client = redis_client
     StormMachine.TestCase().runTest()
