@@ -85,7 +85,7 @@ class TokenizerMismatchError(LayoutMismatchError):
 class FunctionsMissingError(FingerprintIndexError):
     """Redis has no functions library of this code's version: never loaded, lost, or only another version's.
 
-    Workers may not load code (SPEC section 7); the message says what an administrator runs."""
+    Workers may not load code (docs/contract.md#who-may-do-what); the message says what an administrator runs."""
 
 
 class StaleRetriesExhaustedError(FingerprintIndexError):

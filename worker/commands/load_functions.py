@@ -1,9 +1,9 @@
 """`incident-worker load-functions`: the deployment step that loads the index's Redis Functions library.
 
-Workers may not load code (SPEC section 7: whoever can load a library can replace any other application's, or
-squat the worker's function names), so their Redis user has no FUNCTION LOAD. An administrator runs this once per
-version of the code, before that version's workers start: docker-compose.yml as a one-shot service the workers
-wait for, deploy/kubernetes/load-functions.yaml as a Job.
+Workers may not load code (docs/contract.md#who-may-do-what): whoever can load a library can replace any other
+application's, or squat the worker's function names; so their Redis user has no FUNCTION LOAD. An administrator runs
+this once per version of the code, before that version's workers start: docker-compose.yml as a one-shot service
+the workers wait for, deploy/kubernetes/load-functions.yaml as a Job.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ One worker process (the code of `incident-worker run`, default settings: 4 bands
 matches) ingests each backlog into an empty index, on the same real Redis, one after the other, so the ratio compares
 like with like. For each it reports events/s, the candidates verified per event, and Redis memory per incident:
 
-* the index (what SPEC section 5 bounds): MEMORY USAGE (every element sampled) of `{N}:fp`, of every posting set
+* the index (what the twin groups bound): MEMORY USAGE (every element sampled) of `{N}:fp`, of every posting set
   and of every twin group, divided by N;
 * the alerts, apart: a storm's alerts each list 100 matches, so they cost far more than its index; the benchmark
   trims the stream to `ALERTS_MAXLEN` entries as a deployment does (it keeps the last 10,000 here), and reports
