@@ -441,3 +441,32 @@ def test_entries_left_by_a_crashed_run_of_the_same_consumer_count_a_delivery(red
     run_worker(redis_client, max_deliveries=1)
     [letter] = dead_letters(redis_client)
     assert letter.reason == "poison" and letter.deliveries == 2
+
+
+@pytest.mark.parametrize(
+    ("error", "waited_out"),
+    [
+        (
+            redis.ResponseError(
+                "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE."
+            ),
+            True,
+        ),
+        (redis.BusyLoadingError("Redis is loading the dataset in memory"), True),
+        (redis.exceptions.ReadOnlyError("You can't write against a read only replica."), True),
+        (
+            redis.exceptions.MasterDownError("Link with MASTER is down and replica-serve-stale-data is set to 'no'."),
+            True,
+        ),
+        (redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"), True),
+        (redis.exceptions.ClusterDownError("The cluster is down"), True),
+        (redis.ResponseError("NOREPLICAS Not enough good replicas to write."), True),
+        (redis.ResponseError("BUSYGROUP Consumer Group name already exists"), False),
+        (redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value"), False),
+        (redis.ResponseError("ERR user_function:12: attempt to index a nil value"), False),
+    ],
+)
+def test_server_replies_that_mean_not_now_are_waited_out(error: Exception, waited_out: bool) -> None:
+    from worker.stream import waits_out
+
+    assert waits_out(error) is waited_out
