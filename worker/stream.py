@@ -226,8 +226,16 @@ class StreamWorker:
                 raise
 
     def _idle(self) -> bool:
+        """Nothing pending and nothing undelivered. Looks past the group's last delivered ID itself rather than trust
+        XINFO's `lag`, which is an estimate (and unknown after deletions)."""
         pending = self.redis.xpending(self.target.events_stream, self.target.group)
-        return int(pending["pending"]) == 0 and self._group_lag() == 0
+        if int(pending["pending"]) != 0:
+            return False
+        group = group_info(self.redis, self.target.events_stream, self.target.group)
+        if group is None:
+            return True
+        later = self.redis.xrange(self.target.events_stream, min=f"({group['last-delivered-id']}", count=1)
+        return not later
 
     def _reconnect_pause(self, error: Exception, failures: int, message: str = "redis unavailable; retrying") -> None:
         delay = self._backoff.compute(failures)
