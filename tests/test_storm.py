@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from tests.conftest import fast_settings
 from tests.oracle import Oracle, assert_postings_match, flip
 from tests.streams import alerts, pending_count, publish
+from worker import library
 from worker.errors import LayoutMismatchError
 from worker.fingerprint import fingerprint, format_fingerprint
 from worker.index import FingerprintIndex
@@ -229,6 +230,7 @@ def stream_clients(request: pytest.FixtureRequest) -> Iterator[list[redis.Redis]
     else:
         shared = fakeredis.FakeServer(version=7)
         clients = [fakeredis.FakeRedis(server=shared), fakeredis.FakeRedis(server=shared)]
+        library.load(clients[0])  # as the deployment's administrator step does
     yield clients
     for client in clients:
         client.close()
