@@ -903,7 +903,7 @@ def test_operator_subcommands_work_as_the_acl_user(
 OUTSIDE: dict[str, Callable[[redis.Redis], Any]] = {
     "SET a key without the tag": lambda c: c.set("other", "1"),
     "GET a key without the tag": lambda c: c.mget(["other"]),
-    "GET, which no part of the worker uses": lambda c: c.get("{incidents}:heartbeat:x"),
+    "GETDEL, which no part of the worker uses": lambda c: c.getdel("{incidents}:heartbeat:x"),
     "HSET another namespace": lambda c: c.hset("{other}:fp", "1", "0" * 16),
     "HGET another namespace": lambda c: c.hget("{other}:fp", "1"),
     "XADD another namespace": lambda c: c.xadd("{other}:events", {"incident_id": "1"}),

@@ -220,6 +220,10 @@ class FingerprintIndex:
         if not self._opened:
             self.open()
 
+    def call(self, function: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Call one of the library's functions (FN_*), opening the index first and restoring lost functions."""
+        return self._fcall(function, keys, args)
+
     def _fcall(self, function: str, keys: Sequence[str], args: Sequence[Any], *, readonly: bool = False) -> Any:
         self._ensure_open()
         call = self.redis.fcall_ro if readonly else self.redis.fcall

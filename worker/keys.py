@@ -95,6 +95,10 @@ class IndexKeys:
         """
         return f"{self.tag}:changes"
 
+    def lease(self, job: str) -> str:
+        """String with a TTL: the worker that runs `job` (one at a time); it lapses when that worker dies."""
+        return f"{self.tag}:lease:{job}"
+
     @property
     def events_stream(self) -> str:
         """Stream: incoming incident events (the default; configurable)."""

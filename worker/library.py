@@ -34,9 +34,12 @@ __all__ = [
     "FN_DEAD_LETTER",
     "FN_ENSURE_META",
     "FN_FORGET_CONSUMER",
+    "FN_LEASE",
     "FN_MATCHES",
     "FN_READ_NEW",
     "FN_READ_PENDING",
+    "FN_TRIM_CHANGES",
+    "FN_TRIM_EVENTS",
     "LIBRARY_NAME",
     "LIBRARY_SOURCE",
     "ApplyResult",
@@ -73,6 +76,9 @@ FN_FORGET_CONSUMER = f"{LIBRARY_NAME}_forget_consumer"
 FN_READ_NEW = f"{LIBRARY_NAME}_read_new"
 FN_READ_PENDING = f"{LIBRARY_NAME}_read_pending"
 FN_CLAIM = f"{LIBRARY_NAME}_claim"
+FN_TRIM_EVENTS = f"{LIBRARY_NAME}_trim_events"
+FN_TRIM_CHANGES = f"{LIBRARY_NAME}_trim_changes"
+FN_LEASE = f"{LIBRARY_NAME}_lease"
 
 
 LIBRARY_PREFIX = "incident_index_"

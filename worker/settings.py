@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -19,7 +19,7 @@ from .formats import EventLimits
 from .keys import DEFAULT_NAMESPACE, IndexKeys, hash_tag, validate_namespace
 from .urls import check_url, safe_url, url_secrets
 
-__all__ = ["ENV_PREFIX", "Settings"]
+__all__ = ["ENV_PREFIX", "Settings", "parse_duration"]
 
 ENV_PREFIX = "INCIDENT_WORKER_"
 
@@ -29,6 +29,28 @@ _LIMITS = EventLimits()
 
 def _default_consumer() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+
+
+def parse_duration(text: str, name: str = "duration") -> int:
+    """Milliseconds of a duration such as `30d`, `12h`, `90m`, `45s` or `500ms`; `off` and `0` give 0 (off)."""
+    value = str(text).strip().lower()
+    if value in {"off", "0", ""}:
+        return 0
+    number = value.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = value[len(number) :]
+    try:
+        amount = float(number)
+    except ValueError:
+        amount = -1.0
+    if unit not in _UNITS_MS or not amount > 0 or amount * _UNITS_MS[unit] < 1:
+        raise ValueError(
+            f"{name}={text!r} is not a duration; write a number and a unit (ms, s, m, h, d, w) such as 30d or 12h, "
+            "or off"
+        )
+    return int(amount * _UNITS_MS[unit])
 
 
 class Settings(BaseSettings):
@@ -116,6 +138,16 @@ class Settings(BaseSettings):
     snapshot_min_incidents: int = Field(
         100_000, ge=0, description="Index size from which read_path=auto searches the worker's own copy."
     )
+    changes_keep: str = Field(
+        "1d",
+        description="How much of the {N}:changes log the workers keep, such as 1d (off = all of it); snapshot "
+        "readers further behind fall back to the full search.",
+    )
+    stream_group_max_age: str = Field(
+        "off",
+        description="A consumer group of the events stream (other than the workers' own) whose oldest unread or "
+        "unacknowledged entry is older than this, such as 7d, stops holding back the trimming (off = never).",
+    )
     max_tokens: int = Field(
         _LIMITS.max_tokens, ge=1, description="Most tokens in one bag; a larger bag is dead-lettered."
     )
@@ -174,6 +206,12 @@ class Settings(BaseSettings):
                 "interface, for a scraper in another container) or ::"
             ) from None
         return value
+
+    @field_validator("changes_keep", "stream_group_max_age")
+    @classmethod
+    def _check_duration(cls, value: str, info: Any) -> str:
+        parse_duration(value, info.field_name)
+        return value.strip().lower()
 
     @field_validator("namespace")
     @classmethod
@@ -234,6 +272,14 @@ class Settings(BaseSettings):
     @property
     def keys(self) -> IndexKeys:
         return IndexKeys(self.namespace)
+
+    @property
+    def changes_keep_ms(self) -> int:
+        return parse_duration(self.changes_keep)
+
+    @property
+    def stream_group_max_age_ms(self) -> int:
+        return parse_duration(self.stream_group_max_age)
 
     # Deprecated aliases of events_stream, alerts_stream and dead_stream, kept while code written against them
     # lands; new code uses the *_stream names.

@@ -48,6 +48,7 @@ from .replies import consumers_info, entry_time_ms, group_info, text
 from .settings import Settings
 from .text import TOKENIZER_VERSION
 from .transport import Command
+from .upkeep import Upkeep
 from .watchdog import Watchdog
 
 __all__ = ["StreamWorker", "WorkerStats"]
@@ -140,6 +141,7 @@ class StreamWorker:
         self._next_claim = 0.0
         self._next_summary = time.monotonic() + settings.summary_interval_s
         self._started = time.time()
+        self.upkeep = Upkeep(self.index, settings, self.log)
         self.snapshot: SnapshotReader | None = None
         self._restarted = True  # the first recovery finds what a previous run of this consumer left: deliveries
         self._idle_wait = 0.0
@@ -255,6 +257,7 @@ class StreamWorker:
         self._reader = _reader()  # a worker can be run again (tests do)
         with contextlib.suppress(redis_lib.RedisError):
             self.redis.delete(self._heartbeat_key)
+            self.upkeep.release()
         self.log.info(
             "worker stopped",
             processed=self.stats.processed,
@@ -295,7 +298,7 @@ class StreamWorker:
         self.snapshot.refresh()
 
     def maintain(self) -> None:
-        """The periodic work: heartbeat, pending recovery and claims, the summary line."""
+        """The periodic work: heartbeat, pending recovery and claims, the summary line, the namespace's upkeep."""
         now = time.monotonic()
         if now >= self._next_heartbeat:
             self.heartbeat()
@@ -308,6 +311,7 @@ class StreamWorker:
         if now >= self._next_summary:
             self._next_summary = now + self.settings.summary_interval_s
             self.summary()
+        self.upkeep.tick()
 
     def heartbeat(self) -> None:
         """Refresh the heartbeat key (a JSON value with a TTL) that `incident-worker check` reads."""

@@ -32,6 +32,7 @@ __all__ = [
     "EXIT_FAILURE",
     "EXIT_OK",
     "EXIT_USAGE",
+    "LIFECYCLE",
     "CommandError",
     "Handler",
     "UsageError",
@@ -57,6 +58,9 @@ Handler = Callable[[argparse.Namespace], int]
 
 CONNECTION = ["redis_url", "cluster", "namespace"]
 """The settings every command that talks to Redis takes as flags."""
+
+LIFECYCLE = ["changes_keep", "stream_group_max_age"]
+"""The settings of the namespace's upkeep (trimming), for the commands that report or run it."""
 
 
 def say(command: str, message: str) -> None:

@@ -26,6 +26,7 @@ from ._shared import (
     CONNECTION,
     EXIT_FAILURE,
     EXIT_OK,
+    LIFECYCLE,
     add_settings_flags,
     command_client,
     describe,
@@ -82,6 +83,7 @@ class Health:
     redis: str
     namespace: str
     workers: list[Heartbeat] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -90,6 +92,7 @@ class Health:
             "namespace": self.namespace,
             "workers": [beat.model_dump(exclude_none=True) for beat in self.workers],
             "message": self.message,
+            "warnings": self.warnings,
         }
 
 
@@ -154,13 +157,29 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
     except redis.RedisError as error:  # the client itself could not be made (a cluster that does not answer)
         url = settings.safe_redis_url
         health = Health(False, f"Redis at {url} does not answer: {error_text(error)}", url, settings.namespace)
+    else:
+        if not args.redis_only:
+            health.warnings = _warnings(client, settings, memory=args.capacity)
     if args.json:
         print(json_line(health.as_json()))
-    elif health.healthy:
+        return EXIT_OK if health.healthy else EXIT_FAILURE
+    if health.healthy:
         print(f"healthy: {health.message}")
     else:
         print(f"unhealthy: {health.message}", file=sys.stderr)
+    for warning in health.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     return EXIT_OK if health.healthy else EXIT_FAILURE
+
+
+def _warnings(client: RedisClient, settings: Settings, *, memory: bool) -> list[str]:
+    """What will fill Redis unless someone acts (they never make the verdict unhealthy: a restart would not help)."""
+    from ..upkeep import warnings  # the probe imports the index's code only when it gets this far
+
+    try:
+        return warnings(client, settings, memory=memory)
+    except redis.RedisError:
+        return []  # a user without XINFO or INFO still gets its liveness verdict
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -170,7 +189,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "reason on stderr. The worker refreshes {N}:heartbeat:<consumer> (a key with a TTL of heartbeat_ttl_ms) "
         f"while its loop runs and deletes it on a clean stop. With --consumer or {ENV_PREFIX}CONSUMER set, that "
         "consumer's key is checked; otherwise any worker running on this host counts, whatever its consumer name "
-        "(and when none does, the message names the workers alive elsewhere). Socket timeouts are 2 s.",
+        "(and when none does, the message names the workers alive elsewhere). Socket timeouts are 2 s. Warnings "
+        "go to stderr without changing the verdict: a consumer group of the events stream that stopped reading, "
+        "and with --capacity Redis using over 80% of maxmemory.",
         examples="""
   HEALTHCHECK --interval=30s --timeout=5s CMD incident-worker check
   livenessProbe:  exec: {command: [incident-worker, check]}
@@ -188,6 +209,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="only check that Redis answers (readiness before the worker's first heartbeat)",
     )
+    parser.add_argument(
+        "--capacity",
+        action="store_true",
+        help="also warn when Redis uses over 80%% of maxmemory (reads INFO, which the "
+        "least-privilege worker user of deploy/redis/users.acl may not run)",
+    )
     json_flag(parser, "the verdict and the live heartbeats as one JSON object")
-    add_settings_flags(parser, only=[*CONNECTION, "consumer"])
+    add_settings_flags(parser, only=[*CONNECTION, "consumer", "group", "events_stream", *LIFECYCLE])
     parser.set_defaults(handler=_check)

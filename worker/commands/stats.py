@@ -6,12 +6,16 @@ from __future__ import annotations
 import argparse
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import ResponseError
+
+from .. import upkeep
 from ..bands import recommend_bands
 from ..connection import RedisClient
 from ..formats import Heartbeat
+from ..index import FingerprintIndex
 from ..replies import consumers_info, entries, group_info, text
 from ..settings import Settings
 from ._format import duration, json_line, plural, print_table, shown, size
@@ -19,6 +23,7 @@ from ._index import stored_index
 from ._shared import (
     CONNECTION,
     EXIT_OK,
+    LIFECYCLE,
     add_settings_flags,
     command_client,
     describe,
@@ -63,6 +68,10 @@ class Stats:
     consumers: list[dict[str, Any]]
     workers: list[Heartbeat]
     dead: DeadReasons
+    memory: dict[str, Any] | None = None
+    event_groups: list[upkeep.GroupPosition] = field(default_factory=list)
+    lifecycle: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def incidents(self) -> int:
@@ -86,6 +95,10 @@ class Stats:
                 "scanned": self.dead.scanned,
                 "capped": self.dead.capped,
             },
+            "memory": self.memory,
+            "event_groups": [group.as_json() for group in self.event_groups],
+            "lifecycle": self.lifecycle,
+            "warnings": self.warnings,
         }
 
 
@@ -157,6 +170,16 @@ def _group(client: RedisClient, settings: Settings) -> tuple[dict[str, Any] | No
     return group, consumers
 
 
+def _memory(index: FingerprintIndex | None, streams: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Memory by part, or None when there is no index yet or the user may not sample it (ACL)."""
+    if index is None:
+        return None
+    try:
+        return upkeep.memory_by_part(index, {name: str(stream["key"]) for name, stream in streams.items()})
+    except ResponseError:
+        return None
+
+
 def collect_stats(client: RedisClient, settings: Settings, dead_scan: int = DEAD_SCAN_LIMIT) -> Stats:
     """Read the index, its layout and memory, the three streams, the consumer group, the live workers and the dead
     letters' reasons (the newest `dead_scan`). Reads only."""
@@ -183,6 +206,13 @@ def collect_stats(client: RedisClient, settings: Settings, dead_scan: int = DEAD
         )
     }
     group, consumers = _group(client, settings)
+    positions = upkeep.group_positions(client, settings.events, settings.group, settings.stream_group_max_age_ms)
+    lifecycle = {
+        "changes_keep": settings.changes_keep,
+        "changes_length": int(client.xlen(settings.keys.changes)),
+        "stream_group_max_age": settings.stream_group_max_age,
+        "upkeep_lease_holder": text(client.get(settings.keys.lease(upkeep.Upkeep.JOB)) or b"") or None,
+    }
     return Stats(
         namespace=settings.namespace,
         redis=settings.safe_redis_url,
@@ -200,6 +230,10 @@ def collect_stats(client: RedisClient, settings: Settings, dead_scan: int = DEAD
         consumers=consumers,
         workers=live_heartbeats(client, settings.keys),
         dead=dead_reasons(client, settings.dead_stream, dead_scan),
+        memory=_memory(index, streams),
+        event_groups=positions,
+        lifecycle=lifecycle,
+        warnings=upkeep.warnings(client, settings, positions),
     )
 
 
@@ -234,7 +268,22 @@ def _print_index(stats: Stats, settings: Settings) -> None:
         if "fingerprint_hash_bytes" in stats.index:
             memory += f"; the fingerprint hash {size(stats.index['fingerprint_hash_bytes'])}"
         print(f"  memory       {memory}")
+    parts = stats.memory
+    if parts is not None:
+        streams = ", ".join(f"{name} {size(used)}" for name, used in parts["streams"].items())
+        per = parts["index_per_incident"]
+        print(
+            f"  by part      fingerprints {size(parts['fingerprints'])}, postings ~{size(parts['postings'])} "
+            f"(estimated from the sets of {parts['postings_sampled_incidents']} incidents); streams: {streams}, "
+            f"changes {size(parts['changes'])}"
+            + (f"; the index alone {size(per)} per incident" if per is not None else "")
+        )
     print(f"  bands        {stats.recommendation}")
+    life = stats.lifecycle
+    print(
+        f"  upkeep       change log {life['changes_length']:,} entries (keeping {life['changes_keep']}); lease "
+        f"{life['upkeep_lease_holder'] or 'free'}"
+    )
 
 
 def _print_streams(stats: Stats) -> None:
@@ -294,13 +343,35 @@ def _print_dead(stats: Stats) -> None:
     print_table(list(dead.by_reason.most_common()), ("REASON", "COUNT"), "  ", right=(1,))
 
 
+def _print_event_groups(stats: Stats, settings: Settings) -> None:
+    if not stats.event_groups:
+        return
+    print(f"consumer groups of {settings.events} (trimmed below the first entry each still needs)")
+    print_table(
+        [
+            (
+                g.name,
+                g.position,
+                duration(g.age_ms / 1000) if g.age_ms else "-",
+                "ignored (past stream_group_max_age)" if g.ignored else "holds",
+            )
+            for g in stats.event_groups
+        ],
+        ("GROUP", "NEEDS FROM", "OLDEST NEEDED", "TRIMMING"),
+        "  ",
+    )
+
+
 def print_stats(stats: Stats, settings: Settings) -> None:
     """The stats for people: the index, the streams, the group, the workers, the dead letters."""
     _print_index(stats, settings)
     _print_streams(stats)
     _print_group(stats)
+    _print_event_groups(stats, settings)
     _print_workers(stats)
     _print_dead(stats)
+    for warning in stats.warnings:
+        print(f"WARNING: {warning}")
 
 
 @with_settings("stats")
@@ -340,6 +411,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     json_flag(parser, "everything as one JSON object")
     add_settings_flags(
-        parser, only=[*CONNECTION, "group", "events_stream", "alerts_stream", "dead_stream", "bands", "max_distance"]
+        parser,
+        only=[
+            *CONNECTION,
+            "group",
+            "events_stream",
+            "alerts_stream",
+            "dead_stream",
+            "bands",
+            "max_distance",
+            *LIFECYCLE,
+        ],
     )
     parser.set_defaults(handler=_stats)

@@ -702,7 +702,113 @@ local function claim(keys, args)
   return out
 end
 
+-- The server's clock in milliseconds: the same clock as the stream entry IDs.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Stream entry IDs `<ms>-<seq>` as two numbers (milliseconds fit a Lua number exactly until the year 287,000).
+local function parse_id(id)
+  local dash = string.find(id, '-', 1, true)
+  return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
+end
+
+local function id_less(a, b)
+  local am, as = parse_id(a)
+  local bm, bs = parse_id(b)
+  if am ~= bm then return am < bm end
+  return as < bs
+end
+
+local function id_after(id)
+  local ms, seq = parse_id(id)
+  return string.format('%.0f-%.0f', ms, seq + 1)
+end
+
+-- Trim the events stream below the oldest entry any consumer group still needs, never above it.
+--
+-- A group needs every entry it has not acknowledged (its smallest pending ID, from XPENDING) and every entry not
+-- yet delivered to it (those after its last-delivered-id, from XINFO GROUPS). Read and trimmed in one atomic step,
+-- so no group can be created, rewound or handed an entry between the reading and the trimming.
+--
+-- keys[1] = events stream
+-- args[1] = the workers' own group: never ignored
+-- args[2] = ms: another group whose oldest needed entry is older than this no longer holds the stream (0 = never)
+-- args[3] = most entries removed by this call; trimming is approximate (whole stream nodes), so up to one node's
+--           worth of entries below the bound can stay until a later call
+--
+-- Returns {removed, bound ('' = none: no group), then per group: name, position, age_ms, ignored (0/1), lag or -1}
+-- where position is the first entry ID the group still needs and age_ms the age of the oldest such entry (0: none).
+local function trim_events(keys, args)
+  local stream, own, max_age, limit = keys[1], args[1], tonumber(args[2]), tonumber(args[3])
+  if redis.call('EXISTS', stream) == 0 then return {0, ''} end
+  local now = now_ms()
+  local bound
+  local reply = {0, ''}
+  for _, row in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    local info = {}
+    for i = 1, #row, 2 do info[row[i]] = row[i + 1] end
+    local name = info['name']
+    local position = id_after(info['last-delivered-id'])
+    if tonumber(info['pending']) > 0 then
+      local oldest_pending = redis.call('XPENDING', stream, name)[2]
+      if oldest_pending and id_less(oldest_pending, position) then position = oldest_pending end
+    end
+    local age = 0
+    local first = redis.call('XRANGE', stream, position, '+', 'COUNT', 1)[1]
+    if first then
+      age = now - parse_id(first[1])
+      if age < 0 then age = 0 end
+    end
+    local ignored = name ~= own and max_age > 0 and age > max_age
+    if not ignored and (bound == nil or id_less(position, bound)) then bound = position end
+    local lag = info['lag']
+    reply[#reply + 1] = name
+    reply[#reply + 1] = position
+    reply[#reply + 1] = age
+    reply[#reply + 1] = ignored and 1 or 0
+    reply[#reply + 1] = lag and tonumber(lag) or -1
+  end
+  if bound then
+    reply[1] = redis.call('XTRIM', stream, 'MINID', '~', bound, 'LIMIT', limit)
+    reply[2] = bound
+  end
+  return reply
+end
+
+-- Take or keep a lease: a key holding its holder's name, with a TTL, so that a holder that dies loses it.
+--
+-- keys[1] = the lease key   args[1] = holder   args[2] = TTL in ms ('0': give the lease up, if held)
+--
+-- Returns 1 when args[1] holds the lease after this call, else 0.
+local function lease(keys, args)
+  local holder = redis.call('GET', keys[1])
+  if holder and holder ~= args[1] then return 0 end
+  if args[2] == '0' then
+    if holder then redis.call('DEL', keys[1]) end
+    return 0
+  end
+  redis.call('SET', keys[1], args[1], 'PX', args[2])
+  return 1
+end
+
+-- Trim the change log below an entry ID, and record that bound first in {N}:meta's `changes_trimmed_to`, so that a
+-- snapshot older than it is never validated against a log with a hole (see validate_snapshot).
+--
+-- keys[1] = {N}:meta   keys[2] = {N}:changes   args[1] = bound (entry ID)   args[2] = most entries removed
+--
+-- Returns the number of entries removed (approximately: whole stream nodes).
+local function trim_changes(keys, args)
+  local floor = redis.call('HGET', keys[1], 'changes_trimmed_to')
+  if not floor or id_less(floor, args[1]) then redis.call('HSET', keys[1], 'changes_trimmed_to', args[1]) end
+  return redis.call('XTRIM', keys[2], 'MINID', '~', args[1], 'LIMIT', args[2])
+end
+
 redis.register_function('incident_index_v2_apply', apply)
+redis.register_function('incident_index_v2_trim_events', trim_events)
+redis.register_function('incident_index_v2_trim_changes', trim_changes)
+redis.register_function('incident_index_v2_lease', lease)
 redis.register_function{function_name = 'incident_index_v2_matches', callback = matches, flags = {'no-writes'}}
 redis.register_function('incident_index_v2_dead_letter', dead_letter)
 redis.register_function('incident_index_v2_ensure_meta', ensure_meta)

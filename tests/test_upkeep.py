@@ -1,0 +1,236 @@
+"""Bounded streams, the upkeep lease and memory by part (SPEC section 5), on a real redis-server."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from tests.redis_server import RedisServer
+from tests.streams import EVENTS, GROUP, clean_env, publish, worker_command
+from worker import library, upkeep
+from worker.devtools.workload import Workload
+from worker.index import FingerprintIndex
+from worker.library import FN_LEASE
+from worker.settings import Settings, parse_duration
+from worker.stream import StreamWorker
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("INCIDENT_WORKER_"):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    real = redis_server.client()
+    real.flushall()
+    real.function_flush()
+    library.load(real)  # as the deployment's administrator step does
+    yield real
+    real.close()
+
+
+def _ids(client: Any, stream: str = EVENTS) -> list[str]:
+    return [entry_id.decode() for entry_id, _ in client.xrange(stream)]
+
+
+def _key(entry_id: str) -> tuple[int, int]:
+    ms, seq = entry_id.split("-")
+    return int(ms), int(seq)
+
+
+def _needed(client: Any, group: str, ids: list[str]) -> set[str]:
+    """Brute force: the entries a group has not acknowledged, or not been given yet."""
+    info = {g["name"].decode(): g for g in client.xinfo_groups(EVENTS)}[group]
+    last = _key(info["last-delivered-id"].decode())
+    pending = {row["message_id"].decode() for row in client.xpending_range(EVENTS, group, "-", "+", 100_000)}
+    return pending | {i for i in ids if _key(i) > last}
+
+
+def test_durations() -> None:
+    assert parse_duration("30d") == 30 * 86_400_000
+    assert parse_duration("1.5h") == 5_400_000
+    assert parse_duration("500ms") == 500
+    assert parse_duration("off") == parse_duration("0") == 0
+    for bad in ("30", "d", "-1s", "3 fortnights", "0.0001ms"):
+        with pytest.raises(ValueError, match="not a duration"):
+            parse_duration(bad)
+    assert Settings(changes_keep="2H").changes_keep_ms == 7_200_000
+
+
+@given(
+    st.integers(0, 700),
+    st.integers(0, 700),
+    st.integers(0, 700),
+    st.integers(0, 700),
+    st.booleans(),
+)
+@hsettings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_trim_never_removes_an_entry_a_group_still_needs(
+    client: redis.Redis, read_own: int, ack_own: int, read_other: int, ack_other: int, other: bool
+) -> None:
+    client.flushall()
+    ids = publish(client, [{"incident_id": str(n), "features": "{}"} for n in range(700)])
+    index = FingerprintIndex(client)
+    client.xgroup_create(EVENTS, GROUP, id="0")
+    groups = [(GROUP, read_own, ack_own)] + ([("audit", read_other, ack_other)] if other else [])
+    for name, read, ack in groups:
+        if name != GROUP:
+            client.xgroup_create(EVENTS, name, id="0")
+        if read:
+            got = client.xreadgroup(name, "c", {EVENTS: ">"}, count=read)[0][1]
+            acked = [entry_id for entry_id, _ in got][: min(ack, read)]
+            if acked:
+                client.xack(EVENTS, name, *acked)
+    needed = set().union(*(_needed(client, name, ids) for name, _, _ in groups))
+    result = upkeep.trim_events(index, EVENTS, GROUP, 0, 100_000)
+    left = set(_ids(client))
+    assert needed <= left, "an entry a group still needs was trimmed"
+    assert len(ids) - len(left) == result.removed
+    # approximate trimming removes whole nodes of 100 entries: at most one node's worth below the bound stays
+    below = [i for i in ids if i not in needed and _key(i) < min((_key(n) for n in needed), default=(1 << 62, 0))]
+    assert len([i for i in below if i in left]) < 100
+
+
+def test_a_group_that_stopped_reading_holds_the_stream_until_it_is_past_the_max_age(client: redis.Redis) -> None:
+    ids = publish(client, [{"incident_id": str(n), "features": "{}"} for n in range(500)])
+    index = FingerprintIndex(client)
+    client.xgroup_create(EVENTS, GROUP, id="$")  # the workers have read everything
+    client.xgroup_create(EVENTS, "audit", id="0")  # a reader that never came back
+    kept = upkeep.trim_events(index, EVENTS, GROUP, 0, 100_000)
+    assert kept.removed == 0 and _ids(client) == ids
+    [audit] = [g for g in upkeep.group_positions(client, EVENTS, GROUP, 0) if g.name == "audit"]
+    assert audit.position == "0-1" and not audit.ignored
+    time.sleep(0.05)
+    [audit] = [g for g in upkeep.group_positions(client, EVENTS, GROUP, 10) if g.name == "audit"]
+    assert audit.ignored and audit.age_ms >= 50, "stats and check would not show the group as past its max age"
+    trimmed = upkeep.trim_events(index, EVENTS, GROUP, 10, 100_000)
+    assert {g.name: g.ignored for g in trimmed.groups} == {GROUP: False, "audit": True}
+    assert trimmed.removed >= 400 and client.xlen(EVENTS) < 100
+
+
+def test_the_workers_own_group_is_never_ignored(client: redis.Redis) -> None:
+    ids = publish(client, [{"incident_id": str(n), "features": "{}"} for n in range(300)])
+    client.xgroup_create(EVENTS, GROUP, id="0")  # workers down: nothing read yet
+    time.sleep(0.05)
+    result = upkeep.trim_events(FingerprintIndex(client), EVENTS, GROUP, 1, 100_000)
+    assert result.removed == 0 and _ids(client) == ids
+
+
+def test_a_stream_without_groups_is_not_trimmed(client: redis.Redis) -> None:
+    ids = publish(client, [{"incident_id": str(n), "features": "{}"} for n in range(300)])
+    assert upkeep.trim_events(FingerprintIndex(client), EVENTS, GROUP, 0, 100_000).bound is None
+    assert _ids(client) == ids
+
+
+def test_one_worker_holds_the_lease_until_it_lets_go_or_dies(client: redis.Redis) -> None:
+    index = FingerprintIndex(client)
+    key = index.keys.lease("upkeep")
+    assert index.call(FN_LEASE, [key], ["a", 200]) == 1
+    assert index.call(FN_LEASE, [key], ["b", 200]) == 0
+    assert index.call(FN_LEASE, [key], ["a", 200]) == 1, "the holder renews"
+    assert 0 < client.pttl(key) <= 200
+    time.sleep(0.3)  # a dies without letting go
+    assert index.call(FN_LEASE, [key], ["b", 200]) == 1
+    assert index.call(FN_LEASE, [key], ["a", 0]) == 0 and client.get(key) == b"b", "only the holder lets go"
+    assert index.call(FN_LEASE, [key], ["b", 0]) == 0 and not client.exists(key)
+
+
+def _settings(**overrides: Any) -> Settings:
+    values: dict[str, Any] = {"consumer": "w1", "block_ms": 50, "claim_interval_ms": 100, "summary_interval_s": 60}
+    values.update(overrides)
+    return Settings(**values)
+
+
+def test_workers_trim_the_events_stream_and_the_change_log(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(upkeep, "UPKEEP_INTERVAL_S", 0.0)
+    monkeypatch.setattr(upkeep, "TRIM_INTERVAL_S", 0.0)
+    publish(client, [{"incident_id": i, "features": bag} for i, bag in Workload(seed=3).take(1500)])
+    first = StreamWorker(client, _settings(consumer="w1", changes_keep="off"))
+    second = StreamWorker(client, _settings(consumer="w2", changes_keep="off"))
+    first.run(until_idle=True)
+    assert client.hlen("{incidents}:fp") == 1500
+    first.upkeep.tick()  # the first worker released its lease when it stopped
+    assert client.xlen(EVENTS) < 200, "the processed events were not trimmed"
+    assert client.xlen("{incidents}:changes") == 1500, "changes_keep=off keeps the whole change log"
+    second.upkeep.tick()
+    assert first.upkeep.holding and not second.upkeep.holding, "two workers held the upkeep lease at once"
+    first.upkeep.release()
+    second.upkeep.tick()
+    first.upkeep.tick()
+    assert second.upkeep.holding and not first.upkeep.holding
+    second.settings = _settings(consumer="w2", changes_keep="1ms")
+    time.sleep(0.01)
+    second.upkeep.settings = second.settings
+    second.upkeep.tick()
+    assert client.xlen("{incidents}:changes") < 200
+
+
+def test_memory_by_part_adds_up(client: redis.Redis) -> None:
+    index = FingerprintIndex(client)
+    rng = random.Random(1)
+    index.bulk_load((f"i{n}", rng.getrandbits(64)) for n in range(3000))
+    parts = upkeep.memory_by_part(index, {"events": EVENTS})
+    assert parts["postings_sampled_incidents"] == upkeep.MEMORY_SAMPLE
+    assert parts["fingerprints"] > 3000 * 30 and parts["postings"] > 3000 * 8
+    assert parts["index"] == parts["fingerprints"] + parts["postings"]
+    used = int(client.info("memory")["used_memory"])
+    assert parts["index"] + parts["changes"] < used
+    exact = sum(int(client.memory_usage(k)) for k in client.scan_iter(match="{incidents}:band:*", count=1000))
+    assert abs(parts["postings"] - exact) < 0.15 * exact, "the sampled estimate of the postings is off"
+    assert parts["index_per_incident"] == round(parts["index"] / 3000, 1)
+
+
+def _cli(server: RedisServer, *args: str, **settings: Any) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [*worker_command(), *args], capture_output=True, timeout=60, env=clean_env(redis_url=server.url, **settings)
+    )
+    return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
+
+
+def test_stats_and_check_show_memory_by_part_groups_and_warnings(
+    redis_server: RedisServer, client: redis.Redis
+) -> None:
+    publish(client, [{"incident_id": i, "features": bag} for i, bag in Workload(seed=5).take(300)])
+    client.xgroup_create(EVENTS, "audit", id="0")  # a reader that never read
+    assert _cli(redis_server, "run", "--until-idle", consumer="w1", block_ms=100).returncode == 0
+    assert client.xlen(EVENTS) == 300, "the workers trimmed entries another group has not read"
+    time.sleep(0.05)
+    stats = json.loads(_cli(redis_server, "stats", "--json", stream_group_max_age="10ms").stdout)
+    assert stats["memory"]["index"] > 300 * 72 and stats["memory"]["index_per_incident"] > 72
+    assert set(stats["memory"]["streams"]) == {"events", "alerts", "dead"}
+    groups = {g["name"]: g for g in stats["event_groups"]}
+    assert groups["audit"]["ignored_for_trimming"] and not groups[GROUP]["ignored_for_trimming"]
+    assert any("'audit'" in w and "stream_group_max_age" in w for w in stats["warnings"])
+    assert stats["lifecycle"]["changes_keep"] == "1d"
+    human = _cli(redis_server, "stats", stream_group_max_age="10ms").stdout
+    assert "by part" in human and "ignored (past stream_group_max_age)" in human and "WARNING" in human
+
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory", str(int(used * 1.15)))  # 87% used: past the 80% that warns
+    try:
+        check = _cli(redis_server, "check", "--redis-only")
+        full = _cli(redis_server, "check", "--json", "--capacity")
+    finally:
+        client.config_set("maxmemory", "0")
+    assert check.returncode == 0
+    warnings = json.loads(full.stdout)["warnings"]
+    assert any("of maxmemory" in w for w in warnings), warnings
+    ignored = _cli(redis_server, "check", stream_group_max_age="10ms")
+    assert ignored.returncode == 1 and "warning: consumer group 'audit'" in ignored.stderr  # no worker runs now

@@ -1,0 +1,341 @@
+"""The index's upkeep over months (SPEC section 5): bounded streams, and where the memory goes.
+
+One worker at a time does it, the holder of the lease `{N}:lease:upkeep` (a key with a TTL of `LEASE_TTL_MS`, renewed
+while the holder lives, so that another worker takes the job over within that time when the holder dies). Between
+two event batches the holder:
+
+* every `TRIM_INTERVAL_S`: trims the events stream below the oldest entry any consumer group still needs (one atomic
+  call: no group can move between the reading of the groups and the trimming), and the change log to `changes_keep`.
+
+Every step is safe to run twice or from two workers at once (a lease can lapse under a stalled holder): the lease
+saves work, it is not what keeps the index right.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from . import replies
+from .index import FingerprintIndex
+from .library import FN_LEASE, FN_TRIM_CHANGES, FN_TRIM_EVENTS
+
+__all__ = [
+    "LEASE_TTL_MS",
+    "GroupPosition",
+    "Upkeep",
+    "group_positions",
+    "memory_by_part",
+    "server_time_ms",
+    "trim_changes",
+    "trim_events",
+]
+
+LEASE_TTL_MS = 30_000
+"""A dead holder keeps the upkeep job for at most this long; a live one renews the lease every `UPKEEP_INTERVAL_S`."""
+
+UPKEEP_INTERVAL_S = 1.0
+"""How often a worker tries for the lease."""
+
+TRIM_INTERVAL_S = 10.0
+"""How often the lease holder trims the events stream and the change log."""
+
+TRIM_LIMIT = 10_000
+"""Stream entries removed by one trim call at most (whole nodes of 100 entries): a backlog goes over several calls."""
+
+MEMORY_SAMPLE = 200
+"""Incidents whose posting sets `stats` measures (MEMORY USAGE) to estimate the postings' memory."""
+
+
+def server_time_ms(client: Any) -> int:
+    """The Redis server's clock in milliseconds: the clock of stream entry IDs."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+# -- the events stream ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupPosition:
+    """Where one consumer group of the events stream stands, for trimming.
+
+    `position` is the first entry ID the group still needs (its oldest pending entry, or the one after its last
+    delivered); `age_ms` the age of the oldest entry at or after it (0: the group needs nothing that exists);
+    `ignored` whether it is past `stream_group_max_age` and no longer holds the trimming back; `lag` as Redis
+    reports it (None when Redis cannot count it after deletions).
+    """
+
+    name: str
+    position: str
+    age_ms: int
+    ignored: bool
+    lag: int | None
+    pending: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "position": self.position,
+            "oldest_needed_age_s": round(self.age_ms / 1000, 1),
+            "ignored_for_trimming": self.ignored,
+            "lag": self.lag,
+            "pending": self.pending,
+        }
+
+
+@dataclass(frozen=True)
+class TrimResult:
+    removed: int
+    bound: str | None
+    groups: list[GroupPosition] = field(default_factory=list)
+
+
+def trim_events(index: FingerprintIndex, stream: str, own_group: str, max_age_ms: int, limit: int) -> TrimResult:
+    """Trim `stream` below the oldest entry any consumer group needs (see trim_events in index.lua)."""
+    reply = index.call(FN_TRIM_EVENTS, [stream], [own_group, max_age_ms, limit])
+    groups = [
+        GroupPosition(
+            replies.text(reply[i]),
+            replies.text(reply[i + 1]),
+            int(reply[i + 2]),
+            bool(int(reply[i + 3])),
+            None if int(reply[i + 4]) < 0 else int(reply[i + 4]),
+        )
+        for i in range(2, len(reply), 5)
+    ]
+    bound = replies.text(reply[1])
+    return TrimResult(int(reply[0]), bound or None, groups)
+
+
+def group_positions(client: Any, stream: str, own_group: str, max_age_ms: int) -> list[GroupPosition]:
+    """The positions `trim_events` would compute, read without writing (for `stats` and `check`)."""
+    if not client.exists(stream):
+        return []
+    now = server_time_ms(client)
+    positions: list[GroupPosition] = []
+    for row in client.xinfo_groups(stream):
+        info = replies.info(row)
+        name = info["name"]
+        ms, seq = _id_key(info.get("last-delivered-id", "0-0"))
+        position = f"{ms}-{seq + 1}"
+        pending = int(info.get("pending", 0))
+        if pending:
+            summary = client.xpending(stream, name)
+            oldest = summary.get("min")
+            if oldest is not None and _id_key(replies.text(oldest)) < _id_key(position):
+                position = replies.text(oldest)
+        first = client.xrange(stream, min=position, count=1)
+        age = max(0, now - replies.entry_time_ms(replies.text(first[0][0]))) if first else 0
+        lag = info.get("lag")
+        ignored = name != own_group and max_age_ms > 0 and age > max_age_ms
+        positions.append(GroupPosition(name, position, age, ignored, None if lag is None else int(lag), pending))
+    return positions
+
+
+def trim_changes(index: FingerprintIndex, keep_ms: int, limit: int = TRIM_LIMIT) -> int:
+    """Trim `{N}:changes` to the last `keep_ms` (approximately: whole nodes), recording the bound in `{N}:meta`'s
+    `changes_trimmed_to` first so that no older snapshot is validated; returns the entries removed."""
+    if keep_ms <= 0:
+        return 0
+    bound = server_time_ms(index.redis) - keep_ms
+    if bound <= 0:
+        return 0
+    keys = index.keys
+    return int(index.call(FN_TRIM_CHANGES, [keys.meta, keys.changes], [f"{bound}-0", limit]))
+
+
+# -- memory -----------------------------------------------------------------------------------------------------
+
+
+def _usage(client: Any, key: str) -> int:
+    try:
+        return int(client.memory_usage(key) or 0)
+    except ResponseError:
+        return 0
+
+
+def memory_by_part(index: FingerprintIndex, streams: Mapping[str, str], sample: int = MEMORY_SAMPLE) -> dict[str, Any]:
+    """Redis memory of the index by part, in bytes: fingerprints, postings, each stream.
+
+    Postings are estimated: the posting sets of `sample` random incidents are measured with MEMORY USAGE, each set's
+    bytes shared out among its members, and the mean share per incident scaled to the index (exact for sets in the
+    compact encodings; Redis itself samples the members of larger sets).
+    """
+    client, keys = index.redis, index.keys
+    count = len(index)
+    parts: dict[str, Any] = {"fingerprints": _usage(client, keys.fingerprints)}
+    postings = 0.0
+    measured = 0
+    if count:
+        rows = client.hrandfield(keys.fingerprints, min(sample, count), withvalues=True) or []
+        pairs = [(replies.text(rows[i]), replies.text(rows[i + 1])) for i in range(0, len(rows), 2)]
+        posting_keys: list[str] = []
+        for _, hex_fp in pairs:
+            try:
+                posting_keys.extend(index.posting_keys(int(hex_fp, 16)))
+            except ValueError:
+                continue
+        pipe = client.pipeline(transaction=False)
+        for key in posting_keys:
+            pipe.memory_usage(key)
+            pipe.scard(key)
+        answers = pipe.execute(raise_on_error=False)
+        share = 0.0
+        for i in range(0, len(answers), 2):
+            used, size = answers[i], answers[i + 1]
+            if isinstance(used, int) and isinstance(size, int) and size > 0:
+                share += used / size
+        measured = len(pairs)
+        if measured:
+            postings = share / measured * count
+    parts["postings"] = round(postings)
+    parts["postings_sampled_incidents"] = measured
+    parts["streams"] = {name: _usage(client, key) for name, key in streams.items()}
+    parts["changes"] = _usage(client, keys.changes)
+    index_bytes = parts["fingerprints"] + parts["postings"]
+    parts["index"] = index_bytes
+    parts["index_per_incident"] = round(index_bytes / count, 1) if count else None
+    return parts
+
+
+# -- the job inside the workers ---------------------------------------------------------------------------------
+
+
+class Upkeep:
+    """The upkeep job of one worker: takes the lease when free and, holding it, does a little at each `tick`."""
+
+    JOB = "upkeep"
+
+    def __init__(self, index: FingerprintIndex, settings: Any, log: Any) -> None:
+        self.index = index
+        self.settings = settings
+        self.log = log
+        self.key = index.keys.lease(self.JOB)
+        self.holding = False
+        self.trimmed = 0
+        # spread the workers' first tries a little, so that one of them usually wins at once
+        self._next = time.monotonic() + random.uniform(0, UPKEEP_INTERVAL_S)
+        self._next_trim = 0.0
+        self._ignored: set[str] = set()
+
+    def tick(self) -> None:
+        """Called between event batches: renew or take the lease, then one bounded step of each job that is due."""
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + UPKEEP_INTERVAL_S
+        if not self._take_lease():
+            return
+        if now >= self._next_trim:
+            self._next_trim = now + TRIM_INTERVAL_S
+            self.trim()
+
+    def trim(self) -> None:
+        """Trim the events stream and the change log (one bounded step of each)."""
+        result = trim_events(
+            self.index,
+            self.settings.events,
+            self.settings.group,
+            self.settings.stream_group_max_age_ms,
+            TRIM_LIMIT,
+        )
+        self.trimmed += result.removed
+        ignored = {group.name for group in result.groups if group.ignored}
+        for name in sorted(ignored - self._ignored):
+            self.log.warning(
+                "consumer group no longer holds back the events stream",
+                group=name,
+                stream_group_max_age=self.settings.stream_group_max_age,
+                hint="its entries older than that may be trimmed before it reads them; delete the group if unused",
+            )
+        self._ignored = ignored
+        removed = trim_changes(self.index, self.settings.changes_keep_ms)
+        if result.removed or removed:
+            self.log.debug("trimmed streams", events=result.removed, changes=removed, events_bound=result.bound)
+
+    def _take_lease(self) -> bool:
+        held = bool(self.index.call(FN_LEASE, [self.key], [self.settings.consumer, LEASE_TTL_MS]))
+        if held != self.holding:
+            self.log.info("upkeep lease " + ("taken" if held else "held by another worker"), lease=self.key)
+            self.holding = held
+        return held
+
+    def release(self) -> None:
+        """Give the lease up (on a clean stop), so that another worker takes the job at once."""
+        if self.holding:
+            self.index.call(FN_LEASE, [self.key], [self.settings.consumer, 0])
+            self.holding = False
+
+
+def positions_summary(groups: Sequence[GroupPosition]) -> str:
+    """One line about the groups for people: which one holds the stream back, and how far."""
+    if not groups:
+        return "no consumer group"
+    held = [g for g in groups if not g.ignored]
+    if not held:
+        return "every group is ignored for trimming"
+    oldest = max(held, key=lambda g: g.age_ms)
+    return f"held back by group {oldest.name!r} (its oldest needed entry is {oldest.age_ms / 1000:.0f} s old)"
+
+
+MEMORY_WARN_FRACTION = 0.8
+"""`stats` and `check --capacity` warn when Redis uses this much of maxmemory (nothing expires incidents yet)."""
+
+GROUP_WARN_AGE_MS = 3_600_000
+"""`stats` and `check` warn about another consumer group whose oldest needed entry is older than this (1 hour)."""
+
+
+def _ago(ms: int) -> str:
+    seconds = ms / 1000
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def warnings(
+    client: Any, settings: Any, positions: Sequence[GroupPosition] | None = None, *, memory: bool = True
+) -> list[str]:
+    """What an operator should act on before the namespace fills Redis: for `stats` and `check`.
+
+    `memory` reads INFO (refused to the least-privilege worker user, and every refusal lands in the ACL log)."""
+    found: list[str] = []
+    if memory:
+        try:
+            info = client.info("memory")
+        except ResponseError:
+            info = {}
+        used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+        if limit and used >= MEMORY_WARN_FRACTION * limit:
+            found.append(
+                f"Redis uses {used * 100 // limit}% of maxmemory ({used:,} of {limit:,} bytes), and nothing expires "
+                "incidents yet (no retention): delete old incidents, or raise maxmemory"
+            )
+    if positions is None:
+        positions = group_positions(client, settings.events, settings.group, settings.stream_group_max_age_ms)
+    for group in positions:
+        if group.name == settings.group:
+            continue
+        if group.ignored:
+            found.append(
+                f"consumer group {group.name!r} of {settings.events} is past stream_group_max_age "
+                f"({settings.stream_group_max_age}): entries it has not read are trimmed without it"
+            )
+        elif group.age_ms > GROUP_WARN_AGE_MS:
+            found.append(
+                f"consumer group {group.name!r} of {settings.events} still needs entries {_ago(group.age_ms)} old "
+                "and keeps the stream from being trimmed; delete it if nothing reads it any more "
+                f"(XGROUP DESTROY {settings.events} {group.name}) or set stream_group_max_age"
+            )
+    return found
