@@ -1,4 +1,4 @@
-"""The index's upkeep over months (SPEC section 5): bounded streams, and where the memory goes.
+"""The index's upkeep over months: bounded streams, and where the memory goes.
 
 One worker at a time does it, the holder of the lease `{N}:lease:upkeep` (a key with a TTL of `LEASE_TTL_MS`, renewed
 while the holder lives, so that another worker takes the job over within that time when the holder dies). Between
