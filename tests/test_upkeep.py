@@ -1,4 +1,4 @@
-"""Bounded streams, the upkeep lease and memory by part (SPEC section 5), on a real redis-server."""
+"""Bounded streams, the upkeep lease and memory by part, on a real redis-server."""
 
 from __future__ import annotations
 
