@@ -429,9 +429,10 @@ def test_dead_lists_letters_and_replay_requeues_them_after_a_fix(
     human = cli(server, "dead")
     assert "too_many_tokens" in human.stdout and "reason = customer" in human.stdout
 
+    events = client.xlen(EVENTS)  # the workers may have trimmed what they processed
     dry = cli(server, "dead", "replay", "--all", "--dry-run", "--json")
     assert dry.returncode == 0 and len(json.loads(dry.stdout)["replayed"]) == 2
-    assert client.xlen(DEAD) == 2 and client.xlen(EVENTS) == 3, "a dry run changed something"
+    assert client.xlen(DEAD) == 2 and client.xlen(EVENTS) == events, "a dry run changed something"
 
     # The fix: incident 7 is deleted so that the second bag may take its ID; the worker allows bigger bags.
     assert cli(server, "publish", stdin='{"incident_id": "7", "op": "delete"}\n').returncode == 0
