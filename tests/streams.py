@@ -126,3 +126,19 @@ def start_worker(url: str, *args: str, log: Path | None = None, **settings: Any)
 def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 10) -> int:
     process.send_signal(sig)
     return process.wait(timeout=timeout)
+
+
+def kill_once_indexed(client: Any, worker: subprocess.Popen[bytes], mark: int, rng: Any, fp_key: str = FP) -> bool:
+    """SIGKILL `worker` at a random moment once the index holds `mark` incidents (so the kill lands mid-run);
+    returns whether it was still running to be killed."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while client.hlen(fp_key) < mark and worker.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(rng.uniform(0, 0.05))
+    killed = worker.poll() is None
+    if killed:
+        worker.kill()
+    worker.wait()
+    return killed

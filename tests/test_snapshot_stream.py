@@ -145,9 +145,7 @@ def test_storm_of_twins_on_the_snapshot_path_counts_every_twin(client: redis.Red
 def test_snapshot_workers_killed_at_random_moments_lose_and_duplicate_nothing(server, tmp_path) -> None:
     """Two worker processes on the snapshot path, one SIGKILLed and restarted three times mid-run, then a last
     worker to finish: the stream invariants hold against the oracle as on the primary path."""
-    import time
-
-    from tests.streams import FAST, start_worker
+    from tests.streams import FAST, kill_once_indexed, start_worker
     from tests.test_worker_process import _check_run, _wait, _workload
 
     client = server.client()
@@ -160,14 +158,7 @@ def test_snapshot_workers_killed_at_random_moments_lose_and_duplicate_nothing(se
         worker = start_worker(
             server.url, log=tmp_path / f"k{round_}.log", consumer="killed", read_path="snapshot", batch_size=20, **FAST
         )
-        deadline = time.monotonic() + 60
-        while client.hlen(FP) < mark and worker.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0, 0.05))
-        if worker.poll() is None:
-            worker.kill()
-            kills += 1
-        worker.wait()
+        kills += kill_once_indexed(client, worker, mark, rng)
     assert kills == 3
     final = start_worker(server.url, "--until-idle", log=tmp_path / "final.log", read_path="snapshot", **FAST)
     assert _wait(final, 240) == 0

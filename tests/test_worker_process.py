@@ -23,6 +23,7 @@ from tests.streams import (
     assert_pairs_reported_once,
     dead_letters,
     fingerprints,
+    kill_once_indexed,
     pending_count,
     publish,
     start_worker,
@@ -133,14 +134,7 @@ def test_sigkill_at_random_moments_loses_and_duplicates_nothing(server: RedisSer
     # Kill each worker at a random moment once the index has grown past a random mark, so every kill lands mid-run.
     for round_, mark in enumerate(sorted(rng.sample(range(500, 9000), 5))):
         worker = start_worker(server.url, log=tmp_path / f"w{round_}.log", batch_size=rng.choice([20, 50, 100]), **FAST)
-        deadline = time.monotonic() + 60
-        while client.hlen(FP) < mark and worker.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.005)
-        time.sleep(rng.uniform(0, 0.05))
-        if worker.poll() is None:
-            worker.kill()
-            kills += 1
-        worker.wait()
+        kills += kill_once_indexed(client, worker, mark, rng)
     assert kills == 5
     assert client.hlen(FP) < len(events) - bad, "the run finished before the last kill"
     final = start_worker(server.url, "--until-idle", log=tmp_path / "final.log", **FAST)
