@@ -260,13 +260,15 @@ local function distance_from(query)
 end
 
 -- Entry IDs compare as (milliseconds, sequence); their strings do not (10-0 < 9-0 as text).
-local function entry_id_less(a, b)
-  local am, as = string.match(a, '^(%d+)-?(%d*)$')
-  local bm, bs = string.match(b, '^(%d+)-?(%d*)$')
-  if not am or not bm then return true end
-  if #am ~= #bm then return #am < #bm end
+local function parse_id(id)
+  local dash = string.find(id, '-', 1, true)
+  return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
+end
+
+local function id_less(a, b)
+  local am, as = parse_id(a)
+  local bm, bs = parse_id(b)
   if am ~= bm then return am < bm end
-  as, bs = tonumber(as) or 0, tonumber(bs) or 0
   return as < bs
 end
 
@@ -284,7 +286,7 @@ local MAX_VALIDATED_CHANGES = 4000
 -- cap): the caller then answers `unvalidated` and the worker sends the full search.
 local function validate_snapshot(meta_key, changes_key, query, limit, self_id, cap, position, count, listed, complete)
   local floor = redis.call('HGET', meta_key, 'changes_trimmed_to')
-  if floor and entry_id_less(position, floor) then return nil end
+  if floor and id_less(position, floor) then return nil end
   local changes = redis.call('XRANGE', changes_key, '(' .. position, '+', 'COUNT', MAX_VALIDATED_CHANGES + 1)
   if #changes > MAX_VALIDATED_CHANGES then return nil end
 
@@ -708,18 +710,6 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Stream entry IDs `<ms>-<seq>` as two numbers (milliseconds fit a Lua number exactly until the year 287,000).
-local function parse_id(id)
-  local dash = string.find(id, '-', 1, true)
-  return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
-end
-
-local function id_less(a, b)
-  local am, as = parse_id(a)
-  local bm, bs = parse_id(b)
-  if am ~= bm then return am < bm end
-  return as < bs
-end
 
 local function id_after(id)
   local ms, seq = parse_id(id)
