@@ -254,6 +254,35 @@ def test_max_matches_caps_the_list_but_counts_all(redis_client: redis.Redis) -> 
     assert [m.incident_id for m in last.matches] == ["s00", "s01", "s02"]
 
 
+@pytest.mark.parametrize("every", ["all", "none", "0"])
+def test_max_matches_all_lists_every_match(
+    redis_client: redis.Redis, every: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the default cap of 100: the closest 100 by default, every match with MAX_MATCHES=all (env or flag)."""
+    publish(redis_client, [{"incident_id": f"s{i:03d}", "features": DOCK} for i in range(103)])
+    monkeypatch.setenv("INCIDENT_WORKER_MAX_MATCHES", every)
+    run_worker(redis_client)
+    last = alerts(redis_client)[-1]
+    assert last.incident_id == "s102" and last.match_count == 102
+    assert [m.incident_id for m in last.matches] == [f"s{i:03d}" for i in range(102)]
+    monkeypatch.delenv("INCIDENT_WORKER_MAX_MATCHES")
+    assert Settings().max_matches == 100
+
+
+def test_max_matches_takes_a_number_or_all_as_a_flag() -> None:
+    from worker.cli import build_parser
+    from worker.commands._shared import settings_from_args
+    from worker.errors import UsageError
+
+    parser = build_parser("run")
+    assert settings_from_args(parser.parse_args(["run", "--max-matches", "all"])).max_matches == 0
+    assert settings_from_args(parser.parse_args(["run", "--max-matches", "250"])).max_matches == 250
+    with pytest.raises(UsageError, match="or all to list every match"):
+        settings_from_args(parser.parse_args(["run", "--max-matches", "lots"]))
+    with pytest.raises(UsageError, match="max_matches"):
+        settings_from_args(parser.parse_args(["run", "--max-matches", "-1"]))
+
+
 def test_stuck_entries_of_a_silent_consumer_are_claimed(redis_client: redis.Redis) -> None:
     events = [{"incident_id": str(i), "features": {f"w{i}": 1, "common": 1}} for i in range(25)]
     publish(redis_client, events)

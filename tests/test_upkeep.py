@@ -21,7 +21,7 @@ from worker import library, upkeep
 from worker.devtools.workload import Workload
 from worker.index import FingerprintIndex
 from worker.library import FN_LEASE
-from worker.settings import Settings, parse_duration
+from worker.settings import Settings, parse_duration, parse_size
 from worker.stream import StreamWorker
 
 
@@ -234,3 +234,92 @@ def test_stats_and_check_show_memory_by_part_groups_and_warnings(
     assert any("of maxmemory" in w for w in warnings), warnings
     ignored = _cli(redis_server, "check", stream_group_max_age="10ms")
     assert ignored.returncode == 1 and "warning: consumer group 'audit'" in ignored.stderr  # no worker runs now
+
+
+# -- the memory budgets of the alerts and dead-letter streams ----------------------------------------------------
+
+
+def test_sizes() -> None:
+    assert parse_size("256mb") == 256 * 1024**2
+    assert parse_size("64KB") == 65_536 and parse_size("1.5gb") == int(1.5 * 1024**3) and parse_size("4096") == 4096
+    assert parse_size("off") == parse_size("0") == 0
+    for bad in ("mb", "-1mb", "3 parsecs", "12tb", "0.1b"):
+        with pytest.raises(ValueError, match="not a size"):
+            parse_size(bad)
+    settings = Settings(alerts_max_memory="1MB", dead_max_memory="off")
+    assert settings.alerts_max_memory_bytes == 1024**2 and settings.dead_max_memory_bytes == 0
+    defaults = Settings()
+    assert defaults.alerts_maxlen == 100_000 and defaults.alerts_max_memory_bytes == 256 * 1024**2
+    assert defaults.dead_max_memory_bytes == 128 * 1024**2
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict[str, Any]]] = []
+
+    def __getattr__(self, level: str) -> Any:
+        return lambda event, **fields: self.lines.append((level, event, fields))
+
+
+def test_a_storm_of_alerts_is_trimmed_to_the_memory_budget_oldest_first(client: redis.Redis) -> None:
+    """Storm-sized alerts (100 matches, ~5.6 KB) after small ones: the budget holds within a node, the newest stay."""
+    index = FingerprintIndex(client)
+    alerts, dead = "{incidents}:alerts", "{incidents}:dead"
+    matches = json.dumps([{"incident_id": f"storm-{n:06d}", "distance": 0} for n in range(100)])
+    pipe = client.pipeline(transaction=False)
+    for n in range(3000):
+        pipe.xadd(alerts, {"incident_id": f"small-{n}", "matches": "[]", "match_count": 0})
+    pipe.execute()
+    small = int(client.memory_usage(alerts, samples=0))
+    for n in range(1500):
+        pipe.xadd(alerts, {"incident_id": f"storm-{n}", "matches": matches, "match_count": 100 + n})
+    for _ in range(200):
+        pipe.xadd(dead, {"reason": "too_large", "original.features": "x" * 20_000})
+    pipe.execute()
+    storm_alert = (int(client.memory_usage(alerts, samples=0)) - small) / 1500
+    assert int(client.memory_usage(alerts)) < 0.8 * int(client.memory_usage(alerts, samples=0)), (
+        "Redis's default sampling reads the oldest nodes only: the storm's larger alerts would go unseen"
+    )
+    newest = client.xrevrange(alerts, count=1)[0][0]
+    budget = 2 * 1024**2
+    settings = _settings(alerts_max_memory="2mb", dead_max_memory="1mb")
+    job = upkeep.Upkeep(index, settings, _Log())
+    for _ in range(10):  # a stream far over its budget shrinks over several bounded steps
+        job.trim_memory()
+    used = int(client.memory_usage(alerts, samples=0))
+    assert budget * 0.8 < used <= budget + 2 * 6000, f"alerts take {used:,} bytes for a budget of {budget:,}"
+    assert client.xrevrange(alerts, count=1)[0][0] == newest, "the newest alert was trimmed"
+    assert int(client.memory_usage(dead, samples=0)) <= 1024**2 + 25_000
+    assert client.xlen(dead) < 200
+    removed = [fields for level, event, fields in job.log.lines if "over its memory budget" in event]
+    assert any(f["stream"] == dead for f in removed) and any(f["stream"] == alerts for f in removed)
+    assert all(level == "warning" for level, event, f in job.log.lines if f.get("stream") == dead)
+    assert 5000 < storm_alert < 7000, f"a storm alert takes {storm_alert:.0f} bytes of Redis memory"
+
+
+def test_workers_keep_the_alerts_of_a_storm_within_budget(client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(upkeep, "UPKEEP_INTERVAL_S", 0.0)
+    monkeypatch.setattr(upkeep, "MEMORY_INTERVAL_S", 0.0)
+    bag = {"disk": 3, "full": 2, "db-7": 1}
+    publish(client, [{"incident_id": f"s{n}", "features": bag} for n in range(400)])
+    worker = StreamWorker(client, _settings(alerts_max_memory="512kb", batch_size=20))
+    worker.run(until_idle=True)
+    assert client.hlen("{incidents}:fp") == 400
+    used = int(client.memory_usage("{incidents}:alerts", samples=0))
+    assert used <= 512 * 1024 + 2 * 6000, f"the alerts take {used:,} bytes for a budget of 512 KiB"
+    newest = client.xrevrange("{incidents}:alerts", count=1)[0][1]
+    assert newest[b"incident_id"] == b"s399" and newest[b"match_count"] == b"399"
+
+
+def test_a_worker_refused_memory_usage_keeps_the_length_caps_and_says_so_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fakeredis
+
+    fake = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=7))
+    library.load(fake)
+    fake.xadd("{incidents}:alerts", {"incident_id": "1"})
+    job = upkeep.Upkeep(FingerprintIndex(fake), _settings(), _Log())
+    job.trim_memory()
+    job.trim_memory()
+    warned = [fields for level, event, fields in job.log.lines if "cannot measure" in event]
+    assert len(warned) == 2 and {f["stream"] for f in warned} == {"{incidents}:alerts", "{incidents}:dead"}
+    assert all("+memory|usage" in f["hint"] for f in warned) and fake.xlen("{incidents}:alerts") == 1

@@ -19,7 +19,7 @@ from .formats import EventLimits
 from .keys import DEFAULT_NAMESPACE, IndexKeys, hash_tag, validate_namespace
 from .urls import check_url, safe_url, url_secrets
 
-__all__ = ["ENV_PREFIX", "Settings", "parse_duration"]
+__all__ = ["ENV_PREFIX", "Settings", "parse_duration", "parse_size"]
 
 ENV_PREFIX = "INCIDENT_WORKER_"
 
@@ -51,6 +51,32 @@ def parse_duration(text: str, name: str = "duration") -> int:
             "or off"
         )
     return int(amount * _UNITS_MS[unit])
+
+
+NO_MATCH_CAP = frozenset({"all", "none", "off", "unlimited", "0"})
+"""The words `max_matches` takes for listing every match of an alert (no cap)."""
+
+_UNITS_BYTES = {"b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3}
+
+
+def parse_size(text: str, name: str = "size") -> int:
+    """Bytes of a size such as `256mb`, `64kb`, `2gb` or `4096` (units of 1024, as in redis.conf); `off` and `0` give
+    0 (off)."""
+    value = str(text).strip().lower()
+    if value in {"off", "0", ""}:
+        return 0
+    number = value.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = value[len(number) :] or "b"
+    try:
+        amount = float(number)
+    except ValueError:
+        amount = -1.0
+    if unit not in _UNITS_BYTES or not amount > 0 or amount * _UNITS_BYTES[unit] < 1:
+        raise ValueError(
+            f"{name}={text!r} is not a size; write a number of bytes or a number and a unit (kb, mb, gb: units of "
+            "1024) such as 256mb, or off"
+        )
+    return int(amount * _UNITS_BYTES[unit])
 
 
 class Settings(BaseSettings):
@@ -111,15 +137,31 @@ class Settings(BaseSettings):
         5, ge=1, description="An entry delivered more times than this is dead-lettered as poison."
     )
     alerts_maxlen: int = Field(
-        1_000_000, ge=0, description="Approximate length the alerts stream is trimmed to (0 = never trim)."
+        100_000,
+        ge=0,
+        description="Approximate length the alerts stream is trimmed to, at each alert (0 = no length cap).",
+    )
+    alerts_max_memory: str = Field(
+        "256mb",
+        description="Redis memory the alerts stream may take, such as 256mb (off = no budget): the upkeep trims "
+        "the oldest alerts past it every 2 s.",
     )
     dead_maxlen: int = Field(
-        100_000, ge=0, description="Approximate length the dead-letter stream is trimmed to (0 = never trim)."
+        100_000,
+        ge=0,
+        description="Approximate length the dead-letter stream is trimmed to, at each dead letter (0 = no length cap).",
+    )
+    dead_max_memory: str = Field(
+        "128mb",
+        description="Redis memory the dead-letter stream may take, such as 128mb (off = no budget): the upkeep "
+        "trims the oldest dead letters past it every 2 s, with a warning.",
     )
     max_matches: int = Field(
         100,
         ge=0,
-        description="Most matches listed in one alert, closest first (0 = all); match_count counts all.",
+        description="Most matches listed in one alert, closest first; all (or 0) lists every match, without a "
+        "cap. match_count counts all of them either way.",
+        json_schema_extra={"flag_takes_words": True},
     )
     alert_text_chars: int = Field(
         0,
@@ -213,6 +255,29 @@ class Settings(BaseSettings):
         parse_duration(value, info.field_name)
         return value.strip().lower()
 
+    @field_validator("max_matches", mode="before")
+    @classmethod
+    def _check_max_matches(cls, value: Any) -> Any:
+        # "list every match" in words: 0 has meant that since the cap came in, and stays accepted
+        if value is None:
+            return 0
+        if isinstance(value, str):
+            word = value.strip().lower()
+            if word in NO_MATCH_CAP:
+                return 0
+            if not word.isdigit():
+                raise ValueError(
+                    f"{value!r} is not a number of matches; give a whole number such as 100 (the default), or all "
+                    "to list every match"
+                )
+        return value
+
+    @field_validator("alerts_max_memory", "dead_max_memory")
+    @classmethod
+    def _check_size(cls, value: str, info: Any) -> str:
+        parse_size(value, info.field_name)
+        return value.strip().lower()
+
     @field_validator("namespace")
     @classmethod
     def _check_namespace(cls, value: str) -> str:
@@ -276,6 +341,14 @@ class Settings(BaseSettings):
     @property
     def changes_keep_ms(self) -> int:
         return parse_duration(self.changes_keep)
+
+    @property
+    def alerts_max_memory_bytes(self) -> int:
+        return parse_size(self.alerts_max_memory)
+
+    @property
+    def dead_max_memory_bytes(self) -> int:
+        return parse_size(self.dead_max_memory)
 
     @property
     def stream_group_max_age_ms(self) -> int:

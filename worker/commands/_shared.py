@@ -108,6 +108,8 @@ def add_settings_flags(parser: argparse.ArgumentParser, only: Sequence[str] | No
             )
             continue
         kind, choices = _flag_type(info.annotation)
+        if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("flag_takes_words"):
+            kind = str  # a number or a word (max_matches all): the settings check both
         assert kind is not None, f"setting {name} has a type the command line cannot parse"
         group.add_argument(
             flag,
