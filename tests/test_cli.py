@@ -596,3 +596,15 @@ def test_every_subcommand_has_help_with_examples_and_exit_codes(capsys: pytest.C
         assert exited.value.code == 0
         shown = capsys.readouterr().out
         assert "examples:" in shown and "exit codes:" in shown and "--redis-url" in shown, command
+
+
+def test_cluster_mode_against_a_server_without_cluster_support_says_so_without_a_traceback(server: RedisServer) -> None:
+    for command in (["stats"], ["check", "--redis-only"], ["run", "--until-idle"]):
+        done = cli(server, *command, cluster="true")
+        assert done.returncode == 2, (command, done.stderr)
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "is not a Redis Cluster" in done.stderr and "drop --cluster" in done.stderr, done.stderr
+    port = free_port()
+    unreachable = cli(f"redis://:s3cret@127.0.0.1:{port}/0", "stats", cluster="true")
+    assert unreachable.returncode == 1 and "Traceback" not in unreachable.stderr, unreachable.stderr
+    assert "cannot reach Redis" in unreachable.stderr and "s3cret" not in unreachable.stderr

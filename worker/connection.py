@@ -13,10 +13,12 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
 from redis.connection import parse_url
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from .logs import hide_secrets
+from .errors import UsageError
+from .logs import hide_secrets, redact
 from .settings import Settings
 
 __all__ = ["RedisClient", "connect"]
@@ -56,10 +58,26 @@ def connect(
     url = settings.redis_url.get_secret_value()
     if settings.cluster:
         options.pop("health_check_interval")
-        return RedisCluster.from_url(url, **options)
+        return _cluster(settings, url, options)
     if settings.sentinels:
         return _sentinel_primary(settings, url, options)
     return redis.Redis.from_url(url, **options)
+
+
+def _cluster(settings: Settings, url: str, options: dict[str, Any]) -> RedisCluster:
+    """The cluster client; a server that is not a Redis Cluster is a configuration mistake (UsageError, exit 2), a
+    cluster that cannot be reached is a connection error, both said in one line instead of redis-py's traceback."""
+    try:
+        return RedisCluster.from_url(url, **options)
+    except RedisClusterException as error:
+        text = redact(str(error))
+        if "cluster mode is not enabled" in text.lower() or "cluster support disabled" in text.lower():
+            raise UsageError(
+                f"Redis at {settings.safe_redis_url} is not a Redis Cluster (its cluster support is disabled), but "
+                "cluster mode was asked for: drop --cluster (INCIDENT_WORKER_CLUSTER=false), or point the URL at a "
+                "node of the cluster"
+            ) from None
+        raise redis.ConnectionError(text.removeprefix("Redis Cluster cannot be connected. ")) from None
 
 
 def _sentinel_primary(settings: Settings, url: str, options: dict[str, Any]) -> redis.Redis:
