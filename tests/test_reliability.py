@@ -238,9 +238,29 @@ def _replica_of(primary: RedisServer, directory: Path) -> RedisServer:
     return replica
 
 
+SENTINEL_PASSWORD = "s3ntinel-only-pw"
+
+
+def _until(what: str, seconds: float, ready: Callable[[], bool]) -> None:
+    """Poll `ready` (Redis errors count as not yet) for at most `seconds`; fail naming `what` if it never holds."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with contextlib.suppress(redis.RedisError):
+            if ready():
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not within {seconds:.0f} s")
+
+
 def test_sentinel_failover_is_followed_to_the_new_primary(fresh: RedisServer, tmp_path: Path) -> None:
-    """With INCIDENT_WORKER_SENTINELS, a failover (SENTINEL FAILOVER: the replica promoted, the primary demoted)
-    is followed: the workers finish on the new primary, which ends up with the whole, exact state."""
+    """With INCIDENT_WORKER_SENTINELS (and the Sentinel's own password), a failover (SENTINEL FAILOVER: the replica
+    promoted, the primary demoted) is followed: the workers finish on the new primary, which ends up with the whole,
+    exact state.
+
+    Each wait on Sentinel is bounded and says what it waited for. Under load this test was flaky: SENTINEL FAILOVER
+    was sent as soon as Sentinel listed the replica, before Sentinel had heard from the replica itself (it then
+    answers NOGOODSLAVE), and the old primary was asserted demoted at once, where Sentinel reconfigures a live old
+    primary only once it has seen it claim the primary role for a while."""
     from tests.redis_server import free_port
 
     replica = _replica_of(fresh, tmp_path / "replica")
@@ -248,29 +268,47 @@ def test_sentinel_failover_is_followed_to_the_new_primary(fresh: RedisServer, tm
     conf = tmp_path / "sentinel.conf"
     conf.write_text(
         f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\nlogfile {tmp_path / 'sentinel.log'}\n"
+        f"requirepass {SENTINEL_PASSWORD}\n"
         f"sentinel monitor incidents 127.0.0.1 {fresh.port} 1\n"
         "sentinel down-after-milliseconds incidents 1000\nsentinel failover-timeout incidents 5000\n"
     )
     sentinel = subprocess.Popen(["redis-server", str(conf), "--sentinel"])
     try:
-        watcher = redis.Redis(port=port, decode_responses=True)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with contextlib.suppress(redis.RedisError):
-                if watcher.execute_command("SENTINEL", "REPLICAS", "incidents"):
-                    break
-            time.sleep(0.1)
+        watcher = redis.Redis(port=port, password=SENTINEL_PASSWORD, decode_responses=True)
+
+        def replica_is_good() -> bool:
+            # listed, connected, and heard from: a replica Sentinel has no INFO of yet is not a failover candidate
+            rows = watcher.sentinel_slaves("incidents")
+            return any(
+                not row["is_disconnected"] and not row["is_sdown"] and int(row["info-refresh"]) < 5000 for row in rows
+            )
+
+        _until("Sentinel sees a usable replica", 40, replica_is_good)
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=port, password="wrong", retry=None).ping()
 
         def failover(_: redis.Redis) -> None:
-            watcher.execute_command("SENTINEL", "FAILOVER", "incidents")
-            until = time.monotonic() + 20
-            while replica.client().info("replication")["role"] != "master" and time.monotonic() < until:
-                time.sleep(0.05)
+            def start_failover() -> bool:
+                watcher.execute_command("SENTINEL", "FAILOVER", "incidents")  # NOGOODSLAVE, INPROG: asked again
+                return True
 
-        scenario(fresh, tmp_path, failover, seed=20, after=replica, sentinels=f"127.0.0.1:{port}")
+            _until("Sentinel accepts the failover", 30, start_failover)
+            _until("the replica is promoted", 30, lambda: replica.client().info("replication")["role"] == "master")
+
+        scenario(
+            fresh,
+            tmp_path,
+            failover,
+            seed=20,
+            after=replica,
+            sentinels=f"127.0.0.1:{port}",
+            sentinel_password=SENTINEL_PASSWORD,
+        )
         assert replica.client().info("replication")["role"] == "master"
-        assert fresh.client().info("replication")["role"] == "slave", "the old primary was not demoted"
+        _until("the old primary is demoted", 40, lambda: fresh.client().info("replication")["role"] == "slave")
         assert replica.client().hlen(FP) > 0
+        logs = "".join(path.read_text(errors="replace") for path in tmp_path.glob("w*.log"))
+        assert SENTINEL_PASSWORD not in logs
     finally:
         sentinel.terminate()
         sentinel.wait(timeout=10)

@@ -336,3 +336,19 @@ def test_worker_serves_metrics_on_loopback_by_default(server: RedisServer, tmp_p
                 pass
     finally:
         assert stop(worker) == 0
+
+
+def test_the_sentinels_password_is_a_secret_and_needs_sentinels(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sentinel_pw = "s3ntinel-Pw:@/#"
+    settings = Settings(sentinels="127.0.0.1:1", sentinel_username="watch", sentinel_password=sentinel_pw)
+    assert sentinel_pw in settings.secrets() and sentinel_pw not in repr(settings)
+    with pytest.raises(ValueError, match="set sentinels"):
+        Settings(sentinel_password=sentinel_pw)
+    # a Sentinel that is not there, with its password: the failure names it, without the password
+    monkeypatch.setenv("INCIDENT_WORKER_SENTINELS", f"127.0.0.1:{free_port()}")
+    monkeypatch.setenv("INCIDENT_WORKER_SENTINEL_PASSWORD", sentinel_pw)
+    shown = _main(f"redis://:{ENCODED}@127.0.0.1:{free_port()}/0", ["check", "--redis-only"], monkeypatch, capsys)
+    assert "s3ntinel-Pw" not in shown and quote(sentinel_pw, safe="") not in shown, shown
+    assert_hidden(shown)

@@ -80,10 +80,19 @@ def _cluster(settings: Settings, url: str, options: dict[str, Any]) -> RedisClus
         raise redis.ConnectionError(text.removeprefix("Redis Cluster cannot be connected. ")) from None
 
 
+def _sentinel_credentials(settings: Settings) -> dict[str, str]:
+    credentials: dict[str, str] = {}
+    if settings.sentinel_username:
+        credentials["username"] = settings.sentinel_username
+    if settings.sentinel_password is not None:
+        credentials["password"] = settings.sentinel_password.get_secret_value()
+    return credentials
+
+
 def _sentinel_primary(settings: Settings, url: str, options: dict[str, Any]) -> redis.Redis:
     """The primary of the Sentinel service: host and port come from the Sentinels, the rest of redis_url (user,
-    password, database, TLS) still applies to the primary. Sentinels are asked with the same timeouts, without
-    credentials (Sentinel's own `requirepass` is not supported here)."""
+    password, database, TLS) still applies to the primary. Sentinels are asked with the same timeouts and their own
+    credentials, `sentinel_username` and `sentinel_password` (none by default)."""
     parsed = parse_url(url)
     for field in ("host", "port", "path", "connection_class"):
         parsed.pop(field, None)
@@ -93,6 +102,7 @@ def _sentinel_primary(settings: Settings, url: str, options: dict[str, Any]) -> 
         sentinel_kwargs={
             "socket_timeout": options["socket_timeout"],
             "socket_connect_timeout": options["socket_connect_timeout"],
+            **_sentinel_credentials(settings),
         },
     )
     client: redis.Redis = sentinel.master_for(settings.sentinel_service, **{**options, **parsed})

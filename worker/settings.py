@@ -105,6 +105,16 @@ class Settings(BaseSettings):
         "follows it after a failover (redis_url then only gives the user, password, database and TLS).",
     )
     sentinel_service: str = Field("incidents", description="The Sentinel service (master name) of the primary.")
+    sentinel_username: str | None = Field(
+        None,
+        description="User name the worker gives the Sentinels, when they have ACL users (default: none, or the "
+        "default user with sentinel_password).",
+    )
+    sentinel_password: SecretStr | None = Field(
+        None,
+        description="Password of the Sentinels themselves (their requirepass or ACL user), not the primary's: that one "
+        "stays in redis_url. Never logged.",
+    )
     namespace: str = Field(DEFAULT_NAMESPACE, description="Index namespace N: every key is {N}:...")
     consumer: str = Field(
         default_factory=_default_consumer,
@@ -295,6 +305,11 @@ class Settings(BaseSettings):
         validate(self.bands, self.max_distance)
         if self.cluster and self.sentinels:
             raise ValueError("cluster and sentinels exclude each other: a Redis Cluster fails over by itself")
+        if (self.sentinel_password or self.sentinel_username) and not self.sentinels:
+            raise ValueError(
+                "sentinel_password and sentinel_username are for the Sentinels: set sentinels (host:port,...) too, "
+                "or put the primary's password in redis_url"
+            )
         keys = IndexKeys(self.namespace)
         for name in ("events_stream", "alerts_stream", "dead_stream"):
             stream = getattr(self, name)
