@@ -1190,6 +1190,34 @@ def test_check_works_as_the_acl_user(acl_server: RedisServer, admin: redis.Redis
     assert refusals(admin) == []
 
 
+def test_check_functions_waits_as_the_worker_user_until_the_admin_loads_them(
+    acl_server: RedisServer, admin: redis.Redis
+) -> None:
+    """The init container's command: as the worker's user, unhealthy without this version's library (saying what to
+    run), and with --wait it returns 0 within one step of the admin's load-functions."""
+    env = clean_env(redis_url=worker_url(acl_server))
+    command = [*worker_command(), "check", "--functions"]
+    assert subprocess.run(command, env=env, capture_output=True, timeout=60).returncode == 0
+    admin.function_delete(library.LIBRARY_NAME)
+    try:
+        missing = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        assert missing.returncode == 1 and "load-functions" in missing.stderr, missing.stderr
+        waiting = subprocess.Popen([*command, "--wait", "60"], env=env, stderr=subprocess.PIPE, text=True)
+        time.sleep(3)
+        assert waiting.poll() is None, "it stopped waiting while the library is missing"
+        library.load(admin)
+        started = time.monotonic()
+        assert waiting.wait(timeout=30) == 0
+        assert time.monotonic() - started < 10
+        assert waiting.stderr is not None
+        with waiting.stderr:
+            assert "waiting up to 60 s" in waiting.stderr.read()
+        assert subprocess.run([*command, "--wait", "0.5"], env=env, capture_output=True, timeout=60).returncode == 0
+    finally:
+        library.load(admin)
+    assert refusals(admin) == []
+
+
 # -- redis.conf on a real redis-server ------------------------------------------------------------------------
 
 
@@ -1232,3 +1260,22 @@ def test_redis_conf_is_accepted_by_redis_7_with_aof_and_the_acl(tmp_path: Path) 
         assert (tmp_path / "appendonlydir").is_dir(), "no append-only file was started"
     finally:
         server.stop()
+
+
+def test_worker_pods_wait_for_the_functions_in_an_init_container() -> None:
+    """Pods started before the load-functions Job wait for the library instead of crash-looping with backoff."""
+    documents = kubernetes_documents()
+    pod = documents["Deployment"]["spec"]["template"]["spec"]
+    [init] = pod["initContainers"]
+    worker = worker_container(documents)
+    assert init["image"] == worker["image"]
+    args = init["args"]
+    assert args[:2] == ["check", "--functions"] and float(args[args.index("--wait") + 1]) >= 60
+    assert init["envFrom"] == worker["envFrom"], "it must ask as the worker's user, with the worker's settings"
+    assert "incident-worker-admin-redis" not in json.dumps(init), "the admin's Secret is the Job's alone"
+    assert init["securityContext"] == worker["securityContext"]
+    assert {"cpu", "memory"} <= set(init["resources"]["limits"])
+    from worker.cli import build_parser
+
+    parsed = build_parser("check").parse_args(["check", *args[1:]])
+    assert parsed.functions and parsed.wait >= 60

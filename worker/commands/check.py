@@ -41,6 +41,9 @@ __all__ = ["Health", "check_health", "configure", "live_heartbeats"]
 CHECK_TIMEOUT_S = 2.0
 """Health checks must answer well within a Docker or Kubernetes probe's timeout."""
 
+WAIT_STEP_S = 2.0
+"""How often `check --wait` asks again."""
+
 LISTED_HEARTBEATS = 1000
 """Heartbeat keys read at most: enough for any deployment, and bounded for a probe."""
 
@@ -146,20 +149,55 @@ def check_health(
     )
 
 
-@with_settings("check")
-def _check(args: argparse.Namespace, settings: Settings) -> int:
+def check_functions(client: RedisClient, settings: Settings) -> Health:
+    """Redis answers and holds the functions library of this version of the code (what a worker needs to start).
+
+    Asked as the worker asks: one read-only call of a library function (FCALL_RO, which the worker's Redis user may
+    send; FUNCTION LIST is an administrator's command). Any reply but "function not found" means it is there: the
+    call writes nothing, and a namespace without its meta yet answers with an error of the library's own."""
+    from .. import library  # only for this check: the liveness probe stays light
+
+    url, namespace = settings.safe_redis_url, settings.namespace
+    try:
+        client.fcall_ro(library.FN_MATCHES, 1, settings.keys.meta)
+    except redis.ResponseError as error:
+        if library.is_missing_function(error):
+            return Health(False, library.missing_message(), url, namespace)
+    except redis.RedisError as error:
+        return Health(False, f"Redis at {url} does not answer: {error_text(error)}", url, namespace)
+    return Health(True, f"Redis at {url} holds the functions library {library.LIBRARY_NAME}", url, namespace)
+
+
+def _one_check(args: argparse.Namespace, settings: Settings) -> Health:
     consumer = settings.consumer if setting_given(args, "consumer") else None
     try:
         client = command_client(settings, "check", timeout=CHECK_TIMEOUT_S)
+    except redis.RedisError as error:  # the client itself could not be made (a cluster that does not answer)
+        url = settings.safe_redis_url
+        return Health(False, f"Redis at {url} does not answer: {error_text(error)}", url, settings.namespace)
+    try:
+        if args.functions:
+            return check_functions(client, settings)
         health = check_health(
             client, settings, consumer=consumer, redis_only=args.redis_only, host=socket.gethostname()
         )
-    except redis.RedisError as error:  # the client itself could not be made (a cluster that does not answer)
-        url = settings.safe_redis_url
-        health = Health(False, f"Redis at {url} does not answer: {error_text(error)}", url, settings.namespace)
-    else:
         if not args.redis_only:
             health.warnings = _warnings(client, settings, memory=args.capacity)
+        return health
+    finally:
+        client.close()  # --wait makes one a try
+
+
+@with_settings("check")
+def _check(args: argparse.Namespace, settings: Settings) -> int:
+    health = _one_check(args, settings)
+    if args.wait and not health.healthy:
+        # an init container's wait: one line now, one when it is over, and a try every WAIT_STEP_S in between
+        print(f"waiting up to {args.wait:g} s: {health.message}", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + args.wait
+        while not health.healthy and time.monotonic() < deadline:
+            time.sleep(min(WAIT_STEP_S, max(0.0, deadline - time.monotonic())))
+            health = _one_check(args, settings)
     if args.json:
         print(json_line(health.as_json()))
         return EXIT_OK if health.healthy else EXIT_FAILURE
@@ -197,6 +235,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
   livenessProbe:  exec: {command: [incident-worker, check]}
   readinessProbe: exec: {command: [incident-worker, check, --redis-only]}
   incident-worker check --consumer worker-0 --json
+  initContainers: [{args: [check, --functions, --wait, "600"]}]   # hold the workers until load-functions ran
 """,
         exits="""
   0  healthy
@@ -208,6 +247,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--redis-only",
         action="store_true",
         help="only check that Redis answers (readiness before the worker's first heartbeat)",
+    )
+    parser.add_argument(
+        "--functions",
+        action="store_true",
+        help="check that Redis holds the functions library of this version (what `load-functions` loads) instead "
+        "of a heartbeat: for an init container that holds the workers back until it is there",
+    )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="ask again every 2 s for up to SECONDS until healthy (default 0: once)",
     )
     parser.add_argument(
         "--capacity",
