@@ -179,9 +179,10 @@ class FingerprintIndex:
             raise LayoutMismatchError(self._mismatch_message(stored))
         self._opened = True
 
-    LATER_META_FIELDS = ("tokenizer", "changes_trimmed_to")
+    LATER_META_FIELDS = ("tokenizer", "changes_trimmed_to", "retention_ms", "retention_since", "retention_backfill")
     """Meta fields written after the namespace's first use: `tokenizer`, by the first text event's call;
-    `changes_trimmed_to`, by the first trim of the change log (worker/readpath.py's CHANGES_FLOOR_FIELD)."""
+    `changes_trimmed_to`, by the first trim of the change log (worker/readpath.py's CHANGES_FLOOR_FIELD);
+    `retention_*`, by a worker whose retention window differs from the recorded one (worker/retention.py)."""
 
     def check_tokenizer(self) -> None:
         """Raise `TokenizerMismatchError` if `{N}:meta` records text incidents made by another tokenizer version.
@@ -324,6 +325,7 @@ class FingerprintIndex:
             alerts=stream.alerts_stream if stream else self.keys.alerts_stream,
             new_group=new_group,
             old_group=self.keys.twins(expected_hex) if len(expected_hex) == 16 else new_group,
+            expiry=self.keys.expiry,
             new_keys=own,
             old_keys=old,
             probe_keys=others,
@@ -372,11 +374,12 @@ class FingerprintIndex:
         For loading a new index (a benchmark's pre-load, a migration, a rebuild from another store): pipelined
         writes, not atomic per incident, and blind to IDs already indexed with another fingerprint, so use it only
         for IDs the index does not hold yet and while no worker writes to the namespace. Exact twins go to their
-        fingerprint's group, as `add` would put them.
+        fingerprint's group, as `add` would put them; with a retention window on, each one's window starts now.
         """
         self._ensure_open()
         total = 0
         representatives: dict[int, str] = {}  # of the fingerprints this load has met
+        retention = int(text(self.redis.hget(self.keys.meta, "retention_ms") or b"0") or 0) > 0
         for part in batched(items, chunk):
             fingerprints: dict[Any, str] = {}
             for incident_id, fp in part:
@@ -407,6 +410,10 @@ class FingerprintIndex:
                 pipe.zadd(self.keys.twins(format_fingerprint(fp)), dict.fromkeys([representatives[fp], *members], 0))
             for incident_id, hex_fp in fingerprints.items():
                 pipe.xadd(self.keys.changes, {"add": incident_id, "fp": hex_fp, "prev": ""})
+            if retention:  # the retention window of a loaded incident starts with its load
+                seconds, micros = self.redis.time()
+                now_ms = int(seconds) * 1000 + int(micros) // 1000
+                pipe.zadd(self.keys.expiry, dict.fromkeys(fingerprints, now_ms), nx=True)
             pipe.execute()
             total += len(fingerprints)
         return total

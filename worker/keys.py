@@ -88,12 +88,16 @@ class IndexKeys:
 
     @property
     def changes(self) -> str:
-        """Stream: one entry per index change, `<op> <incident ID>`; its entry ID is the time of the change.
-
-        Kept so that a retention window can expire incidents by age (XRANGE up to a time, then XTRIM MINID) and
-        changes can be audited; 16 bytes an entry, where a set of IDs per hour would cost 60 past 512 members.
-        """
+        """Stream: one entry per index change, `<op> <incident ID> fp <new> prev <old>`; its entry ID is the time
+        of the change. Snapshot readers follow it; the workers trim it to `changes_keep`. Retention does not read it
+        (it reads `expiry`), so how long it is kept does not depend on the retention window."""
         return f"{self.tag}:changes"
+
+    @property
+    def expiry(self) -> str:
+        """Sorted set, only while a retention window is on: incident ID -> time of its last add or upsert (ms of the
+        server's clock). The retention pass reads the oldest from it, so its cost follows what expires."""
+        return f"{self.tag}:expiry"
 
     def lease(self, job: str) -> str:
         """String with a TTL: the worker that runs `job` (one at a time); it lapses when that worker dies."""

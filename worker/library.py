@@ -33,11 +33,14 @@ __all__ = [
     "FN_CLAIM",
     "FN_DEAD_LETTER",
     "FN_ENSURE_META",
+    "FN_EXPIRE",
+    "FN_EXPIRY_BACKFILL",
     "FN_FORGET_CONSUMER",
     "FN_LEASE",
     "FN_MATCHES",
     "FN_READ_NEW",
     "FN_READ_PENDING",
+    "FN_SET_RETENTION",
     "FN_TRIM_CHANGES",
     "FN_TRIM_EVENTS",
     "LIBRARY_NAME",
@@ -79,6 +82,9 @@ FN_CLAIM = f"{LIBRARY_NAME}_claim"
 FN_TRIM_EVENTS = f"{LIBRARY_NAME}_trim_events"
 FN_TRIM_CHANGES = f"{LIBRARY_NAME}_trim_changes"
 FN_LEASE = f"{LIBRARY_NAME}_lease"
+FN_SET_RETENTION = f"{LIBRARY_NAME}_set_retention"
+FN_EXPIRY_BACKFILL = f"{LIBRARY_NAME}_expiry_backfill"
+FN_EXPIRE = f"{LIBRARY_NAME}_expire"
 
 
 LIBRARY_PREFIX = "incident_index_"
@@ -196,6 +202,7 @@ def apply_call(
     alerts: str,
     new_group: str,
     old_group: str,
+    expiry: str,
     new_keys: Sequence[str],
     old_keys: Sequence[str],
     probe_keys: Sequence[str],
@@ -216,7 +223,8 @@ def apply_call(
     """KEYS and ARGV of the apply function, in the order index.lua documents.
 
     `new_group` and `old_group` are the twin groups of the new fingerprint and of the one it replaces (the same key
-    when there is only one fingerprint: an add, a delete, an upsert of an ID not indexed yet).
+    when there is only one fingerprint: an add, a delete, an upsert of an ID not indexed yet). `expiry` is the
+    retention bookkeeping `{N}:expiry`, written only while `{N}:meta` records a retention window.
     `new_keys` are the new fingerprint's posting keys (band 0 first; the first `probed` of them are probed too),
     `old_keys` those of the fingerprint it replaces, `probe_keys` its other probe keys. `fingerprint` and
     `expected` are hex ('' for a delete; expected '-' for "not indexed", '*' for "don't check"). Without a
@@ -224,7 +232,19 @@ def apply_call(
     `alert_text` goes into the alert's `text` field (when not ''); `tokenizer` is the tokenizer version of a text
     incident ('' for a bag), which the call records in `{N}:meta` or refuses when another version is recorded.
     """
-    keys = [meta, fingerprints, changes, events, alerts, new_group, old_group, *new_keys, *old_keys, *probe_keys]
+    keys = [
+        meta,
+        fingerprints,
+        changes,
+        events,
+        alerts,
+        new_group,
+        old_group,
+        expiry,
+        *new_keys,
+        *old_keys,
+        *probe_keys,
+    ]
     args = [
         op,
         incident_id,

@@ -41,6 +41,11 @@ class Metrics:
         )
         self.index_size = Gauge("incident_worker_index_incidents", "Incidents in the index", registry=r)
         self.reconnects = Counter("incident_worker_reconnects", "Times the worker lost Redis and retried", registry=r)
+        self.expired = Counter(
+            "incident_worker_expired",
+            "Incidents this worker took out of the index because their retention window had passed",
+            registry=r,
+        )
         self.claimed = Counter(
             "incident_worker_claimed", "Entries taken over from silent consumers (XAUTOCLAIM)", registry=r
         )

@@ -190,6 +190,12 @@ class Settings(BaseSettings):
     snapshot_min_incidents: int = Field(
         100_000, ge=0, description="Index size from which read_path=auto searches the worker's own copy."
     )
+    retention: str = Field(
+        "off",
+        description="Retention window, such as 30d: an incident leaves the index once its last add or upsert is "
+        "older than this (off = keep every incident). Recorded in {N}:meta by a worker that starts with another "
+        "value, so run every worker of a namespace with the same one.",
+    )
     changes_keep: str = Field(
         "1d",
         description="How much of the {N}:changes log the workers keep, such as 1d (off = all of it); snapshot "
@@ -259,7 +265,7 @@ class Settings(BaseSettings):
             ) from None
         return value
 
-    @field_validator("changes_keep", "stream_group_max_age")
+    @field_validator("retention", "changes_keep", "stream_group_max_age")
     @classmethod
     def _check_duration(cls, value: str, info: Any) -> str:
         parse_duration(value, info.field_name)
@@ -352,6 +358,10 @@ class Settings(BaseSettings):
     @property
     def keys(self) -> IndexKeys:
         return IndexKeys(self.namespace)
+
+    @property
+    def retention_ms(self) -> int:
+        return parse_duration(self.retention)
 
     @property
     def changes_keep_ms(self) -> int:

@@ -141,7 +141,7 @@ class StreamWorker:
         self._next_claim = 0.0
         self._next_summary = time.monotonic() + settings.summary_interval_s
         self._started = time.time()
-        self.upkeep = Upkeep(self.index, settings, self.log)
+        self.upkeep = Upkeep(self.index, settings, self.log, self.metrics)
         self.snapshot: SnapshotReader | None = None
         self._restarted = True  # the first recovery finds what a previous run of this consumer left: deliveries
         self._idle_wait = 0.0
@@ -277,6 +277,7 @@ class StreamWorker:
                 raise
         self.index.open()
         self.index.check_tokenizer()
+        self.upkeep.configure()
         self.choose_read_path()
         self.heartbeat()
 

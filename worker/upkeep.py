@@ -1,4 +1,4 @@
-"""The index's upkeep over months: bounded streams, and where the memory goes.
+"""The index's upkeep over months: bounded streams, retention, and where the memory goes.
 
 One worker at a time does it, the holder of the lease `{N}:lease:upkeep` (a key with a TTL of `LEASE_TTL_MS`, renewed
 while the holder lives, so that another worker takes the job over within that time when the holder dies). Between
@@ -8,6 +8,9 @@ two event batches the holder:
   call: no group can move between the reading of the groups and the trimming), and the change log to `changes_keep`;
 * every `MEMORY_INTERVAL_S`: trims the oldest alerts and dead letters while their stream takes more Redis memory than
   `alerts_max_memory` / `dead_max_memory` (their length caps are applied by the atomic step at every XADD).
+* every `UPKEEP_INTERVAL_S`, while a retention window is on (worker/retention.py): a step of the backfill of
+  `{N}:expiry` if one runs, then expiry passes for at most `RETENTION_BUDGET_S`; while more is due, the next tick
+  comes after the next event batch instead of a second later.
 
 Every step is safe to run twice or from two workers at once (a lease can lapse under a stalled holder): the lease
 saves work, it is not what keeps the index right.
@@ -23,7 +26,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from . import replies
+from . import replies, retention
 from .index import FingerprintIndex
 from .library import FN_LEASE, FN_TRIM_CHANGES, FN_TRIM_EVENTS
 
@@ -56,6 +59,9 @@ MEMORY_ROUNDS = 4
 
 TRIM_LIMIT = 10_000
 """Stream entries removed by one trim call at most (whole nodes of 100 entries): a backlog goes over several calls."""
+
+RETENTION_BUDGET_S = 0.05
+"""Longest the lease holder spends on retention between two event batches (events wait that long at most)."""
 
 MEMORY_SAMPLE = 200
 """Incidents whose posting sets `stats` measures (MEMORY USAGE) to estimate the postings' memory."""
@@ -263,10 +269,12 @@ class Upkeep:
 
     JOB = "upkeep"
 
-    def __init__(self, index: FingerprintIndex, settings: Any, log: Any) -> None:
+    def __init__(self, index: FingerprintIndex, settings: Any, log: Any, metrics: Any = None) -> None:
         self.index = index
         self.settings = settings
         self.log = log
+        self.metrics = metrics
+        self.expired = 0
         self.key = index.keys.lease(self.JOB)
         self.holding = False
         self.trimmed = 0
@@ -291,6 +299,8 @@ class Upkeep:
         if now >= self._next_memory:
             self._next_memory = now + MEMORY_INTERVAL_S
             self.trim_memory()
+        if self.retain():
+            self._next = now  # more is due: go on after the next event batch
 
     def trim_memory(self) -> None:
         """Keep the alerts and dead-letter streams within their memory budgets (one bounded step each)."""
@@ -323,6 +333,42 @@ class Upkeep:
                     used_bytes=used,
                     **{setting: getattr(settings, setting)},
                 )
+
+    def configure(self) -> None:
+        """Record this worker's retention window in `{N}:meta` if another one is recorded (at start): the window is
+        the namespace's, so that every worker's atomic step keeps the same bookkeeping."""
+        window = self.settings.retention_ms
+        recorded = retention.recorded_window(self.index.redis, self.index.keys)
+        if recorded == window:
+            return
+        retention.set_window(self.index, window)
+        self.log.warning(
+            "retention window changed for the namespace",
+            retention=self.settings.retention,
+            recorded_ms_before=recorded,
+            hint="every worker of the namespace should run with the same INCIDENT_WORKER_RETENTION; one with "
+            "another value changes it back when it starts",
+        )
+
+    def retain(self) -> bool:
+        """One bounded round of retention: a backfill step, then expiry passes. True while more is due."""
+        more, added = retention.backfill_step(self.index)
+        if added or more:
+            self.log.debug("retention backfill", added=added, more=more)
+        result = retention.expire_due(self.index, budget_s=RETENTION_BUDGET_S)
+        if result.expired:
+            self.expired += result.expired
+            if self.metrics is not None:
+                self.metrics.expired.inc(result.expired)
+            self.log.info(
+                "expired incidents",
+                expired=result.expired,
+                kept=result.kept,
+                dropped=result.dropped,
+                more=result.more,
+                total=self.expired,
+            )
+        return more or result.more
 
     def trim(self) -> None:
         """Trim the events stream and the change log (one bounded step of each)."""
@@ -373,7 +419,7 @@ def positions_summary(groups: Sequence[GroupPosition]) -> str:
 
 
 MEMORY_WARN_FRACTION = 0.8
-"""`stats` and `check --capacity` warn when Redis uses this much of maxmemory (nothing expires incidents yet)."""
+"""`stats` and `check --capacity` warn when Redis uses this much of maxmemory."""
 
 GROUP_WARN_AGE_MS = 3_600_000
 """`stats` and `check` warn about another consumer group whose oldest needed entry is older than this (1 hour)."""
@@ -401,10 +447,21 @@ def warnings(
             info = {}
         used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
         if limit and used >= MEMORY_WARN_FRACTION * limit:
-            found.append(
-                f"Redis uses {used * 100 // limit}% of maxmemory ({used:,} of {limit:,} bytes), and nothing expires "
-                "incidents yet (no retention): delete old incidents, or raise maxmemory"
-            )
+            try:
+                window = retention.recorded_window(client, settings.keys)
+            except ResponseError:
+                window = 0
+            usage = f"Redis uses {used * 100 // limit}% of maxmemory ({used:,} of {limit:,} bytes)"
+            if window:
+                found.append(
+                    f"{usage} with a retention window of {_ago(window)}: shorten the window (RETENTION), or raise "
+                    "maxmemory"
+                )
+            else:
+                found.append(
+                    f"{usage}, and retention is off, so the index only grows: set a retention window (RETENTION, "
+                    "such as 30d) so that old incidents leave it, or raise maxmemory"
+                )
     if positions is None:
         positions = group_positions(client, settings.events, settings.group, settings.stream_group_max_age_ms)
     for group in positions:

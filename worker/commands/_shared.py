@@ -59,7 +59,7 @@ Handler = Callable[[argparse.Namespace], int]
 CONNECTION = ["redis_url", "cluster", "namespace"]
 """The settings every command that talks to Redis takes as flags."""
 
-LIFECYCLE = ["changes_keep", "stream_group_max_age"]
+LIFECYCLE = ["retention", "changes_keep", "stream_group_max_age"]
 """The settings of the namespace's upkeep (trimming), for the commands that report or run it."""
 
 

@@ -354,6 +354,19 @@ local function validate_snapshot(meta_key, changes_key, query, limit, self_id, c
   return #changes, count, flat
 end
 
+-- The server's clock in milliseconds: the same clock as the stream entry IDs.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Retention (docs/contract.md, "Retention"): while {N}:meta's `retention_ms` is above 0, {N}:expiry scores every
+-- indexed incident with the time of its last add or upsert (ms of the server's clock); otherwise it does not exist.
+local function retention_on(meta_key)
+  local window = tonumber(redis.call('HGET', meta_key, 'retention_ms') or '0') or 0
+  return window > 0, window
+end
+
 local function matches_json(flat)
   local parts = {}
   for i = 1, #flat, 2 do
@@ -379,9 +392,11 @@ end
 -- keys[4] = events stream  keys[5] = alerts stream
 -- keys[6] = {N}:twins:<new fingerprint> (delete: of the expected one)
 -- keys[7] = {N}:twins:<the fingerprint the client expects to replace> (add, or none expected: same as keys[6])
--- keys[8 .. 7+n_new]             = the new fingerprint's posting keys, band 0 first
--- keys[8+n_new .. 7+n_new+n_old] = the posting keys of the fingerprint the client expects to replace, band 0 first
--- keys[8+n_new+n_old .. #keys]   = the other probe keys of the new fingerprint
+-- keys[8] = {N}:expiry (retention bookkeeping: scored with the server's time on add and upsert while retention is
+--           on, see retention_on; the incident leaves it on delete)
+-- keys[9 .. 8+n_new]             = the new fingerprint's posting keys, band 0 first
+-- keys[9+n_new .. 8+n_new+n_old] = the posting keys of the fingerprint the client expects to replace, band 0 first
+-- keys[9+n_new+n_old .. #keys]   = the other probe keys of the new fingerprint
 -- The groups of the matches found are read under the prefix of keys[6] (all in the index's hash tag): their names
 -- depend on fingerprints that only the server knows.
 --
@@ -407,13 +422,13 @@ end
 -- validated).
 local function apply(keys, args)
   local meta_key, fp_key, changes_key, events_key, alerts_key = keys[1], keys[2], keys[3], keys[4], keys[5]
-  local new_group, old_group = keys[6], keys[7]
+  local new_group, old_group, expiry_key = keys[6], keys[7], keys[8]
   local op, id, fp, expected = args[1], args[2], args[3], args[4]
   local limit, n_new, n_old = tonumber(args[6]), tonumber(args[7]), tonumber(args[8])
   local group, entry_id = args[9], args[10]
   local alerts_maxlen, cap = tonumber(args[11]), tonumber(args[12])
   local streaming = group ~= ''
-  local FIRST = 8
+  local FIRST = 9
 
   local refused = check_layout(meta_key, args[5])
   if refused then return refused end
@@ -447,12 +462,19 @@ local function apply(keys, args)
     end
     unindex(id, old_group, slice(keys, FIRST + n_new, FIRST - 1 + n_new + n_old))
     redis.call('HDEL', fp_key, id)
+    redis.call('ZREM', expiry_key, id)
     redis.call('XADD', changes_key, '*', op, id, 'fp', '', 'prev', old)
     ack()
     return {'deleted', 0, 0, ''}
   end
 
+  -- an add or upsert, a repeat of the stored fingerprint included, starts the incident's retention window again
+  local function touch()
+    if retention_on(meta_key) then redis.call('ZADD', expiry_key, now_ms(), id) end
+  end
+
   if old == fp then
+    touch()
     ack()
     return {'repeat', 0, 0, ''}
   end
@@ -484,6 +506,7 @@ local function apply(keys, args)
 
   index_one(id, twin, new_group, slice(keys, FIRST, FIRST - 1 + n_new))
   redis.call('HSET', fp_key, id, fp)
+  touch()
   redis.call('XADD', changes_key, '*', op, id, 'fp', fp, 'prev', old or '')
 
   local alert_id = ''
@@ -704,11 +727,6 @@ local function claim(keys, args)
   return out
 end
 
--- The server's clock in milliseconds: the same clock as the stream entry IDs.
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 
 
 local function id_after(id)
@@ -795,10 +813,124 @@ local function trim_changes(keys, args)
   return redis.call('XTRIM', keys[2], 'MINID', '~', args[1], 'LIMIT', args[2])
 end
 
+-- Retention (docs/contract.md, "Retention"). The window lives in {N}:meta's `retention_ms`, so every worker's apply
+-- step agrees on whether to keep {N}:expiry, whatever each worker's own setting.
+
+-- Record the retention window. Turning it on starts the backfill: {N}:expiry gets every incident already indexed,
+-- scored with the time it was turned on (`retention_since`), in bounded steps (expiry_backfill) from the HSCAN
+-- cursor in `retention_backfill`. Turning it off drops {N}:expiry (UNLINK: freed in the background).
+--
+-- keys[1] = {N}:meta   keys[2] = {N}:expiry   args[1] = layout tag   args[2] = window in ms (0 = off)
+--
+-- Returns the window recorded before this call (0 = off).
+local function set_retention(keys, args)
+  local meta_key, expiry_key = keys[1], keys[2]
+  local refused = check_layout(meta_key, args[1])
+  if refused then return refused end
+  local window = tonumber(args[2])
+  local was_on, was = retention_on(meta_key)
+  if window > 0 then
+    redis.call('HSET', meta_key, 'retention_ms', string.format('%.0f', window))
+    if not was_on then
+      redis.call('UNLINK', expiry_key)
+      redis.call('HSET', meta_key, 'retention_since', now_ms(), 'retention_backfill', '0')
+    end
+  else
+    redis.call('HDEL', meta_key, 'retention_ms', 'retention_since', 'retention_backfill')
+    redis.call('UNLINK', expiry_key)
+  end
+  return was
+end
+
+-- One bounded step of the backfill that set_retention starts: the next HSCAN page of {N}:fp joins {N}:expiry with the
+-- score `retention_since`, unless it is there already (ZADD NX: an add or upsert since then is newer).
+--
+-- keys[1] = {N}:meta   keys[2] = {N}:fp   keys[3] = {N}:expiry   args[1] = HSCAN COUNT
+--
+-- Returns {cursor ('' once the backfill is done or when none runs), incidents added}.
+local function expiry_backfill(keys, args)
+  local meta_key, fp_key, expiry_key = keys[1], keys[2], keys[3]
+  local cursor = redis.call('HGET', meta_key, 'retention_backfill')
+  local since = redis.call('HGET', meta_key, 'retention_since')
+  if not cursor or not since or not retention_on(meta_key) then return {'', 0} end
+  local reply = redis.call('HSCAN', fp_key, cursor, 'COUNT', tonumber(args[1]))
+  local rows = reply[2]
+  local added = 0
+  local batch = {}
+  local function flush()
+    if #batch > 0 then
+      added = added + redis.call('ZADD', expiry_key, 'NX', unpack(batch))
+      batch = {}
+    end
+  end
+  for i = 1, #rows, 2 do
+    batch[#batch + 1] = since
+    batch[#batch + 1] = rows[i]
+    if #batch >= CHUNK then flush() end
+  end
+  flush()
+  local next_cursor = tostring(reply[1])
+  if next_cursor == '0' then
+    redis.call('HDEL', meta_key, 'retention_backfill')
+    return {'', added}
+  end
+  redis.call('HSET', meta_key, 'retention_backfill', next_cursor)
+  return {next_cursor, added}
+end
+
+-- Expire incidents whose last add or upsert is older than the window: each one, atomically, leaves the postings
+-- (a representative hands them to its heir, as in a delete), its twin group, {N}:fp and {N}:expiry, and the change
+-- log records `expire <ID> fp '' prev <old>`. Each is conditional: it goes only if {N}:expiry still dates it before
+-- now - retention_ms (an add or upsert since it was picked moved it on) and {N}:fp still holds the fingerprint the
+-- caller read (whose posting keys it sent).
+--
+-- keys[1] = {N}:meta   keys[2] = {N}:fp   keys[3] = {N}:changes   keys[4] = {N}:expiry
+-- then per incident: {N}:twins:<its fingerprint>, then its n posting keys (band 0 first)
+-- args[1] = layout tag   then per incident: ID, the fingerprint read (hex, or '-' for none), n
+--
+-- Returns {expired, kept (changed since picked, or not due), dropped (in {N}:expiry without a fingerprint)}.
+local function expire(keys, args)
+  local meta_key, fp_key, changes_key, expiry_key = keys[1], keys[2], keys[3], keys[4]
+  local refused = check_layout(meta_key, args[1])
+  if refused then return refused end
+  local on, window = retention_on(meta_key)
+  -- nothing expires while a move to another layout builds its postings (the `building` field of {N}:meta): the
+  -- postings of the layout being built would be left behind
+  if not on or redis.call('HEXISTS', meta_key, 'building') == 1 then return {0, (#args - 1) / 3, 0} end
+  local cutoff = now_ms() - window
+  local expired, kept, dropped = 0, 0, 0
+  local k = 5
+  for i = 2, #args, 3 do
+    local id, expected, n = args[i], args[i + 1], tonumber(args[i + 2])
+    local group, first = keys[k], k + 1
+    k = k + 1 + n
+    local score = tonumber(redis.call('ZSCORE', expiry_key, id) or '')
+    local old = redis.call('HGET', fp_key, id)
+    if not score or score > cutoff then
+      kept = kept + 1
+    elseif not old then
+      redis.call('ZREM', expiry_key, id)
+      dropped = dropped + 1
+    elseif old ~= expected then
+      kept = kept + 1
+    else
+      unindex(id, group, slice(keys, first, first + n - 1))
+      redis.call('HDEL', fp_key, id)
+      redis.call('ZREM', expiry_key, id)
+      redis.call('XADD', changes_key, '*', 'expire', id, 'fp', '', 'prev', old)
+      expired = expired + 1
+    end
+  end
+  return {expired, kept, dropped}
+end
+
 redis.register_function('incident_index_v2_apply', apply)
 redis.register_function('incident_index_v2_trim_events', trim_events)
 redis.register_function('incident_index_v2_trim_changes', trim_changes)
 redis.register_function('incident_index_v2_lease', lease)
+redis.register_function('incident_index_v2_set_retention', set_retention)
+redis.register_function('incident_index_v2_expiry_backfill', expiry_backfill)
+redis.register_function('incident_index_v2_expire', expire)
 redis.register_function{function_name = 'incident_index_v2_matches', callback = matches, flags = {'no-writes'}}
 redis.register_function('incident_index_v2_dead_letter', dead_letter)
 redis.register_function('incident_index_v2_ensure_meta', ensure_meta)

@@ -1,0 +1,319 @@
+"""Retention: incidents whose last add or upsert is older than the window leave the index, atomically and once.
+
+Windows of about a second on the real server and on fakeredis (both read the wall clock for TIME). The brute-force
+oracle (tests/oracle.py) says what the index must hold; `assert_postings_match` that postings and twin groups are
+exactly what the remaining fingerprints call for.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis
+
+from tests.oracle import Oracle, assert_postings_match, clustered
+from worker import retention
+from worker.index import FingerprintIndex
+from worker.library import FN_APPLY, SnapshotClaim, parse_apply
+from worker.readpath import ChangeFollower
+from worker.replies import text
+
+WINDOW_MS = 1000
+
+
+def _index(client: Any, namespace: str = "r") -> FingerprintIndex:
+    index = FingerprintIndex(client, namespace, bands=4, max_distance=7)
+    index.open()
+    return index
+
+
+def _expiries(client: Any, index: FingerprintIndex) -> Counter[str]:
+    """How many `expire` entries the change log holds for each ID."""
+    found: Counter[str] = Counter()
+    for _, fields in client.xrange(index.keys.changes):
+        for name, value in fields.items():
+            if text(name) == "expire":
+                found[text(value)] += 1
+    return found
+
+
+def _assert_consistent(client: Any, index: FingerprintIndex, expected: dict[str, int] | None = None) -> None:
+    """Fingerprints as expected (if given), postings and groups rebuilt from them, one bookkeeping entry each."""
+    stored = {text(k): int(text(v), 16) for k, v in client.hgetall(index.keys.fingerprints).items()}
+    if expected is not None:
+        assert stored == expected
+    assert_postings_match(client, index.keys.namespace, index.layout.bands)
+    if retention.recorded_window(client, index.keys):
+        tracked = {text(m) for m in client.zrange(index.keys.expiry, 0, -1)}
+        assert tracked == set(stored)
+
+
+def _wait_past_window(client: Any, index: FingerprintIndex, since_ms: int) -> None:
+    """Sleep until the server's clock is a little past `since_ms` + the window."""
+    while True:
+        seconds, micros = client.time()
+        now = int(seconds) * 1000 + int(micros) // 1000
+        if now > since_ms + WINDOW_MS + 20:
+            return
+        time.sleep((since_ms + WINDOW_MS + 25 - now) / 1000)
+
+
+def _now(client: Any) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def test_the_window_is_recorded_in_the_meta_and_the_bookkeeping_exists_only_while_it_is_on(
+    redis_client: redis.Redis,
+) -> None:
+    index = _index(redis_client)
+    index.add_fingerprint("a", 1)
+    assert not redis_client.exists(index.keys.expiry)  # off: no bookkeeping at all
+    assert retention.set_window(index, WINDOW_MS) == 0
+    meta = FingerprintIndex.read_meta(redis_client, "r")
+    assert meta["retention_ms"] == str(WINDOW_MS) and meta["retention_backfill"] == "0"
+    index.add_fingerprint("b", 2)  # the apply step keeps the bookkeeping from now on
+    assert redis_client.zscore(index.keys.expiry, "b") is not None
+    assert redis_client.zscore(index.keys.expiry, "a") is None  # until the backfill reaches it
+    assert retention.backfill_step(index) == (False, 1)
+    assert redis_client.zscore(index.keys.expiry, "a") == int(meta["retention_since"])
+    assert redis_client.zscore(index.keys.expiry, "b") >= int(meta["retention_since"])  # NX: not set back
+    assert "retention_backfill" not in FingerprintIndex.read_meta(redis_client, "r")
+    assert retention.backfill_step(index) == (False, 0)  # nothing runs
+    index.delete("b")
+    assert redis_client.zscore(index.keys.expiry, "b") is None
+    assert retention.set_window(index, 5 * WINDOW_MS) == WINDOW_MS  # a new window keeps the bookkeeping
+    assert redis_client.zcard(index.keys.expiry) == 1
+    assert retention.set_window(index, 0) == 5 * WINDOW_MS
+    assert not redis_client.exists(index.keys.expiry)
+    assert not {"retention_ms", "retention_since"} & set(FingerprintIndex.read_meta(redis_client, "r"))
+    index.add_fingerprint("c", 3)
+    assert not redis_client.exists(index.keys.expiry)
+
+
+def test_the_backfill_goes_in_bounded_steps_and_misses_nothing(redis_client: redis.Redis) -> None:
+    index = _index(redis_client)
+    index.bulk_load((f"i{n}", n * 7919) for n in range(700))
+    retention.set_window(index, WINDOW_MS)
+    steps = 0
+    while True:
+        more, _ = retention.backfill_step(index, count=50)
+        steps += 1
+        index.delete(f"i{steps}")  # deletes and adds while it runs
+        index.add_fingerprint(f"new{steps}", steps)
+        if not more:
+            break
+    assert steps > 1 or redis_client.hlen(index.keys.fingerprints) < 600  # fakeredis may scan it whole
+    _assert_consistent(redis_client, index)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_index_holds_exactly_the_incidents_changed_within_the_window(redis_client: redis.Redis, seed: int) -> None:
+    """Ops before and after a window's pause; then a pass: what is left is the oracle of the incidents whose last add
+    or upsert came after the pause, and every search answers as the oracle's linear scan does."""
+    rng = random.Random(seed)
+    pool = clustered(rng, 24, 7, centers=3) + [5] * 4  # exact twins among them
+    index = _index(redis_client)
+    retention.set_window(index, WINDOW_MS)
+    oracle = Oracle(7)
+    touched: dict[str, int] = {}  # ID -> phase of its last add or upsert
+
+    def run(phase: int, count: int) -> None:
+        for _ in range(count):
+            incident_id, fp = f"i{rng.randrange(40)}", rng.choice(pool)
+            kind = rng.choice(["add", "add", "upsert", "upsert", "delete"])
+            if kind == "add":
+                if oracle.add(incident_id, fp) != "duplicate":
+                    index.add_fingerprint(incident_id, fp)
+                    touched[incident_id] = phase
+            elif kind == "upsert":
+                index.upsert_fingerprint(incident_id, fp)
+                oracle.upsert(incident_id, fp)
+                touched[incident_id] = phase
+            else:
+                index.delete(incident_id)
+                oracle.delete(incident_id)
+                touched.pop(incident_id, None)
+
+    run(0, 120)
+    paused = _now(redis_client)
+    _wait_past_window(redis_client, index, paused)
+    run(1, 30)
+    result = retention.expire_due(index, batch=7)
+    expected = {i: fp for i, fp in oracle.fps.items() if touched[i] == 1}
+    assert result.expired == len(oracle.fps) - len(expected)
+    _assert_consistent(redis_client, index, expected)
+    assert set(_expiries(redis_client, index)) == set(oracle.fps) - set(expected)
+    live = Oracle(7)
+    live.fps = dict(expected)
+    for fp in pool[:10]:
+        assert index.matches_of(fp) == live.matches(fp)
+    # an add of an expired ID afterwards is a new incident, with its own alert-worthy matches
+    gone = sorted(set(oracle.fps) - set(expected))
+    if gone:
+        fp = oracle.fps[gone[0]]
+        assert index.add_fingerprint(gone[0], fp) == live.matches(fp)
+
+
+def test_an_upsert_between_the_pick_and_the_expiry_wins(redis_client: redis.Redis) -> None:
+    index = _index(redis_client)
+    retention.set_window(index, WINDOW_MS)
+    for n in range(6):
+        index.add_fingerprint(f"i{n}", 1000 + n)
+    _wait_past_window(redis_client, index, _now(redis_client))
+    picked = retention.pick(index)
+    assert len(picked) == 6
+    index.upsert_fingerprint("i0", 77)  # a new fingerprint: the picked one is stale
+    index.upsert_fingerprint("i1", 1001)  # a repeat: the same fingerprint, the window starts again
+    index.add_fingerprint("i2", 1002)  # a repeated add counts too
+    index.delete("i3")
+    result = retention.expire_picked(index, picked)
+    assert (result.expired, result.kept, result.dropped) == (2, 4, 0)  # the delete took i3 out of the bookkeeping
+    _assert_consistent(redis_client, index, {"i0": 77, "i1": 1001, "i2": 1002})
+    assert set(_expiries(redis_client, index)) == {"i4", "i5"}
+
+
+def test_expiring_a_representative_promotes_a_twin_that_still_matches(redis_client: redis.Redis) -> None:
+    index = _index(redis_client)
+    retention.set_window(index, WINDOW_MS)
+    index.add_fingerprint("a", 42)  # the representative
+    index.add_fingerprint("lone", 42 ^ 0b111)
+    started = _now(redis_client)
+    _wait_past_window(redis_client, index, started - WINDOW_MS // 2)  # half a window on
+    index.add_fingerprint("b", 42)
+    index.add_fingerprint("c", 42)
+    _wait_past_window(redis_client, index, started)
+    result = retention.expire_due(index)
+    assert result.expired == 2  # a and lone; b and c are half a window younger
+    assert index.twin_group(42) == (2, "b")
+    assert index.matches_of(42) == [("b", 0), ("c", 0)]
+    assert index.add_fingerprint("d", 42 ^ 1) == [("b", 1), ("c", 1)]
+    _assert_consistent(redis_client, index)
+
+
+def test_several_passes_at_once_never_expire_one_incident_twice(redis_client: redis.Redis) -> None:
+    index = _index(redis_client)
+    retention.set_window(index, WINDOW_MS)
+    index.bulk_load((f"i{n}", (n % 50) * 0x10001) for n in range(600))  # twins of 50 fingerprints
+    _wait_past_window(redis_client, index, _now(redis_client))
+    threads_seen: list[retention.ExpireResult] = []
+
+    def worker() -> None:
+        threads_seen.append(retention.expire_due(_index(redis_client), batch=40))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(r.expired for r in threads_seen) == 600
+    assert set(_expiries(redis_client, index).values()) == {1}
+    assert len(_expiries(redis_client, index)) == 600
+    _assert_consistent(redis_client, index, {})
+
+
+def test_racing_upserts_of_expiring_incidents_lose_nothing(real_redis: redis.Redis) -> None:
+    """Writers upsert incidents while passes run: every incident whose last upsert finished within the window at
+    the end is indexed with its last fingerprint; the rest were expired, each once."""
+    index = _index(real_redis)
+    retention.set_window(index, WINDOW_MS)
+    ids = [f"i{n}" for n in range(300)]
+    index.bulk_load((i, n) for n, i in enumerate(ids))
+    last: dict[str, tuple[int, int]] = {}  # ID -> (fingerprint, server time before its last upsert was sent)
+    stop = threading.Event()
+    rng = random.Random(7)
+
+    def writer() -> None:
+        own = _index(real_redis)
+        while not stop.is_set():
+            incident_id = rng.choice(ids[:150])
+            fp = rng.getrandbits(64)
+            sent = _now(real_redis)
+            own.upsert_fingerprint(incident_id, fp)
+            last[incident_id] = (fp, sent)
+
+    def expirer() -> None:
+        own = _index(real_redis)
+        while not stop.is_set():
+            retention.expire_due(own, batch=20)
+
+    started = _now(real_redis)
+    threads = [threading.Thread(target=writer), threading.Thread(target=expirer), threading.Thread(target=expirer)]
+    for thread in threads:
+        thread.start()
+    _wait_past_window(real_redis, index, started + WINDOW_MS // 2)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    ended = _now(real_redis)
+    stored = {text(k): int(text(v), 16) for k, v in real_redis.hgetall(index.keys.fingerprints).items()}
+    for incident_id, (fp, sent) in last.items():
+        if sent > ended - WINDOW_MS:  # upserted within the window: must be there, as last written
+            assert stored.get(incident_id) == fp, incident_id
+    for incident_id in ids[150:]:  # loaded before the window and never touched: gone
+        assert incident_id not in stored
+    assert set(_expiries(real_redis, index).values()) <= {1}
+    _assert_consistent(real_redis, index, {i: fp for i, fp in stored.items()})
+
+
+def test_the_snapshot_path_sees_an_expiry_as_a_removal(redis_client: redis.Redis) -> None:
+    """A copy loaded before the expiry lists the expired incident; the atomic step validates it away, and the copy
+    drops it when it follows the change log."""
+    index = _index(redis_client)
+    retention.set_window(index, WINDOW_MS)
+    index.add_fingerprint("old", 0xABC)
+    index.add_fingerprint("twin-old", 0xABC ^ 1)
+    follower = ChangeFollower(redis_client, index.keys, index.layout)
+    follower.load()
+    _wait_past_window(redis_client, index, _now(redis_client))
+    index.add_fingerprint("young", 0xABC ^ 3)
+    follower_fresh_before = follower.index.position
+    assert retention.expire_due(index).expired == 2
+    search = follower.index.search(0xABC, exclude="new", limit=100)
+    assert [m[0] for m in search.matches] == ["old", "twin-old"]  # the copy is stale: it still has them
+    claim = SnapshotClaim(follower_fresh_before, search.match_count, search.matches, True)
+    keys, args = index.apply_call("add", "new", 0xABC, snapshot=claim, max_matches=100)
+    result = parse_apply(redis_client.fcall(FN_APPLY, len(keys), *keys, *args))
+    assert result.status == "indexed"
+    assert result.matches == [("young", 2)] and result.match_count == 1
+    follower.catch_up()
+    assert follower.index.get("old") is None and follower.index.get("twin-old") is None
+    assert dict(follower.index.items()) == {"young": 0xABC ^ 3, "new": 0xABC}
+
+
+def test_expire_without_a_window_does_nothing(redis_client: redis.Redis) -> None:
+    index = _index(redis_client)
+    index.add_fingerprint("a", 1)
+    assert retention.expire_due(index).expired == 0
+    assert retention.state(redis_client, index.keys).window_ms == 0
+    assert index.get("a") == 1
+
+
+def test_state_shows_what_is_due_and_what_goes_next(redis_client: redis.Redis) -> None:
+    index = _index(redis_client)
+    retention.set_window(index, WINDOW_MS)
+    index.add_fingerprint("a", 1)
+    _wait_past_window(redis_client, index, _now(redis_client))
+    index.add_fingerprint("b", 2)
+    found = retention.state(redis_client, index.keys, upcoming=5)
+    assert (found.window_ms, found.tracked, found.due) == (WINDOW_MS, 2, 1)
+    assert found.oldest_age_ms is not None and found.oldest_age_ms > WINDOW_MS
+    assert [row["incident_id"] for row in found.upcoming] == ["a", "b"]
+    assert found.upcoming[0]["goes_in_s"] == 0 and found.upcoming[1]["goes_in_s"] > 0.5
+    assert found.as_json()["due"] == 1
+
+
+def test_a_mangled_fingerprint_does_not_block_the_expiries_behind_it(redis_client: redis.Redis) -> None:
+    index = _index(redis_client)
+    retention.set_window(index, WINDOW_MS)
+    index.add_fingerprint("bad", 1)
+    index.add_fingerprint("good", 2)
+    redis_client.hset(index.keys.fingerprints, "bad", "not hex")  # an operator's mistake with redis-cli
+    _wait_past_window(redis_client, index, _now(redis_client))
+    assert retention.expire_due(index, batch=1).expired == 2
+    assert redis_client.hlen(index.keys.fingerprints) == 0
