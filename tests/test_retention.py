@@ -7,7 +7,9 @@ exactly what the remaining fingerprints call for.
 
 from __future__ import annotations
 
+import json
 import random
+import signal
 import threading
 import time
 from collections import Counter
@@ -317,3 +319,163 @@ def test_a_mangled_fingerprint_does_not_block_the_expiries_behind_it(redis_clien
     _wait_past_window(redis_client, index, _now(redis_client))
     assert retention.expire_due(index, batch=1).expired == 2
     assert redis_client.hlen(index.keys.fingerprints) == 0
+
+
+# -- inside the workers ---------------------------------------------------------------------------------------------
+
+from pathlib import Path  # noqa: E402
+
+from tests.redis_server import RedisServer  # noqa: E402
+from tests.streams import FAST, clean_env, publish, start_worker, worker_command  # noqa: E402
+
+
+def _cli(url: str, *args: str) -> tuple[int, str, str]:
+    import subprocess
+
+    done = subprocess.run([*worker_command(), *args], capture_output=True, timeout=60, env=clean_env(redis_url=url))
+    return done.returncode, done.stdout.decode(), done.stderr.decode()
+
+
+def _wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_a_worker_expires_by_itself_and_the_commands_show_it(server: RedisServer, tmp_path: Path) -> None:
+    """A worker with RETENTION records the window, expires what is due between batches, and `stats` and `expire`
+    show it; a worker started with retention off turns it off and drops the bookkeeping."""
+    client = server.client()
+    publish(client, [{"incident_id": f"old{n}", "features": {f"t{n}": 1, "x": 2}} for n in range(50)])
+    worker = start_worker(server.url, log=tmp_path / "w.log", retention="1h", **FAST)
+    try:
+        _wait_for(lambda: client.hlen("{incidents}:fp") == 50, 60, "the first events")
+        assert client.hget("{incidents}:meta", "retention_ms") == b"3600000"
+        assert client.zcard("{incidents}:expiry") == 50
+        code, out, _ = _cli(server.url, "expire", "--dry-run")
+        assert code == 0 and "50 incidents tracked" in out and "0 due now" in out, out
+        assert "old0" in out and "in 59." in out, out
+        code, out, _ = _cli(server.url, "stats")
+        assert code == 0 and "retention    window 1.0 h: 50 incidents tracked, 0 due" in out, out
+    finally:
+        worker.kill()
+        worker.wait()
+    # a worker with a shorter window records it: the 50 are due at once
+    worker = start_worker(server.url, log=tmp_path / "short.log", retention="1s", **FAST)
+    try:
+        _wait_for(lambda: client.hlen("{incidents}:fp") == 0, 60, "the expiry of the 50")
+        assert sum(1 for _, f in client.xrange("{incidents}:changes") if b"expire" in f) == 50
+        log = (tmp_path / "short.log").read_text()
+        assert "retention window changed for the namespace" in log and "expired incidents" in log
+        publish(client, [{"incident_id": "young", "features": {"y": 1}}])
+        _wait_for(lambda: client.hexists("{incidents}:fp", "young"), 60, "a new event")
+        code, out, _ = _cli(server.url, "expire", "--dry-run", "--json")
+        assert json.loads(out)["retention"]["window_ms"] == 1000
+        _wait_for(lambda: client.hlen("{incidents}:fp") == 0, 60, "its expiry")
+    finally:
+        worker.kill()
+        worker.wait()
+    off = start_worker(server.url, log=tmp_path / "off.log", **FAST)
+    try:
+        _wait_for(lambda: client.hget("{incidents}:meta", "retention_ms") is None, 30, "retention turned off")
+        assert not client.exists("{incidents}:expiry")
+        code, out, err = _cli(server.url, "expire")
+        assert code == 0 and "retention is off" in err
+    finally:
+        off.kill()
+        off.wait()
+
+
+@pytest.mark.slow
+def test_sigkill_during_expiry_leaves_a_consistent_index_and_no_incident_expires_twice(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """20,000 incidents due at once, three workers expiring them while events arrive; the lease is taken from its
+    holder now and then (as when a stalled holder's lease lapses) so that passes overlap, and holders are SIGKILLed
+    mid-pass. After each kill the index is consistent; at the end every loaded incident left exactly once."""
+    client = server.client()
+    rng = random.Random(11)
+    index = FingerprintIndex(client)
+    index.open()
+    retention.set_window(index, 2000)
+    pool = clustered(rng, 400, 7, centers=20)
+    loaded = {f"i{n}": rng.choice(pool) for n in range(20_000)}  # many exact twins among them
+    index.bulk_load(loaded.items())
+    _wait_past_window(client, index, _now(client) + 1000)
+    lease = index.keys.lease("upkeep")
+    workers = [
+        start_worker(server.url, log=tmp_path / f"w{n}.log", consumer=f"w{n}", retention="2s", **FAST) for n in range(3)
+    ]
+    fresh: list[str] = []
+    try:
+        for round_ in range(4):
+            mark = 20_000 - (round_ + 1) * 3000
+            deadline = time.monotonic() + 60
+            while client.hlen(index.keys.fingerprints) > mark and time.monotonic() < deadline:
+                events = [
+                    {"incident_id": f"new{len(fresh) + k}", "features": {f"n{len(fresh) + k}": 1}} for k in range(5)
+                ]
+                fresh += [e["incident_id"] for e in events]
+                publish(client, events)
+                client.delete(lease)  # the next worker to ask takes it: passes overlap
+                time.sleep(0.03)
+            holder = client.get(lease)
+            victims = [w for n, w in enumerate(workers) if holder == f"w{n}".encode()] or [rng.choice(workers)]
+            for victim in victims:
+                victim.kill()
+                victim.wait()
+                slot = workers.index(victim)
+                client.delete(lease)
+                # the others paused between two calls (each call is atomic): the index as the kill left it
+                others = [w for w in workers if w is not victim]
+                for other in others:
+                    other.send_signal(signal.SIGSTOP)
+                try:
+                    _assert_consistent(client, index)
+                finally:
+                    for other in others:
+                        other.send_signal(signal.SIGCONT)
+                workers[slot] = start_worker(
+                    server.url, log=tmp_path / f"w{slot}-{round_}.log", consumer=f"w{slot}", retention="2s", **FAST
+                )
+        _wait_for(lambda: not set(loaded) & {text(k) for k in client.hkeys(index.keys.fingerprints)}, 90, "the rest")
+        _wait_for(
+            lambda: (
+                set(fresh) <= {text(k) for k in client.hkeys(index.keys.fingerprints)} | set(_expiries(client, index))
+            ),
+            90,
+            "the events",
+        )
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
+    _assert_consistent(client, index)
+    expiries = _expiries(client, index)
+    assert set(loaded) <= set(expiries)
+    assert set(expiries.values()) == {1}, [i for i, n in expiries.items() if n > 1][:5]
+    stored = {text(k) for k in client.hkeys(index.keys.fingerprints)}
+    assert stored <= set(fresh)
+    assert set(fresh) <= stored | set(expiries)  # every event indexed; what left, left by expiry
+
+
+def test_the_memory_warning_says_whether_retention_is_on() -> None:
+    import fakeredis
+
+    from worker import library, upkeep
+    from worker.settings import Settings
+
+    class Full(fakeredis.FakeRedis):
+        def info(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return {"used_memory": 900, "maxmemory": 1000}
+
+    client = Full(server=fakeredis.FakeServer(version=7))
+    library.load(client)
+    settings = Settings()
+    [warning] = upkeep.warnings(client, settings, positions=[])
+    assert "90% of maxmemory" in warning and "retention is off" in warning and "RETENTION" in warning
+    retention.set_window(_index(client, settings.namespace), 30 * 86_400_000)
+    [warning] = upkeep.warnings(client, settings, positions=[])
+    assert "retention window of 30.0 days" in warning

@@ -51,6 +51,7 @@ SUBCOMMANDS = (
         "alerts", "print the alerts stream as a subscriber sees it (newest, since an ID, following, or as a group)"
     ),
     Subcommand("dead", "list dead letters (entries the worker could not process); `dead replay` re-queues them"),
+    Subcommand("expire", "the retention window: what is due and what goes next (--dry-run), or one expiry pass"),
     Subcommand("check", "health check for Docker HEALTHCHECK and Kubernetes probes"),
     Subcommand("load-functions", "load the index's Redis Functions library with an administrator's credentials"),
     Subcommand("demo", "run the worker on an embedded Redis with sample incidents (nothing to install)"),

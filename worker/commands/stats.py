@@ -11,7 +11,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .. import upkeep
+from .. import retention, upkeep
 from ..bands import recommend_bands
 from ..connection import RedisClient
 from ..formats import Heartbeat
@@ -207,7 +207,9 @@ def collect_stats(client: RedisClient, settings: Settings, dead_scan: int = DEAD
     }
     group, consumers = _group(client, settings)
     positions = upkeep.group_positions(client, settings.events, settings.group, settings.stream_group_max_age_ms)
+    kept = retention.state(client, settings.keys)
     lifecycle = {
+        "retention": {**kept.as_json(), "configured": settings.retention},
         "changes_keep": settings.changes_keep,
         "changes_length": int(client.xlen(settings.keys.changes)),
         "stream_group_max_age": settings.stream_group_max_age,
@@ -284,6 +286,25 @@ def _print_index(stats: Stats, settings: Settings) -> None:
         f"  upkeep       change log {life['changes_length']:,} entries (keeping {life['changes_keep']}); lease "
         f"{life['upkeep_lease_holder'] or 'free'}"
     )
+    kept = life["retention"]
+    if not kept["window_ms"]:
+        print("  retention    off: every incident stays (RETENTION sets a window)")
+    else:
+        oldest = "-" if kept["oldest_age_s"] is None else duration(kept["oldest_age_s"])
+        line = (
+            f"  retention    window {duration(kept['window_ms'] / 1000)}: {kept['tracked']:,} incidents tracked, "
+            f"{kept['due']:,} due for expiry, the oldest last changed {oldest} ago"
+        )
+        if kept["backfill_running"]:
+            line += "; still entering the incidents indexed before it was turned on"
+        print(line)
+    configured = settings.retention_ms
+    if configured != kept["window_ms"]:
+        print(
+            f"  WARNING      configured retention {settings.retention} differs from the namespace's "
+            f"({duration(kept['window_ms'] / 1000) if kept['window_ms'] else 'off'}): a worker with this "
+            "configuration changes it when it starts"
+        )
 
 
 def _print_streams(stats: Stats) -> None:
