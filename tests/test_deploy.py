@@ -820,6 +820,22 @@ def test_library_api_works_as_the_acl_user(admin: redis.Redis, worker_client: re
     assert {entry.split()[2] for entry in refusals(admin)} <= {"info"}
 
 
+def test_retention_works_as_the_acl_user(admin: redis.Redis, worker_client: redis.Redis) -> None:
+    # turned on (backfill), kept by the apply step, read by stats and expire --dry-run, an expiry pass, turned off
+    from worker import retention
+
+    index = FingerprintIndex(worker_client)
+    index.add_fingerprint("old", 1)
+    retention.set_window(index, 1)
+    assert retention.backfill_step(index) == (False, 1)
+    index.add_fingerprint("new", 2)
+    time.sleep(0.01)
+    assert retention.state(worker_client, index.keys, upcoming=5).due == 2
+    assert retention.expire_due(index).expired == 2 and len(index) == 0
+    retention.set_window(index, 0)
+    assert refusals(admin) == []
+
+
 def test_one_band_index_works_as_the_acl_user(admin: redis.Redis, worker_client: redis.Redis) -> None:
     # One band probed at radius 0 is the one layout whose query reads a single posting set: SMEMBERS, not SUNION.
     index = FingerprintIndex(worker_client, bands=1, max_distance=0)
