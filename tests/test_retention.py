@@ -479,3 +479,50 @@ def test_the_memory_warning_says_whether_retention_is_on() -> None:
     retention.set_window(_index(client, settings.namespace), 30 * 86_400_000)
     [warning] = upkeep.warnings(client, settings, positions=[])
     assert "retention window of 30.0 days" in warning
+
+
+def test_workers_on_the_snapshot_path_never_alert_an_expired_incident(redis_client: redis.Redis) -> None:
+    """Two workers searching their own copies, one of them stale (loaded before the expiry and never refreshed):
+    an incident expired since is validated away by the atomic step, so no alert lists it."""
+    from tests.streams import alerts, pending_count
+    from worker.settings import Settings
+    from worker.stream import StreamWorker
+
+    if redis_client.get_encoder().decode_responses:  # type: ignore[attr-defined]
+        import fakeredis
+
+        from worker import library
+
+        redis_client = fakeredis.FakeRedis(server=fakeredis.FakeServer(version=7))  # the worker wants bytes
+        library.load(redis_client)
+
+    def make(consumer: str) -> StreamWorker:
+        settings = Settings(consumer=consumer, block_ms=50, read_path="snapshot", retention="1s", batch_size=4)
+        return StreamWorker(redis_client, settings)
+
+    dock = {"dock": 3, "scanner": 2, "timeout": 1}
+    publish(redis_client, [{"incident_id": f"old{n}", "features": dock} for n in range(5)])
+    stale, fresh = make("stale"), make("fresh")
+    stale.setup()
+    fresh.setup()
+    while fresh.read_and_process():
+        pass
+    assert stale.snapshot is not None
+    stale.snapshot.refresh()
+    stale.snapshot.refresh = lambda: None  # type: ignore[method-assign]  # it keeps the five old incidents
+    assert len(stale.snapshot.index) == 5
+    index = fresh.index
+    _wait_past_window(redis_client, index, _now(redis_client))
+    assert retention.expire_due(index).expired == 5  # as the lease holder does between batches
+    before = len(alerts(redis_client))
+    publish(redis_client, [{"incident_id": "new1", "features": dock}])
+    while stale.read_and_process():
+        pass
+    assert len(alerts(redis_client)) == before  # its copy matched five; all five had expired
+    publish(redis_client, [{"incident_id": "new2", "features": dock}])
+    while fresh.read_and_process():
+        pass
+    [last] = alerts(redis_client)[before:]
+    assert (last.incident_id, [m.incident_id for m in last.matches], last.match_count) == ("new2", ["new1"], 1)
+    assert pending_count(redis_client) == 0
+    _assert_consistent(redis_client, index)
