@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -249,12 +250,26 @@ def test_storm_through_two_workers_reports_every_pair_once_with_exact_counts(str
     client = stream_clients[0]
     publish(client, events)
     workers = [StreamWorker(c, fast_settings(consumer=f"w{k}", batch_size=16)) for k, c in enumerate(stream_clients)]
-    threads = [threading.Thread(target=w.run, kwargs={"until_idle": True}) for w in workers]
+    died: list[BaseException] = []
+
+    def run(worker: StreamWorker) -> None:
+        try:
+            worker.run(until_idle=True)
+        except BaseException as error:  # a worker thread's death must fail the test, not leave its entries behind
+            died.append(error)
+            raise
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in workers]
     for thread in threads:
         thread.start()
+    deadline = time.monotonic() + 300
     for thread in threads:
-        thread.join(timeout=300)
-    assert not any(thread.is_alive() for thread in threads)
+        thread.join(timeout=max(0.1, deadline - time.monotonic()))
+    if any(thread.is_alive() for thread in threads):
+        for worker in workers:
+            worker.stop()
+        pytest.fail(f"the workers were not idle within 300 s; {pending_count(client)} entries pending")
+    assert not died, f"a worker died: {died!r}"
     assert pending_count(client) == 0
     fps = {e["incident_id"]: fingerprint(e["features"]) for e in events}
     order = [text(next(iter(fields.values()))) for _, fields in client.xrange("{incidents}:changes")]

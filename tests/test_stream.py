@@ -499,3 +499,45 @@ def test_server_replies_that_mean_not_now_are_waited_out(error: Exception, waite
     from worker.stream import waits_out
 
     assert waits_out(error) is waited_out
+
+
+class _Interleaved:
+    """A client that runs `between` once, right after the first command it is given: another worker's read landing
+    in the middle of a check that takes more than one command."""
+
+    def __init__(self, client: Any, between: Any) -> None:
+        self._client, self._between, self._done = client, between, False
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            result = attr(*args, **kwargs)
+            if not self._done:
+                self._done = True
+                self._between()
+            return result
+
+        return call
+
+
+def test_until_idle_never_leaves_while_another_worker_holds_fresh_entries(redis_client: redis.Redis) -> None:
+    """The idle check reads the group's pending count and last delivered entry in one reply (XINFO GROUPS). Read in
+    two (XPENDING, then XINFO) it could see nothing pending, then the position after another worker's read of the
+    last entries, and declare the group idle while that worker held them: had that worker then died, its entries
+    would have stayed pending with nobody left to take them over (the two-worker storm test once ended with 50)."""
+    publish(redis_client, [{"incident_id": str(i), "features": DOCK} for i in range(5)])
+    redis_client.xgroup_create(EVENTS, GROUP, id="0")
+    worker = StreamWorker(redis_client, fast_settings())
+
+    def other_worker_reads_everything() -> None:
+        redis_client.xreadgroup(GROUP, "other", {EVENTS: ">"}, count=100)
+
+    worker.redis = _Interleaved(redis_client, other_worker_reads_everything)  # type: ignore[assignment]
+    assert worker._idle() is False, "idle while another consumer holds 5 entries it just read"
+    worker.redis = redis_client
+    assert pending_count(redis_client) == 5 and worker._idle() is False
+    redis_client.xack(EVENTS, GROUP, *[entry_id for entry_id, _ in redis_client.xrange(EVENTS)])
+    assert worker._idle() is True

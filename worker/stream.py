@@ -228,14 +228,19 @@ class StreamWorker:
                 raise
 
     def _idle(self) -> bool:
-        """Nothing pending and nothing undelivered. Looks past the group's last delivered ID itself rather than trust
-        XINFO's `lag`, which is an estimate (and unknown after deletions)."""
-        pending = self.redis.xpending(self.target.events_stream, self.target.group)
-        if int(pending["pending"]) != 0:
-            return False
+        """Nothing pending and nothing undelivered, group-wide. Looks past the group's last delivered ID itself rather
+        than trust XINFO's `lag`, which is an estimate (and unknown after deletions).
+
+        The pending count and the last delivered ID come from one reply (XINFO GROUPS), so they describe one moment:
+        read apart (XPENDING, then XINFO), another worker's read in between made a group look idle while that worker
+        held the entries it had just read, and this worker left; had that one died then, nobody was left to take its
+        entries over. Entries after the position seen cannot have been read since without it moving: if there are
+        none now, there were none then."""
         group = group_info(self.redis, self.target.events_stream, self.target.group)
         if group is None:
             return True
+        if int(group.get("pending", 0)) != 0:
+            return False
         later = self.redis.xrange(self.target.events_stream, min=f"({group['last-delivered-id']}", count=1)
         return not later
 
