@@ -18,6 +18,7 @@ saves work, it is not what keeps the index right.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -182,29 +183,44 @@ def trim_to_memory(client: Any, stream: str, max_bytes: int, limit: int = TRIM_L
     before, in bytes, entries removed).
 
     The memory is MEMORY USAGE with every stream node counted (SAMPLES 0: Redis's default samples only the oldest
-    nodes, which misjudges a stream whose newest entries are larger, as a storm's alerts are); it costs about 0.1 us
-    a node, 10 ms for 100,000 alerts of 5 KB. The stream is cut to its length scaled by max_bytes / memory, in whole
-    nodes (XTRIM MAXLEN ~), measured again and cut again while still over (the oldest entries can be the smaller
-    ones), at most `limit` entries a cut and `MEMORY_ROUNDS` cuts a call: a stream far over budget shrinks over
-    several calls.
+    nodes, which underestimates a stream whose newest entries are larger, as a storm's alerts are); it costs about
+    0.1 us a node, 10 ms for 100,000 alerts of 5 KB. The first cut assumes the excess is spread evenly over the
+    entries; each later cut divides the excess left by the bytes an entry of the previous cut freed (the oldest
+    entries, cut first, are often smaller than the average), up to twice the previous cut. Cuts are in whole nodes
+    (XTRIM MAXLEN ~), at most `limit` entries each and `MEMORY_ROUNDS` of them a call: a stream far over budget
+    shrinks over several calls.
     """
     if max_bytes <= 0:
         return 0, 0
-    before, removed = 0, 0
+    before, removed, per_entry = 0, 0, 0.0
+    last_used, removed_last = 0, 0
     for _ in range(MEMORY_ROUNDS):
-        try:
-            used = int(client.memory_usage(stream, samples=0) or 0)
-        except ResponseError as error:
-            raise MeasureRefusedError(str(error)) from None
+        used = _measure(client, stream)
+        if removed_last and last_used > used:
+            per_entry = (last_used - used) / removed_last
         before = before or used
         if used <= max_bytes:
             break
-        keep = int(int(client.xlen(stream)) * max_bytes / used)
-        cut = int(client.xtrim(stream, maxlen=keep, approximate=True, limit=limit) or 0)
-        removed += cut
-        if not cut:
+        length = int(client.xlen(stream))
+        excess = used - max_bytes
+        even = length * excess / used
+        # at most twice the last cut: where the small oldest entries give way to large ones, a cut sized by the
+        # small ones would remove far more bytes than the excess
+        cut = max(even, min(excess / per_entry, 2 * removed_last)) if per_entry > 0 else even
+        keep = max(0, length - max(1, math.ceil(cut)))
+        removed_last = int(client.xtrim(stream, maxlen=keep, approximate=True, limit=limit) or 0)
+        last_used = used
+        removed += removed_last
+        if not removed_last:
             break
     return before, removed
+
+
+def _measure(client: Any, stream: str) -> int:
+    try:
+        return int(client.memory_usage(stream, samples=0) or 0)
+    except ResponseError as error:
+        raise MeasureRefusedError(str(error)) from None
 
 
 # -- memory -----------------------------------------------------------------------------------------------------
