@@ -43,6 +43,9 @@ __all__ = [
     "FN_SET_RETENTION",
     "FN_TRIM_CHANGES",
     "FN_TRIM_EVENTS",
+    "FN_VERIFY_CHECK",
+    "FN_VERIFY_POSTINGS",
+    "FN_VERIFY_REPAIR",
     "LIBRARY_NAME",
     "LIBRARY_SOURCE",
     "ApplyResult",
@@ -85,6 +88,9 @@ FN_LEASE = f"{LIBRARY_NAME}_lease"
 FN_SET_RETENTION = f"{LIBRARY_NAME}_set_retention"
 FN_EXPIRY_BACKFILL = f"{LIBRARY_NAME}_expiry_backfill"
 FN_EXPIRE = f"{LIBRARY_NAME}_expire"
+FN_VERIFY_CHECK = f"{LIBRARY_NAME}_verify_check"
+FN_VERIFY_REPAIR = f"{LIBRARY_NAME}_verify_repair"
+FN_VERIFY_POSTINGS = f"{LIBRARY_NAME}_verify_postings"
 
 
 LIBRARY_PREFIX = "incident_index_"

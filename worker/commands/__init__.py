@@ -52,6 +52,9 @@ SUBCOMMANDS = (
     ),
     Subcommand("dead", "list dead letters (entries the worker could not process); `dead replay` re-queues them"),
     Subcommand("expire", "the retention window: what is due and what goes next (--dry-run), or one expiry pass"),
+    Subcommand(
+        "verify", "check the postings, twin groups and meta against the fingerprints, online; --repair fixes them"
+    ),
     Subcommand("check", "health check for Docker HEALTHCHECK and Kubernetes probes"),
     Subcommand("load-functions", "load the index's Redis Functions library with an administrator's credentials"),
     Subcommand("demo", "run the worker on an embedded Redis with sample incidents (nothing to install)"),

@@ -46,6 +46,12 @@ def _bench(args: argparse.Namespace) -> int:
                 if probe.dbsize() and not args.force:
                     raise UsageError("the Redis at --redis-url is not empty; the benchmark flushes it: add --force")
         try:
+            if args.verify:
+                from ..devtools.verify_bench import run_verify_bench, verify_markdown
+
+                found = run_verify_bench(url=url, incidents=args.verify, seed=args.seed, log=log)
+                print(json.dumps(found, indent=2) if args.json else verify_markdown(found))
+                return EXIT_OK
             if args.storm:
                 from ..devtools.storm import run_storm, storm_markdown
 
@@ -109,6 +115,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="instead: N copies of one bag against N distinct bags (events/s, index memory per incident)",
+    )
+    parser.add_argument(
+        "--verify",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: time `verify` on an index of N incidents, clean, paced, and `--repair` with 1%% damaged",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(handler=_bench)
