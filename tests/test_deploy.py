@@ -1295,3 +1295,19 @@ def test_worker_pods_wait_for_the_functions_in_an_init_container() -> None:
 
     parsed = build_parser("check").parse_args(["check", *args[1:]])
     assert parsed.functions and parsed.wait >= 60
+
+
+def test_verify_and_repair_work_as_the_acl_user(admin: redis.Redis, worker_client: redis.Redis) -> None:
+    from worker.integrity import Verifier
+
+    index = FingerprintIndex(worker_client)
+    index.bulk_load([("1", 1), ("2", 2), ("3", 2), ("4", 1 << 40)])
+    admin.sadd("{incidents}:band:0:0009", "ghost")
+    admin.zadd("{incidents}:twins:" + "0" * 15 + "1", {"1": 0})
+    admin.hset("{incidents}:meta", "retention_ms", "60000")
+    admin.zadd("{incidents}:expiry", {"1": 1, "2": 1, "3": 1, "gone": 1})
+    found = Verifier(worker_client, "incidents").run()
+    assert set(found.counts) == {"orphan_posting", "small_group", "expiry_missing", "expiry_orphan"}
+    assert Verifier(worker_client, "incidents", repair=True).run().clean
+    assert Verifier(worker_client, "incidents").run().counts == {}
+    assert refusals(admin) == []

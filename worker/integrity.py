@@ -103,6 +103,13 @@ def _glob(text_: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text_)
 
 
+def _number(value: str | None) -> float:
+    try:
+        return float(value or 0)
+    except ValueError:
+        return 0.0
+
+
 def _is_fingerprint(value: bytes | str | None) -> bool:
     """16 lowercase hex digits, the only spelling the index's functions compare correctly."""
     if isinstance(value, str):
@@ -194,7 +201,7 @@ class Verifier:
         self.max_rate = max_rate
         self.configured = configured
         self.default_layout = configured or default_layout
-        self.expiry_key = f"{self.keys.tag}:expiry"
+        self.expiry_key = self.keys.expiry
         self.migration_key = f"{self.keys.tag}:migration"
         self._items = 0
         self._started = 0.0
@@ -223,13 +230,18 @@ class Verifier:
                 "being built from stray keys. Run it after the move has finished or been aborted"
             )
         meta = {text(k): text(v) for k, v in (self.client.hgetall(self.keys.meta) or {}).items()}
+        if meta.get("building"):
+            raise CommandError(
+                f"{self.keys.meta} says a layout is being built ({meta['building']}): verify cannot tell its keys from "
+                "stray ones. Run it after the move has finished or been aborted"
+            )
         self.index = self._layout(meta)
         self.report.layout = self.index.layout_tag
         # every call checks that the meta's layout tag is still the one read here (after any repair of it): a
         # meta that changes under the walk (a migration's switch) stops it
         self._tag = text(self.client.hget(self.keys.meta, "layout") or b"")
         if meta or self.client.hlen(self.keys.fingerprints):
-            retention = "retention_ms" in meta and "retention_backfill" not in meta
+            retention = _number(meta.get("retention_ms")) > 0 and "retention_backfill" not in meta
             self._expiry_on = "1" if retention else "0"
             self._walk_incidents()
             self._walk_postings()
