@@ -727,8 +727,6 @@ local function claim(keys, args)
   return out
 end
 
-
-
 local function id_after(id)
   local ms, seq = parse_id(id)
   return string.format('%.0f-%.0f', ms, seq + 1)
