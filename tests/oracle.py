@@ -50,7 +50,15 @@ def clustered(rng: random.Random, count: int, max_distance: int, centers: int = 
     return [flip(rng.choice(middles), rng.randint(0, max_distance // 2 + 2), rng) for _ in range(count)]
 
 
-def assert_postings_match(client: object, namespace: str, bands: int, fps: dict[str, int] | None = None) -> None:
+def assert_postings_match(
+    client: object,
+    namespace: str,
+    bands: int,
+    fps: dict[str, int] | None = None,
+    *,
+    generation: int = 0,
+    also: tuple[int, int] | None = None,
+) -> None:
     """The namespace's posting sets and twin groups are exactly what its (stored or given) fingerprints call for.
 
     Each distinct fingerprint has one representative, the same incident in every posting set of it, and nothing
@@ -63,7 +71,9 @@ def assert_postings_match(client: object, namespace: str, bands: int, fps: dict[
     def text(value: object) -> str:
         return value.decode() if isinstance(value, bytes) else str(value)
 
-    index = FingerprintIndex(client, namespace, bands=bands, max_distance=0)
+    index = FingerprintIndex(client, namespace, bands=bands, max_distance=0, generation=generation)  # type: ignore[arg-type]
+    # `also`: (bands, generation) of a second layout that must hold the same postings (a migration's target)
+    layouts = [index] + ([FingerprintIndex(client, namespace, also[0], 0, also[1])] if also else [])  # type: ignore[arg-type]
     if fps is None:
         fps = {text(k): int(text(v), 16) for k, v in client.hgetall(index.keys.fingerprints).items()}  # type: ignore[attr-defined]
     holders: dict[int, set[str]] = {}
@@ -75,7 +85,7 @@ def assert_postings_match(client: object, namespace: str, bands: int, fps: dict[
     }
     expected: dict[str, set[str]] = {}
     for fp, group in holders.items():
-        keys = index.posting_keys(fp)
+        keys = [key for layout in layouts for key in layout.posting_keys(fp)]
         representatives = set(group)
         for key in keys:
             representatives &= found.get(key, set())

@@ -48,8 +48,8 @@ def _code_keys() -> dict[str, str]:
     keys = IndexKeys("N")
     built: dict[str, str] = {}
     for name, member in inspect.getmembers(type(keys)):
-        if name.startswith("_") or name in {"tag", "namespace", "owns"}:
-            continue
+        if name.startswith("_") or name in {"tag", "namespace", "owns", "postings_prefix", "postings_pattern"}:
+            continue  # (the last two build what a generation's posting keys start with, and a SCAN pattern of them)
         if isinstance(member, property):
             value = getattr(keys, name)
         elif inspect.isfunction(member):
@@ -62,6 +62,7 @@ def _code_keys() -> dict[str, str]:
             continue
         if isinstance(value, str) and value.startswith("{N}:"):
             built[value] = inspect.getdoc(member) or ""
+    built[keys.band_prefix(0, 1)] = "Set: a migrated index's postings, under their layout's generation"
     return built
 
 

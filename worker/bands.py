@@ -202,8 +202,9 @@ def recommend_bands(indexed: int, max_distance: int = DEFAULT_MAX_DISTANCE) -> i
     """The band count to use at this index size (m): the default unless another saves real time.
 
     Fewer, wider bands mean fewer candidates but more probes and more, smaller posting sets (more memory per
-    incident); `incident-worker bench` measures both sides. A change of layout means a new namespace, so another
-    count is recommended only when it saves at least a quarter of the default's time and 100 us a query.
+    incident); `incident-worker bench` measures both sides. A change of layout is a migration (`incident-worker
+    migrate`: a pass over the index, both layouts' postings held meanwhile), so another count is recommended only
+    when it saves at least a quarter of the default's time and 100 us a query.
     """
     usable = [m for m in range(1, 65) if probe_count(m, max_distance) <= MAX_PROBES]
     best = min(usable, key=lambda m: query_cost_us(m, max_distance, indexed))

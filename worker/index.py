@@ -65,6 +65,41 @@ ANY: Literal["*"] = "*"
 _Reply = TypeVar("_Reply")
 
 
+def layout_tag(bands: int, max_distance: int, generation: int = 0) -> str:
+    """What `{N}:meta`'s `layout` says and every call checks: scheme, bands, max distance, format, and for an index
+    moved to another layout (`incident-worker migrate`) the generation its postings are kept under."""
+    tag = f"{SCHEME}/bands={bands}/max_distance={max_distance}/format={FORMAT_VERSION}"
+    return tag if generation == 0 else f"{tag}/generation={generation}"
+
+
+def parse_layout_tag(tag: str) -> dict[str, str]:
+    """The parts of a layout tag: scheme, bands, max_distance, format and generation (0 when it has none)."""
+    scheme, *parts = tag.split("/")
+    fields = {"scheme": scheme, "generation": "0"}
+    for part in parts:
+        name, _, value = part.partition("=")
+        fields[name] = value
+    return fields
+
+
+def base_tag(tag: str) -> str:
+    """A layout tag without its generation: the layout itself, wherever its postings are kept."""
+    return tag.split("/generation=", 1)[0]
+
+
+@dataclass(frozen=True)
+class LayoutTarget:
+    """The layout a migration is building, which every change writes too until the switch."""
+
+    tag: str
+    layout: BandLayout
+    generation: int
+    band_keys: list[Any]
+
+    def posting_keys(self, fp: int) -> list[str]:
+        return [band.key(value) for band, value in zip(self.band_keys, self.layout.values(fp), strict=True)]
+
+
 def retry_while_stale(attempt: Callable[[], _Reply], status: Callable[[_Reply], str]) -> _Reply | None:
     """Run `attempt` (read what is stored, then apply) until its `status` is not `stale`; None if it always was.
 
@@ -104,7 +139,9 @@ class FingerprintIndex:
 
     `redis` is any redis-py client, standalone or cluster, decoding responses or not. The namespace's layout
     (`bands`, `max_distance`) is written to `{N}:meta` on first use; opening the namespace later with another
-    layout raises `LayoutMismatchError`.
+    layout raises `LayoutMismatchError`, unless the index was moved from that layout to its current one
+    (`incident-worker migrate`) or is being moved to it: then the index uses the meta's layout (`adopted` says so),
+    and follows a migration's switch while it runs.
     """
 
     def __init__(
@@ -113,13 +150,23 @@ class FingerprintIndex:
         namespace: str = DEFAULT_NAMESPACE,
         bands: int = DEFAULT_BANDS,
         max_distance: int = DEFAULT_MAX_DISTANCE,
+        generation: int = 0,
     ) -> None:
         self.redis = redis
         self.keys = IndexKeys(namespace)
-        self.layout = BandLayout(bands, max_distance)
-        self.layout_tag = f"{SCHEME}/bands={bands}/max_distance={max_distance}/format={FORMAT_VERSION}"
+        self.configured_tag = layout_tag(bands, max_distance)
+        self.building: LayoutTarget | None = None
+        """The layout a migration is building, as last read from `{N}:meta` (every change writes it too)."""
+        self.adopted: str | None = None
+        """When the meta's layout differs from the configured one (a migrated index): the meta's tag."""
+        self._use(BandLayout(bands, max_distance), generation)
         self._opened = False
-        self._band_keys = self.keys.band_keys(self.layout)
+
+    def _use(self, layout: BandLayout, generation: int) -> None:
+        self.layout = layout
+        self.generation = generation
+        self.layout_tag = layout_tag(layout.bands, layout.max_distance, generation)
+        self._band_keys = self.keys.band_keys(layout, generation)
 
     @classmethod
     def stored(cls, redis: RedisClient, namespace: str = DEFAULT_NAMESPACE) -> FingerprintIndex | None:
@@ -132,11 +179,14 @@ class FingerprintIndex:
             return None
         try:
             bands, max_distance = int(meta["bands"]), int(meta["max_distance"])
+            generation = int(meta.get("generation", "0"))
         except (KeyError, ValueError):
             raise LayoutMismatchError(
                 f"{IndexKeys(namespace).meta} holds no band layout, so it is not the meta of an incident index"
             ) from None
-        return cls(redis, namespace, bands, max_distance)
+        index = cls(redis, namespace, bands, max_distance, generation)
+        index._follow(meta)
+        return index
 
     @staticmethod
     def read_meta(redis: RedisClient, namespace: str = DEFAULT_NAMESPACE) -> dict[str, str]:
@@ -155,6 +205,7 @@ class FingerprintIndex:
             "band_widths": ",".join(str(w) for w in self.layout.widths),
             "max_distance": str(self.layout.max_distance),
             "probe_radius": ",".join(str(p) for p in self.layout.radii),
+            **({"generation": str(self.generation)} if self.generation else {}),
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
 
@@ -175,14 +226,55 @@ class FingerprintIndex:
             if library.is_missing_function(error):
                 raise FunctionsMissingError(library.missing_message()) from None
             raise
-        if stored != layout:
-            raise LayoutMismatchError(self._mismatch_message(stored))
+        self.reload_layout(stored)  # a migrated index's layout, or a migration under way
         self._opened = True
 
-    LATER_META_FIELDS = ("tokenizer", "changes_trimmed_to", "retention_ms", "retention_since", "retention_backfill")
+    def reload_layout(self, stored: str | None = None) -> bool:
+        """Take the layout from `{N}:meta` again (after a migration started, switched or was aborted); returns
+        whether anything changed. Raises `LayoutMismatchError` when the meta's layout is not one this index may use:
+        its configured one, or one the index moved to from it or is moving to from it."""
+        meta = self.read_meta(self.redis, self.keys.namespace)
+        tag = meta.get("layout", stored or "")
+        if base_tag(tag) != self.configured_tag:
+            history = {base_tag(t) for t in meta.get("previous_layouts", "").split()}
+            history.add(base_tag(meta.get("building", "")))
+            if self.configured_tag not in history or "bands" not in meta:
+                raise LayoutMismatchError(self._mismatch_message(tag))
+        return self._follow(meta)
+
+    def _follow(self, meta: Mapping[str, str]) -> bool:
+        """Use the layout and the migration target `meta` records; returns whether either changed."""
+        before = (self.layout_tag, self.building.tag if self.building else "")
+        tag = meta.get("layout", "")
+        if tag and tag != self.layout_tag:
+            parts = parse_layout_tag(tag)
+            self._use(BandLayout(int(parts["bands"]), int(parts["max_distance"])), int(parts["generation"]))
+        self.adopted = self.layout_tag if base_tag(self.layout_tag) != self.configured_tag else None
+        building = meta.get("building", "")
+        if building != (self.building.tag if self.building else ""):
+            self.building = None
+            if building:
+                parts = parse_layout_tag(building)
+                target = BandLayout(int(parts["bands"]), int(parts["max_distance"]))
+                generation = int(parts["generation"])
+                self.building = LayoutTarget(building, target, generation, self.keys.band_keys(target, generation))
+        return before != (self.layout_tag, self.building.tag if self.building else "")
+
+    LATER_META_FIELDS = (
+        "tokenizer",
+        "changes_trimmed_to",
+        "retention_ms",
+        "retention_since",
+        "retention_backfill",
+        "building",
+        "generation",
+        "previous_layouts",
+        "last_migration",
+    )
     """Meta fields written after the namespace's first use: `tokenizer`, by the first text event's call;
     `changes_trimmed_to`, by the first trim of the change log (worker/readpath.py's CHANGES_FLOOR_FIELD);
-    `retention_*`, by a worker whose retention window differs from the recorded one (worker/retention.py)."""
+    `retention_*`, by a worker whose retention window differs from the recorded one (worker/retention.py);
+    `building`, `generation`, `previous_layouts` and `last_migration` by a migration (worker/migrate.py)."""
 
     def check_tokenizer(self) -> None:
         """Raise `TokenizerMismatchError` if `{N}:meta` records text incidents made by another tokenizer version.
@@ -204,8 +296,8 @@ class FingerprintIndex:
                 f"{self.keys.meta} exists but is not the meta of an incident index; "
                 f"choose another namespace or delete the key"
             )
-        built, _, old_format = stored.rpartition("/format=")
-        if old_format != str(FORMAT_VERSION) and built == self.layout_tag.rpartition("/format=")[0]:
+        built, _, old_format = base_tag(stored).rpartition("/format=")
+        if old_format != str(FORMAT_VERSION) and built == self.configured_tag.rpartition("/format=")[0]:
             return (
                 f"namespace {self.keys.namespace!r} was built in index format {old_format}, and this worker reads "
                 f"and writes format {FORMAT_VERSION} (exact twins grouped under {self.keys.twin_prefix}<fingerprint>); "
@@ -214,26 +306,48 @@ class FingerprintIndex:
             )
         return (
             f"namespace {self.keys.namespace!r} was built as {stored!r}, but this index is configured as "
-            f"{self.layout_tag!r}; use the stored layout (bands and max distance), or another namespace"
+            f"{self.configured_tag!r}; use the stored layout (bands and max distance), or another namespace"
         )
 
     def _ensure_open(self) -> None:
         if not self._opened:
             self.open()
 
-    def call(self, function: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Call one of the library's functions (FN_*), opening the index first and restoring lost functions."""
-        return self._fcall(function, keys, args)
+    def call(
+        self,
+        function: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        *,
+        rebuild: Callable[[], tuple[Sequence[str], Sequence[Any]]] | None = None,
+    ) -> Any:
+        """Call one of the library's functions (FN_*), opening the index first and restoring lost functions.
 
-    def _fcall(self, function: str, keys: Sequence[str], args: Sequence[Any], *, readonly: bool = False) -> Any:
+        A call whose keys depend on the layout passes `rebuild`, to be built again after a migration's switch."""
+        return self._fcall(function, keys, args, rebuild=rebuild)
+
+    def _fcall(
+        self,
+        function: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        *,
+        readonly: bool = False,
+        rebuild: Callable[[], tuple[Sequence[str], Sequence[Any]]] | None = None,
+    ) -> Any:
+        """Call a function; when its error is recovered (see handle_error), call it again, its keys and arguments
+        built anew by `rebuild` when the layout may have changed meanwhile (a migration's start, switch or abort)."""
         self._ensure_open()
         call = self.redis.fcall_ro if readonly else self.redis.fcall
-        try:
-            return call(function, len(keys), *keys, *args)
-        except ResponseError as error:
-            if self.handle_error(error):
+        for _ in range(3):
+            try:
                 return call(function, len(keys), *keys, *args)
-            raise
+            except ResponseError as error:
+                if not self.handle_error(error):
+                    raise
+                if rebuild is not None:
+                    keys, args = rebuild()
+        return call(function, len(keys), *keys, *args)
 
     def handle_error(self, error: ResponseError) -> bool:
         """Recover from an error reply of a call if it can be recovered: True means retry the call.
@@ -249,7 +363,13 @@ class FingerprintIndex:
             self.open()
             return True
         if message.startswith("LAYOUT"):
+            # a migration switched the layout (or the meta was rewritten): follow it when this index may
+            if self.reload_layout():
+                return True
             raise LayoutMismatchError(message.removeprefix("LAYOUT ")) from None
+        if message.startswith("MIGRATION"):
+            self.reload_layout()  # a migration started, switched or was aborted: write what the meta says now
+            return True
         if message.startswith("TOKENIZER"):
             raise TokenizerMismatchError(message.removeprefix("TOKENIZER ")) from None
         return False
@@ -317,6 +437,12 @@ class FingerprintIndex:
             old, expected_hex = [], "-" if expected is None else ANY
         new_hex = expected_hex if fp is None else format_fingerprint(fp)
         new_group = self.keys.twins(new_hex)
+        target = self.building  # a migration under way: the change goes into its layout too
+        target_new: list[str] = []
+        target_old: list[str] = []
+        if target is not None:
+            target_new = target.posting_keys(fp) if fp is not None else []
+            target_old = target.posting_keys(expected) if isinstance(expected, int) and old else []
         return library.apply_call(
             meta=self.keys.meta,
             fingerprints=self.keys.fingerprints,
@@ -342,6 +468,10 @@ class FingerprintIndex:
             alert_text=alert_text,
             tokenizer=tokenizer,
             snapshot=snapshot,
+            building=target.tag if target is not None else "",
+            target_new_keys=target_new,
+            target_old_keys=target_old,
+            target_bands=target.layout.bands if target is not None else 0,
         )
 
     def apply_command(self, op: str, incident_id: str, fp: int | None, **kwargs: Any) -> Command:
@@ -398,7 +528,7 @@ class FingerprintIndex:
                 representative = representatives.get(fp)
                 if representative is None:
                     representatives[fp] = incident_id
-                    for key in self.posting_keys(fp):
+                    for key in self.posting_keys(fp) + (self.building.posting_keys(fp) if self.building else []):
                         postings[key].append(incident_id)
                 elif representative != incident_id:
                     groups[fp].append(incident_id)
@@ -421,8 +551,12 @@ class FingerprintIndex:
     # -- the library API --------------------------------------------------------------------------------------
 
     def _apply(self, op: str, incident_id: str, fp: int | None, **kwargs: Any) -> ApplyResult:
-        keys, args = self.apply_call(op, incident_id, fp, **kwargs)
-        return parse_apply(self._fcall(library.FN_APPLY, keys, args))
+        def build() -> tuple[list[str], list[Any]]:
+            return self.apply_call(op, incident_id, fp, **kwargs)
+
+        self._ensure_open()  # it may take another layout from the meta
+        keys, args = build()
+        return parse_apply(self._fcall(library.FN_APPLY, keys, args, rebuild=build))
 
     @staticmethod
     def _check_id(incident_id: Any) -> str:
@@ -510,10 +644,15 @@ class FingerprintIndex:
         if type(max_matches) is not int or max_matches < 0:
             raise ValueError(f"max_matches={max_matches!r}: give how many matches to list, or 0 for all")
         hex_fp = format_fingerprint(fp)
-        own, probed, others = self.probe_keys(fp, limit)
-        keys = [self.keys.meta, self.keys.fingerprints, self.keys.twins(hex_fp), *own[:probed], *others]
-        args = [hex_fp, limit, self.layout_tag, max_matches]
-        reply = self._fcall(library.FN_MATCHES, keys, args, readonly=True)
+
+        def build() -> tuple[list[str], list[Any]]:
+            own, probed, others = self.probe_keys(fp, min(limit, self.layout.max_distance))
+            keys = [self.keys.meta, self.keys.fingerprints, self.keys.twins(hex_fp), *own[:probed], *others]
+            return keys, [hex_fp, min(limit, self.layout.max_distance), self.layout_tag, max_matches]
+
+        self._ensure_open()
+        keys, args = build()
+        reply = self._fcall(library.FN_MATCHES, keys, args, readonly=True, rebuild=build)
         return ApplyResult("found", match_count=int(reply[0]), candidates=int(reply[1]), matches=pairs(reply[2:]))
 
     def neighbours(self, features: Mapping[str, int], max_distance: int | None = None) -> list[tuple[str, int]]:

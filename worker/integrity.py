@@ -25,7 +25,7 @@ from . import library
 from .bands import BandLayout
 from .connection import RedisClient
 from .errors import CommandError
-from .index import FORMAT_VERSION, SCHEME, FingerprintIndex
+from .index import FORMAT_VERSION, SCHEME, FingerprintIndex, base_tag
 from .keys import IndexKeys
 from .replies import text
 
@@ -264,7 +264,10 @@ class Verifier:
                 self.report.findings.append(finding)
             return index
         tag = meta.get("layout", "")
-        parsed = parse_layout_tag(tag)
+        # a migrated index's tag ends in /generation=<g>: its postings are under {N}:band:g<g>: (worker/migrate.py)
+        generation_text = tag.split("/generation=", 1)[1] if "/generation=" in tag else "0"
+        generation = int(generation_text) if generation_text.isdigit() else 0
+        parsed = parse_layout_tag(base_tag(tag))
         if parsed is None or parsed[0] != SCHEME or parsed[3] != FORMAT_VERSION:
             raise CommandError(
                 f"{self.keys.meta} has layout {tag!r}, not one of this version ({SCHEME}, format "
@@ -289,7 +292,7 @@ class Verifier:
                     "was built with, and verify will rewrite the meta to match it"
                 )
         try:
-            index = FingerprintIndex(self.client, ns, *chosen)
+            index = FingerprintIndex(self.client, ns, *chosen, generation=generation)
         except ValueError as error:
             raise CommandError(f"{self.keys.meta} holds a layout this version refuses: {error}") from None
         expected = index.meta_fields()
@@ -421,7 +424,8 @@ class Verifier:
         """(band, value) of a posting key of the layout, or None for a key the layout does not have."""
         assert self.index is not None
         layout: BandLayout = self.index.layout
-        rest = key[len(self.keys.tag) + len(":band:") :]
+        # the postings of the layout in use: a migrated index keeps them under its generation ({N}:band:g<g>:)
+        rest = key[len(self.keys.postings_prefix(self.index.generation)) :]
         band_text, _, value_text = rest.partition(":")
         if not band_text.isdigit() or str(int(band_text)) != band_text or int(band_text) >= layout.bands:
             return None
@@ -491,7 +495,8 @@ class Verifier:
         assert self.index is not None
         layout = self.index.layout
         specs = self._band_specs()
-        for page in self._scan_keys(_glob(self.keys.tag) + ":band:*"):
+        # only the generation in use: another one's keys are a migration's, which removes them itself
+        for page in self._scan_keys(self.keys.postings_pattern(self.index.generation)):
             self.report.scanned["posting_keys"] += len(page)
             places = {key: self._band_key(text(key)) for key in page}
             args: list[Any] = [self.batch]

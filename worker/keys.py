@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .bands import BandLayout
 
-__all__ = ["DEFAULT_NAMESPACE", "BandKeys", "IndexKeys", "hash_tag", "validate_namespace"]
+__all__ = ["DEFAULT_NAMESPACE", "BandKeys", "IndexKeys", "glob_escape", "hash_tag", "validate_namespace"]
 
 DEFAULT_NAMESPACE = "incidents"
 """As in the contract: `{incidents}:fp`, `{incidents}:band:3:a7`, ..."""
@@ -61,15 +61,28 @@ class IndexKeys:
         """Hash: incident ID -> 16 hex digits. The source of truth: postings can be rebuilt from it."""
         return f"{self.tag}:fp"
 
-    def band_prefix(self, band: int) -> str:
+    def band_prefix(self, band: int, generation: int = 0) -> str:
         """`{N}:band:<b>:`: set of the incident IDs whose band b has the value that follows, in zero-padded
-        lowercase hex of the band's `BandLayout.hex_digits` (`BandKeys` builds them)."""
-        return f"{self.tag}:band:{band}:"
+        lowercase hex of the band's `BandLayout.hex_digits` (`BandKeys` builds them).
 
-    def band_keys(self, layout: BandLayout) -> list[BandKeys]:
-        """The posting-key builder of each band of `layout`, band 0 first."""
+        An index moved to another layout (`incident-worker migrate`) keeps its postings under a new generation g:
+        `{N}:band:g<g>:<b>:`, so the layout being built never shares a key with the one in use. Generation 0, the
+        layout an index is created with, has no generation part."""
+        return f"{self.postings_prefix(generation)}{band}:"
+
+    def postings_prefix(self, generation: int = 0) -> str:
+        """`{N}:band:` (generation 0) or `{N}:band:g<g>:`: what every posting key of that generation starts with,
+        followed by the band number (a digit: that is what tells generation 0's keys from the others')."""
+        return f"{self.tag}:band:" if generation == 0 else f"{self.tag}:band:g{generation}:"
+
+    def postings_pattern(self, generation: int = 0) -> str:
+        """A SCAN MATCH pattern for every posting key of one generation, and of no other."""
+        return glob_escape(self.postings_prefix(generation)) + "[0-9]*"
+
+    def band_keys(self, layout: BandLayout, generation: int = 0) -> list[BandKeys]:
+        """The posting-key builder of each band of `layout` (in that generation's keys), band 0 first."""
         return [
-            BandKeys(self.band_prefix(b), width, digits, masks)
+            BandKeys(self.band_prefix(b, generation), width, digits, masks)
             for b, (width, digits, masks) in enumerate(
                 zip(layout.widths, layout.hex_digits, layout.probe_masks, strict=True)
             )
@@ -85,6 +98,12 @@ class IndexKeys:
         representative in the posting sets included. Exists only while two or more incidents share it (twin groups,
         docs/contract.md#what-lives-in-redis)."""
         return f"{self.tag}:twins:{fingerprint_hex}"
+
+    @property
+    def migration(self) -> str:
+        """Hash: a move to another layout under way (`incident-worker migrate`): its state, source and target
+        layout, the target's generation, the cursor of its current pass and its progress. Absent otherwise."""
+        return f"{self.tag}:migration"
 
     @property
     def changes(self) -> str:
@@ -125,6 +144,11 @@ class IndexKeys:
     def owns(self, key: str) -> bool:
         """Whether Redis Cluster hashes `key` by this index's tag, so it lives in the index's slot."""
         return hash_tag(key) == self.namespace
+
+
+def glob_escape(text: str) -> str:
+    """`text` with the characters SCAN MATCH treats as special escaped, so that it matches only itself."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 def hash_tag(key: str) -> str:

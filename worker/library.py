@@ -38,6 +38,11 @@ __all__ = [
     "FN_FORGET_CONSUMER",
     "FN_LEASE",
     "FN_MATCHES",
+    "FN_MIGRATE_ABORT",
+    "FN_MIGRATE_BUILD",
+    "FN_MIGRATE_REMOVE",
+    "FN_MIGRATE_START",
+    "FN_MIGRATE_SWITCH",
     "FN_READ_NEW",
     "FN_READ_PENDING",
     "FN_SET_RETENTION",
@@ -91,6 +96,11 @@ FN_EXPIRE = f"{LIBRARY_NAME}_expire"
 FN_VERIFY_CHECK = f"{LIBRARY_NAME}_verify_check"
 FN_VERIFY_REPAIR = f"{LIBRARY_NAME}_verify_repair"
 FN_VERIFY_POSTINGS = f"{LIBRARY_NAME}_verify_postings"
+FN_MIGRATE_START = f"{LIBRARY_NAME}_migrate_start"
+FN_MIGRATE_BUILD = f"{LIBRARY_NAME}_migrate_build"
+FN_MIGRATE_SWITCH = f"{LIBRARY_NAME}_migrate_switch"
+FN_MIGRATE_ABORT = f"{LIBRARY_NAME}_migrate_abort"
+FN_MIGRATE_REMOVE = f"{LIBRARY_NAME}_migrate_remove"
 
 
 LIBRARY_PREFIX = "incident_index_"
@@ -225,6 +235,10 @@ def apply_call(
     alert_text: str = "",
     tokenizer: str = "",
     snapshot: SnapshotClaim | None = None,
+    building: str = "",
+    target_new_keys: Sequence[str] = (),
+    target_old_keys: Sequence[str] = (),
+    target_bands: int = 0,
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of the apply function, in the order index.lua documents.
 
@@ -237,6 +251,9 @@ def apply_call(
     `stream` the call runs in library mode: no acknowledgement and no alert, `events` and `alerts` unused.
     `alert_text` goes into the alert's `text` field (when not ''); `tokenizer` is the tokenizer version of a text
     incident ('' for a bag), which the call records in `{N}:meta` or refuses when another version is recorded.
+    While a migration builds another layout, `building` is its tag and `target_new_keys`, `target_old_keys` the
+    posting keys in it of the new fingerprint and of the one replaced (`target_bands` each, or none): the call
+    writes them too, and is refused when `{N}:meta` names another layout being built (or none).
     """
     keys = [
         meta,
@@ -251,6 +268,7 @@ def apply_call(
         *old_keys,
         *probe_keys,
     ]
+    keys += [*target_new_keys, *target_old_keys]  # migration: last, so that the probe keys keep their place
     args = [
         op,
         incident_id,
@@ -268,8 +286,13 @@ def apply_call(
         alert_text,
         tokenizer,
     ]
+    # args[16..18]: the snapshot claim (empty without one); args[19..20]: the migration; args[21..]: listed matches
     if snapshot is not None:
         args += [snapshot.position, snapshot.count, "1" if snapshot.complete else "0"]
+    else:
+        args += ["", "", ""]
+    args += [building, target_bands if building else 0]
+    if snapshot is not None:
         for listed_id, distance in snapshot.listed:
             args += [listed_id, distance]
     return keys, args

@@ -151,6 +151,21 @@ class SnapshotReader:
     def index(self) -> MemoryIndex:
         return self.follower.index
 
+    @property
+    def layout(self) -> BandLayout:
+        return self.follower.layout
+
+    def relayout(self, layout: BandLayout) -> None:
+        """Cut the copy's bands anew for `layout` (a migration switched the index to it), in memory: what the copy
+        holds, incident IDs and fingerprints at a position of the change log, does not depend on the layout."""
+        old = self.follower.index
+        index = MemoryIndex(layout)
+        for incident_id, fp in old.items():
+            index.set(incident_id, fp)
+        index.position = old.position
+        self.follower.layout = layout
+        self.follower.index = index
+
     def refresh(self) -> None:
         """Bring the copy up to the end of the change log (loading it the first time, again when it was lost)."""
         if not self.follower.loaded:

@@ -127,24 +127,30 @@ def expire_picked(index: FingerprintIndex, picked: list[tuple[Any, Any]]) -> Exp
     if not picked:
         return ExpireResult()
     keys = index.keys
-    call_keys: list[str] = [keys.meta, keys.fingerprints, keys.changes, keys.expiry]
-    args: list[Any] = [index.layout_tag]
-    for incident_id, value in picked:
-        expected: Any = "-"
-        postings: list[str] = []
-        fp = 0
-        if value is not None:
-            expected = value  # as stored: the call compares it byte for byte
-            try:
-                fp = parse_fingerprint(value)
-            except ValueError:
-                pass  # mangled by hand: it goes without postings to take out (it was in none it could match through)
-            else:
-                postings = index.posting_keys(fp)
-        call_keys.append(keys.twins(format_fingerprint(fp) if postings else "-"))
-        call_keys.extend(postings)
-        args += [incident_id, expected, len(postings)]
-    expired, kept, dropped = (int(x) for x in index.call(FN_EXPIRE, call_keys, args))
+
+    def build() -> tuple[list[str], list[Any]]:
+        # built again after a migration's switch (the call is refused, the index takes the new layout)
+        call_keys: list[str] = [keys.meta, keys.fingerprints, keys.changes, keys.expiry]
+        args: list[Any] = [index.layout_tag]
+        for incident_id, value in picked:
+            expected: Any = "-"
+            postings: list[str] = []
+            fp = 0
+            if value is not None:
+                expected = value  # as stored: the call compares it byte for byte
+                try:
+                    fp = parse_fingerprint(value)
+                except ValueError:
+                    pass  # mangled by hand: it goes without postings to take out (it was in none it could match)
+                else:
+                    postings = index.posting_keys(fp)
+            call_keys.append(keys.twins(format_fingerprint(fp) if postings else "-"))
+            call_keys.extend(postings)
+            args += [incident_id, expected, len(postings)]
+        return call_keys, args
+
+    call_keys, args = build()
+    expired, kept, dropped = (int(x) for x in index.call(FN_EXPIRE, call_keys, args, rebuild=build))
     return ExpireResult(len(picked), expired, kept, dropped)
 
 

@@ -281,6 +281,13 @@ class StreamWorker:
             if "BUSYGROUP" not in str(error):
                 raise
         self.index.open()
+        if self.index.adopted:
+            self.log.warning(
+                "the index was moved to another layout (incident-worker migrate); using the index's",
+                configured=self.index.configured_tag,
+                index_layout=self.index.layout.description,
+                hint="set the bands and max distance to the index's layout",
+            )
         self.index.check_tokenizer()
         self.upkeep.configure()
         self.choose_read_path()
@@ -551,6 +558,8 @@ class StreamWorker:
         """Run one call per item (upserts and deletes with what they replace, read first); returns the replies."""
         changing = [item.event.incident_id for item in items if item.event and item.event.op != "add"]
         expected = self.index.fingerprints_of(changing)
+        if self.snapshot is not None and self.snapshot.layout != self.index.layout:
+            self.snapshot.relayout(self.index.layout)  # a migration switched the layout (the max distance, say)
         if self.snapshot is None:
             return self.index.execute([self._command(item, expected) for item in items])
         # Each call validates every change after its copy's position, the earlier calls of its own send included:
@@ -564,7 +573,9 @@ class StreamWorker:
 
     def _finish(self, items: list[_Item], replies: list[Any], *, attempt: int = 0) -> None:
         """Act on the replies of a batch's calls: log, count, dead-letter duplicates, retry what can be retried."""
-        held, again = self._settle(items, replies, retry=attempt == 0)
+        # a call refused for a lost state (functions, meta) or a layout change (a migration's start, switch or
+        # abort) changed nothing: it is sent again, built for the state just read, a few times at most
+        held, again = self._settle(items, replies, retry=attempt < 3)
         if again:
             self._apply_segment(again, attempt=attempt + 1)
         if held:

@@ -55,6 +55,7 @@ SUBCOMMANDS = (
     Subcommand(
         "verify", "check the postings, twin groups and meta against the fingerprints, online; --repair fixes them"
     ),
+    Subcommand("migrate", "move a live index to another band layout or maximum distance (resumable, abortable)"),
     Subcommand("check", "health check for Docker HEALTHCHECK and Kubernetes probes"),
     Subcommand("load-functions", "load the index's Redis Functions library with an administrator's credentials"),
     Subcommand("demo", "run the worker on an embedded Redis with sample incidents (nothing to install)"),

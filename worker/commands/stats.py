@@ -16,6 +16,7 @@ from ..bands import recommend_bands
 from ..connection import RedisClient
 from ..formats import Heartbeat
 from ..index import FingerprintIndex
+from ..migrate import MigrationStatus, migration_status
 from ..replies import consumers_info, entries, group_info, text
 from ..settings import Settings
 from ._format import duration, json_line, plural, print_table, shown, size
@@ -71,6 +72,7 @@ class Stats:
     memory: dict[str, Any] | None = None
     event_groups: list[upkeep.GroupPosition] = field(default_factory=list)
     lifecycle: dict[str, Any] = field(default_factory=dict)
+    migration: MigrationStatus | None = None
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -98,6 +100,7 @@ class Stats:
             "memory": self.memory,
             "event_groups": [group.as_json() for group in self.event_groups],
             "lifecycle": self.lifecycle,
+            "migration": self.migration.as_json() if self.migration else None,
             "warnings": self.warnings,
         }
 
@@ -137,7 +140,7 @@ def recommendation(count: int, bands: int, max_distance: int) -> tuple[int, str]
         )
     return best, (
         f"{best} bands would cost less Redis time per query than {bands} at {plural(count, 'incident')}: {why}. "
-        "A new layout needs a new namespace, built by replaying the events (measure first: incident-worker bench)"
+        f"Move the live index with `incident-worker migrate --bands {best}` (measure first: incident-worker bench)"
     )
 
 
@@ -235,6 +238,7 @@ def collect_stats(client: RedisClient, settings: Settings, dead_scan: int = DEAD
         memory=_memory(index, streams),
         event_groups=positions,
         lifecycle=lifecycle,
+        migration=migration_status(client, settings.keys),
         warnings=upkeep.warnings(client, settings, positions),
     )
 
@@ -257,11 +261,22 @@ def _print_index(stats: Stats, settings: Settings) -> None:
             f"format {meta.get('format_version', '?')})"
         )
         if stats.layout_mismatch:
+            moved = f"simhash64-blake2b8le/bands={stats.configured['bands']}/max_distance=" + str(
+                stats.configured["max_distance"]
+            )
+            known = [*meta.get("previous_layouts", "").split(), meta.get("building", "")]
             print(
                 f"  WARNING      configured bands={stats.configured['bands']}, "
-                f"max_distance={stats.configured['max_distance']} differ from the stored layout: a worker with "
-                "this configuration refuses to start"
+                f"max_distance={stats.configured['max_distance']} differ from the stored layout: "
+                + (
+                    "a worker with this configuration uses the index's layout (the index moved)"
+                    if any(tag.startswith(moved + "/") for tag in known)
+                    else "a worker with this configuration refuses to start"
+                )
             )
+        if stats.migration is not None:
+            m = stats.migration
+            print(f"  migration    {m.source} -> {m.target}: {m.progress}")
     if "used_memory" in stats.index:
         per = stats.index.get("used_memory_per_incident")
         memory = f"Redis uses {size(stats.index['used_memory'])} in all"

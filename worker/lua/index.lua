@@ -86,6 +86,20 @@ local function id_order()
   return bytes_less
 end
 
+-- Moving to another layout (docs/contract.md, "Moving to another layout"): while {N}:meta's `building` names the
+-- layout being built, every change is written to that layout's postings too. A call made without knowing of it (or
+-- still writing one that was switched to or aborted) is refused, changing nothing; its worker reads the meta again.
+local function check_building(meta_key, building)
+  local current = redis.call('HGET', meta_key, 'building') or ''
+  if current == building then return end
+  if current == '' then
+    return redis.error_reply('MIGRATION the index ' .. meta_key .. ' is not building "' .. building ..
+      '" (any more); read the meta again')
+  end
+  return redis.error_reply('MIGRATION the index ' .. meta_key .. ' is building "' .. current ..
+    '" too; read the meta again and write both layouts')
+end
+
 local function check_layout(meta_key, layout)
   local current = redis.call('HGET', meta_key, 'layout')
   if current == layout then return end
@@ -386,6 +400,11 @@ local function slice(list, first, last)
   return out
 end
 
+local function concat(a, b)
+  for i = 1, #b do a[#a + 1] = b[i] end
+  return a
+end
+
 -- Add, upsert or delete one incident; in stream mode also publish its alert and acknowledge its entry.
 --
 -- keys[1] = {N}:meta       keys[2] = {N}:fp         keys[3] = {N}:changes (a stream: one entry <op> <ID> a change)
@@ -396,7 +415,10 @@ end
 --           on, see retention_on; the incident leaves it on delete)
 -- keys[9 .. 8+n_new]             = the new fingerprint's posting keys, band 0 first
 -- keys[9+n_new .. 8+n_new+n_old] = the posting keys of the fingerprint the client expects to replace, band 0 first
--- keys[9+n_new+n_old .. #keys]   = the other probe keys of the new fingerprint
+-- keys[9+n_new+n_old .. #keys-t] = the other probe keys of the new fingerprint
+-- keys[#keys-t+1 .. #keys]       = while a migration builds another layout (args[19]): the new fingerprint's posting
+--                                  keys in it (n_target of them when n_new > 0), then those of the fingerprint the
+--                                  client expects to replace (n_target when n_old > 0); t counts both (0 otherwise)
 -- The groups of the matches found are read under the prefix of keys[6] (all in the index's hash tag): their names
 -- depend on fingerprints that only the server knows.
 --
@@ -413,7 +435,10 @@ end
 -- args[15] = tokenizer version of a text incident ('' for a bag): recorded in {N}:meta's `tokenizer` on first use,
 --            refused (error TOKENIZER) when it differs from the recorded one
 -- args[16] = snapshot position in {N}:changes ('' or absent: search the postings here; see validate_snapshot)
--- args[17] = the snapshot's match count   args[18] = '1' when it listed every match   args[19 ..] = id, d, ...
+-- args[17] = the snapshot's match count   args[18] = '1' when it listed every match ('' .. '' without a snapshot)
+-- args[19] = the layout tag a migration is building, which this call writes too ('' = none): must equal {N}:meta's
+--            `building` (refused with MIGRATION otherwise)   args[20] = n_target, posting keys per fingerprint in it
+-- args[21 ..] = the snapshot's listed matches: id, d, ...
 --
 -- Returns {status, match_count, candidates_verified, alert_entry_id_or_'', id1, d1, id2, d2, ...} where status is
 -- indexed | repeat | duplicate | stale | deleted | absent | not_pending | unvalidated. Only indexed, repeat,
@@ -432,6 +457,15 @@ local function apply(keys, args)
 
   local refused = check_layout(meta_key, args[5])
   if refused then return refused end
+  -- a migration's target layout, written beside the current one (see check_building)
+  refused = check_building(meta_key, args[19] or '')
+  if refused then return refused end
+  local n_target = tonumber(args[20]) or 0
+  local t_new = n_new > 0 and n_target or 0
+  local t_old = n_old > 0 and n_target or 0
+  local LAST_PROBE = #keys - t_new - t_old
+  local target_new = slice(keys, LAST_PROBE + 1, LAST_PROBE + t_new)
+  local target_old = slice(keys, LAST_PROBE + t_new + 1, #keys)
   local tokenizer = args[15] or ''
   if tokenizer ~= '' then
     local recorded = redis.call('HGET', meta_key, 'tokenizer')
@@ -460,7 +494,7 @@ local function apply(keys, args)
       ack()
       return {'absent', 0, 0, ''}
     end
-    unindex(id, old_group, slice(keys, FIRST + n_new, FIRST - 1 + n_new + n_old))
+    unindex(id, old_group, concat(slice(keys, FIRST + n_new, FIRST - 1 + n_new + n_old), target_old))
     redis.call('HDEL', fp_key, id)
     redis.call('ZREM', expiry_key, id)
     redis.call('XADD', changes_key, '*', op, id, 'fp', '', 'prev', old)
@@ -487,24 +521,24 @@ local function apply(keys, args)
   local verified, matched, flat, twin
   if position ~= '' then
     verified, matched, flat = validate_snapshot(meta_key, changes_key, fp, limit, id, cap, position,
-                                                tonumber(args[17]), slice(args, 19, #args), args[18] == '1')
+                                                tonumber(args[17]), slice(args, 21, #args), args[18] == '1')
     if not verified then return {'unvalidated', 0, 0, ''} end
   end
 
   -- Nothing refuses from here on. An upsert takes its old self out first: it never matches itself, and a
   -- representative leaving hands its postings to a twin, which then matches like any other incident.
-  if old then unindex(id, old_group, slice(keys, FIRST + n_new, FIRST - 1 + n_new + n_old)) end
+  if old then unindex(id, old_group, concat(slice(keys, FIRST + n_new, FIRST - 1 + n_new + n_old), target_old)) end
 
   if position == '' then
     local probes = slice(keys, FIRST, FIRST - 1 + (tonumber(args[13]) or n_new))
-    for i = FIRST + n_new + n_old, #keys do probes[#probes + 1] = keys[i] end
+    for i = FIRST + n_new + n_old, LAST_PROBE do probes[#probes + 1] = keys[i] end
     local twin_prefix = string.sub(new_group, 1, -17)
     verified, matched, flat, twin = find_matches(fp_key, twin_prefix, probes, fp, limit, cap)
   else
     twin = representative_of(fp_key, new_group, fp, slice(keys, FIRST, FIRST - 1 + n_new))
   end
 
-  index_one(id, twin, new_group, slice(keys, FIRST, FIRST - 1 + n_new))
+  index_one(id, twin, new_group, concat(slice(keys, FIRST, FIRST - 1 + n_new), target_new))
   redis.call('HSET', fp_key, id, fp)
   touch()
   redis.call('XADD', changes_key, '*', op, id, 'fp', fp, 'prev', old or '')
@@ -1205,6 +1239,157 @@ end
 
 local function verify_check(keys, args) return verify(keys, args, false) end
 local function verify_repair(keys, args) return verify(keys, args, true) end
+-- Moving a live index to another layout (docs/contract.md, "Moving to another layout"; worker/migrate.py drives it).
+-- {N}:migration holds the move's state: building (the target's postings are built from {N}:fp in bounded batches
+-- while every apply call writes both layouts), built (the pass over {N}:fp is done), cleaning (switched: the source's
+-- postings are being removed) or aborting (the target's are). Each step below is atomic and checks the state and the
+-- cursor its caller started from, so a migrator that crashed resumes from the stored cursor, and a second migrator
+-- running at the same time is refused instead of racing the first.
+
+local function migration_refused(migration_key, why)
+  return redis.error_reply('MIGRATION ' .. migration_key .. ': ' .. why)
+end
+
+-- Start a move, or report the one under way.
+--
+-- keys[1] = {N}:meta   keys[2] = {N}:migration   keys[3] = {N}:fp
+-- args[1] = the source layout tag (must be {N}:meta's `layout`)   args[2] = the target layout tag
+-- args[3 ..] = the migration's other field, value pairs (generation, prefixes, the target's meta fields, ...)
+--
+-- Returns the migration hash as field, value pairs: the one already under way, if any (the caller resumes it only
+-- when its target is the same).
+local function migrate_start(keys, args)
+  local existing = redis.call('HGETALL', keys[2])
+  if #existing > 0 then return existing end
+  local refused = check_layout(keys[1], args[1])
+  if refused then return refused end
+  if redis.call('HEXISTS', keys[1], 'building') == 1 then
+    return migration_refused(keys[2], 'missing while ' .. keys[1] .. ' says a layout is being built; run migrate --abort')
+  end
+  redis.call('HSET', keys[2], 'state', 'building', 'source', args[1], 'target', args[2], 'cursor', '0',
+             'visited', 0, 'written', 0, 'removed', 0, 'total', redis.call('HLEN', keys[3]),
+             'started_at', now_ms(), unpack(slice(args, 3, #args)))
+  -- from here on every apply call writes the target too (check_building)
+  redis.call('HSET', keys[1], 'building', args[2])
+  return redis.call('HGETALL', keys[2])
+end
+
+-- One batch of the build: each incident whose fingerprint is still the one the caller read, and which is its
+-- fingerprint's representative in the source layout (in its band-0 posting set), is added to its target postings.
+-- An incident changed since the caller read it was written to both layouts by that change.
+--
+-- keys[1] = {N}:meta   keys[2] = {N}:migration   keys[3] = {N}:fp
+-- keys[4 ..] = per incident, 1 + n keys: its source band-0 posting key, then its n target posting keys
+-- args[1] = target layout tag   args[2] = n   args[3] = the cursor this batch starts from (must be the stored one)
+-- args[4] = the cursor after it ('0': the pass over {N}:fp is complete)   args[5 ..] = per incident: ID, fingerprint
+--
+-- Returns {written, visited}.
+local function migrate_build(keys, args)
+  local m = redis.call('HMGET', keys[2], 'state', 'target', 'cursor')
+  if m[1] ~= 'building' or m[2] ~= args[1] then
+    return migration_refused(keys[2], 'not building "' .. args[1] .. '" (state ' .. tostring(m[1]) .. ')')
+  end
+  if m[3] ~= args[3] then
+    return migration_refused(keys[2], 'its cursor moved on to ' .. m[3] .. ': another migrator is running')
+  end
+  local n = tonumber(args[2])
+  local written, visited, k = 0, 0, 4
+  for i = 5, #args, 2 do
+    local id, hex = args[i], args[i + 1]
+    visited = visited + 1
+    if redis.call('HGET', keys[3], id) == hex and redis.call('SISMEMBER', keys[k], id) == 1 then
+      for j = 1, n do redis.call('SADD', keys[k + j], id) end
+      written = written + 1
+    end
+    k = k + 1 + n
+  end
+  redis.call('HINCRBY', keys[2], 'visited', visited)
+  redis.call('HINCRBY', keys[2], 'written', written)
+  redis.call('HSET', keys[2], 'cursor', args[4])
+  if args[4] == '0' then redis.call('HSET', keys[2], 'state', 'built', 'built_at', now_ms()) end
+  return {written, visited}
+end
+
+-- The switch: {N}:meta takes the target layout in one step; from then on every call of the source layout is refused
+-- (LAYOUT) and its worker takes the new layout from the meta. The source's postings are left for migrate_remove.
+--
+-- keys[1] = {N}:meta   keys[2] = {N}:migration
+-- args[1] = target layout tag   args[2 ..] = {N}:meta field, value pairs of the target (bands, generation, ...)
+--
+-- Returns 'switched', or 'already' when an earlier call switched.
+local function migrate_switch(keys, args)
+  local m = redis.call('HMGET', keys[2], 'state', 'target', 'source', 'source_prefix')
+  if m[2] ~= args[1] then return migration_refused(keys[2], 'not moving to "' .. args[1] .. '"') end
+  if m[1] == 'cleaning' then return 'already' end
+  if m[1] ~= 'built' then
+    return migration_refused(keys[2], 'the target is not built yet (state ' .. tostring(m[1]) .. ')')
+  end
+  local refused = check_layout(keys[1], m[3])
+  if refused then return refused end
+  local previous = redis.call('HGET', keys[1], 'previous_layouts')
+  redis.call('HSET', keys[1], 'layout', args[1], 'previous_layouts', m[3] .. (previous and (' ' .. previous) or ''),
+             unpack(slice(args, 2, #args)))
+  redis.call('HDEL', keys[1], 'building')
+  redis.call('HSET', keys[2], 'state', 'cleaning', 'cursor', '0', 'removing', m[4], 'switched_at', now_ms())
+  return 'switched'
+end
+
+-- Abort a move before its switch: {N}:meta stops naming the target (so no call writes it any more), and the target's
+-- postings are left for migrate_remove.
+--
+-- keys[1] = {N}:meta   keys[2] = {N}:migration
+--
+-- Returns the state after the call: 'aborting', or '' when no move is under way.
+local function migrate_abort(keys, args)
+  local m = redis.call('HMGET', keys[2], 'state', 'target_prefix')
+  if not m[1] then return '' end
+  if m[1] == 'cleaning' then
+    return migration_refused(keys[2], 'the index already switched to the new layout; it can no longer be aborted ' ..
+      '(run migrate again to finish removing the old postings)')
+  end
+  if m[1] ~= 'aborting' then
+    redis.call('HDEL', keys[1], 'building')
+    redis.call('HSET', keys[2], 'state', 'aborting', 'cursor', '0', 'removing', m[2], 'aborted_at', now_ms())
+  end
+  return 'aborting'
+end
+
+-- One batch of removing the postings of the layout that is no longer used (the source after the switch, the target
+-- after an abort). Only keys that start with the migration's `removing` prefix followed by a band number are
+-- removed; any other key passed is left alone. The batch that ends the pass removes {N}:migration and records the
+-- move in {N}:meta's `last_migration`.
+--
+-- keys[1] = {N}:meta   keys[2] = {N}:migration   keys[3 ..] = posting keys to remove
+-- args[1] = state (cleaning | aborting)   args[2] = the cursor this batch starts from (must be the stored one)
+-- args[3] = the cursor after it ('0': the pass is complete)
+--
+-- Returns {removed, done (0/1)}.
+local function migrate_remove(keys, args)
+  local m = redis.call('HMGET', keys[2], 'state', 'cursor', 'removing', 'source', 'target')
+  if m[1] ~= args[1] then
+    return migration_refused(keys[2], 'not ' .. args[1] .. ' (state ' .. tostring(m[1]) .. ')')
+  end
+  if m[2] ~= args[2] then
+    return migration_refused(keys[2], 'its cursor moved on to ' .. m[2] .. ': another migrator is running')
+  end
+  local prefix, removed = m[3], 0
+  for i = 3, #keys do
+    local key = keys[i]
+    if string.sub(key, 1, #prefix) == prefix and string.find(key, '^%d', #prefix + 1) then
+      removed = removed + redis.call('UNLINK', key)
+    end
+  end
+  if args[3] ~= '0' then
+    redis.call('HINCRBY', keys[2], 'removed', removed)
+    redis.call('HSET', keys[2], 'cursor', args[3])
+    return {removed, 0}
+  end
+  local done = m[1] == 'cleaning' and 'moved from ' or 'aborted, stayed at '
+  redis.call('HSET', keys[1], 'last_migration', done .. m[4] .. (m[1] == 'cleaning' and ' to ' or ' instead of ') ..
+             m[5] .. ' at ' .. now_ms())
+  redis.call('DEL', keys[2])
+  return {removed, 1}
+end
 
 redis.register_function('incident_index_v2_apply', apply)
 redis.register_function('incident_index_v2_trim_events', trim_events)
@@ -1229,3 +1414,8 @@ redis.register_function{function_name = 'incident_index_v2_verify_check', callba
 redis.register_function('incident_index_v2_verify_repair', verify_repair)
 redis.register_function{function_name = 'incident_index_v2_verify_postings', callback = verify_postings,
                         flags = {'no-writes'}}
+redis.register_function('incident_index_v2_migrate_start', migrate_start)
+redis.register_function('incident_index_v2_migrate_build', migrate_build)
+redis.register_function('incident_index_v2_migrate_switch', migrate_switch)
+redis.register_function('incident_index_v2_migrate_abort', migrate_abort)
+redis.register_function('incident_index_v2_migrate_remove', migrate_remove)
