@@ -590,6 +590,7 @@ def test_every_subcommand_has_help_with_examples_and_exit_codes(capsys: pytest.C
         ["dead"],
         ["dead", "replay"],
         ["check"],
+        ["migrate"],
     ):
         with pytest.raises(SystemExit) as exited:
             main([*command, "--help"])
