@@ -29,6 +29,7 @@ Usage: python benchmarks/text_quality.py [LOGHUB_DIR] [--distances 3,5,7,9] [--l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import itertools
@@ -195,18 +196,41 @@ def micros_per_call(function: Tokenizer, text: str, calls: int = 2000, rounds: i
     return 1e6 * best / calls
 
 
+GRID_LEVERS = ("weights", "word_weight", "one_placeholder", "paths", "variable_tail", "user_value", "key_value")
+"""The levers leave-one-out chooses among; the others (`head`, `hosts`, `key_words`, `units`) are measured alone."""
+
+
+def stream_speed(lines: Sequence[str]) -> tuple[float, float]:
+    """Microseconds per line and per 70 characters to tokenize `lines` once each (best of 3 passes)."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                features_from_text(line)
+        best = min(best, time.perf_counter() - started)
+    characters = sum(len(line) for line in lines)
+    return 1e6 * best / len(lines), 1e6 * best * 70 / characters
+
+
 def lever_grid() -> list[TextRules]:
-    """Every combination of the levers of `TextRules` that leave-one-out chooses among."""
+    """Every combination of the levers of `TextRules` that leave-one-out chooses among (`GRID_LEVERS`)."""
     grid = []
-    for weights, (head, head_weight), hosts, one, split, word in itertools.product(
-        ("count", "binary", "capped"),
-        ((0, 1), (1, 2), (2, 2), (1, 3), (2, 3)),
-        (False, True),
-        (False, True),
-        (False, True),
-        (1, 2),
+    for weights, word_weight, one, paths, tail, user, key_value in itertools.product(
+        ("binary", "count"), (1, 2, 3), *[(False, True)] * 5
     ):
-        grid.append(TextRules(weights, head, head_weight, hosts, one, split, word))  # type: ignore[arg-type]
+        grid.append(
+            dataclasses.replace(
+                DEFAULT_RULES,
+                weights=weights,  # type: ignore[arg-type]
+                word_weight=word_weight,
+                one_placeholder=one,
+                paths=paths,
+                variable_tail=tail,
+                user_value=user,
+                key_value=key_value,
+            )
+        )
     return grid
 
 
@@ -225,7 +249,11 @@ def mean_score(scores: Scores, r: int) -> float:
 
 
 def leave_one_out(data: dict[str, Lines], r: int, progress: bool) -> dict[str, Any]:
-    """For each system: the lever combination chosen on the other seven, and its scores on the held-out one."""
+    """For each system: the lever combination chosen on the other seven, and its scores on the held-out one.
+
+    Chosen three ways: among every combination, among those with one placeholder, and among those with named ones
+    (the same choice, with that lever held), so that the placeholder question is settled on held-out figures too.
+    """
     grid = lever_grid()
     per_rules: list[dict[str, Scores]] = []
     for number, rules in enumerate(grid, 1):
@@ -240,31 +268,44 @@ def leave_one_out(data: dict[str, Lines], r: int, progress: bool) -> dict[str, A
             print(f"  leave-one-out: {number}/{len(grid)} lever combinations measured", file=sys.stderr, end="\r")
     if progress:
         print(file=sys.stderr)
-    rows = {}
+    choices = {
+        "any": range(len(grid)),
+        "one": [i for i, rules in enumerate(grid) if rules.one_placeholder],
+        "named": [i for i, rules in enumerate(grid) if not rules.one_placeholder],
+    }
+    rows: dict[str, dict[str, Any]] = {}
     for held_out in data:
         others = [system for system in data if system != held_out]
-        best = max(range(len(grid)), key=lambda i: sum(mean_score(per_rules[i][system], r) for system in others))
-        rows[held_out] = {"chosen": describe(grid[best]), "held_out": per_rules[best][held_out][r]}
+        rows[held_out] = {}
+        for way, candidates in choices.items():
+            best = max(candidates, key=lambda i: sum(mean_score(per_rules[i][system], r) for system in others))
+            rows[held_out][way] = {"chosen": describe(grid[best]), "held_out": per_rules[best][held_out][r]}
     overall = max(range(len(grid)), key=lambda i: sum(mean_score(per_rules[i][s], r) for s in data))
-    return {"distance": r, "rows": rows, "chosen_on_all": describe(grid[overall]), "combinations": len(grid)}
+    product = grid.index(DEFAULT_RULES)
+    return {
+        "distance": r,
+        "rows": rows,
+        "chosen_on_all": describe(grid[overall]),
+        "product_in_sample": {s: per_rules[product][s][r] for s in data},
+        "combinations": len(grid),
+    }
 
 
-def levers_alone(data: dict[str, Lines], r: int) -> dict[str, dict[str, tuple[float, float, float]]]:
+def levers_alone(data: dict[str, Lines], r: int) -> dict[str, tuple[float, float, float]]:
     """The product's rules with one lever changed at a time: the mean scores over the systems at distance r."""
     variants = {"product": DEFAULT_RULES}
     for field in dataclasses.fields(TextRules):
-        if field.name == "head_weight":
-            continue
         value = getattr(DEFAULT_RULES, field.name)
         if field.name == "weights":
-            for other in ("count", "capped"):
-                variants[f"weights={other}"] = dataclasses.replace(DEFAULT_RULES, weights=other)  # type: ignore[arg-type]
+            variants["weights=count"] = dataclasses.replace(DEFAULT_RULES, weights="count")
         elif field.name == "head":
-            variants["head=2 (x2)"] = dataclasses.replace(DEFAULT_RULES, head=2, head_weight=2)
+            variants["head=2"] = dataclasses.replace(DEFAULT_RULES, head=2)
         elif isinstance(value, bool):
             variants[f"{field.name}={not value}"] = dataclasses.replace(DEFAULT_RULES, **{field.name: not value})
         else:
-            variants[f"{field.name}=1"] = dataclasses.replace(DEFAULT_RULES, **{field.name: 1})
+            for other in (1, 2, 3):
+                if other != value:
+                    variants[f"{field.name}={other}"] = dataclasses.replace(DEFAULT_RULES, **{field.name: other})
     table = {}
     for name, rules in variants.items():
         tokenize = tokenizer(rules)
@@ -272,12 +313,129 @@ def levers_alone(data: dict[str, Lines], r: int) -> dict[str, dict[str, tuple[fl
             fingerprint_scores(fingerprints_of(lines, tokenize), [t for _, t in lines], [r])[r]
             for lines in data.values()
         ]
-        table[name] = tuple(sum(s[k] for s in scores) / len(scores) for k in range(3))  # type: ignore[assignment]
-    return table  # type: ignore[return-value]
+        table[name] = (
+            sum(s[0] for s in scores) / len(scores),
+            sum(s[1] for s in scores) / len(scores),
+            sum(s[2] for s in scores) / len(scores),
+        )
+    return table
+
+
+def lost_and_merged(lines: Lines, tokenize: Tokenizer, r: int, top: int) -> dict[str, list[dict[str, Any]]]:
+    """Where grouping at distance r goes wrong on one system, to read rather than to score.
+
+    ``lost``: the templates with the most same-template pairs farther apart than r, each with its farthest pair;
+    ``merged``: the template pairs with the most lines within r of each other, each with one such pair.
+    """
+    fps = fingerprints_of(lines, tokenize)
+    by_template: dict[str, list[int]] = defaultdict(list)
+    for index, (_, template) in enumerate(lines):
+        by_template[template].append(index)
+    lost = []
+    for template, members in by_template.items():
+        count: Counter[int | None] = Counter(fps[i] for i in members)
+        keys = list(count)
+        missed, farthest = 0, (-1, 0, 0)
+        for i, a in enumerate(keys):
+            for b in keys[i + 1 :]:
+                d = 65 if a is None or b is None else (a ^ b).bit_count()
+                if d > r:
+                    missed += count[a] * count[b]
+                    if d > farthest[0]:
+                        farthest = (d, fps.index(a), fps.index(b))
+        if missed:
+            n = len(members)
+            d, i, j = farthest
+            lost.append(
+                {
+                    "template": template,
+                    "lost": missed,
+                    "pairs": n * (n - 1) // 2,
+                    "distance": d,
+                    "lines": [lines[i][0], lines[j][0]],
+                }
+            )
+    lost.sort(key=lambda row: -row["lost"])
+    groups: dict[int, list[int]] = defaultdict(list)
+    for index, fp in enumerate(fps):
+        if fp is not None:
+            groups[fp].append(index)
+    merged: Counter[tuple[str, str]] = Counter()
+    example: dict[tuple[str, str], tuple[int, int, int]] = {}
+    keys = list(groups)
+    for i, a in enumerate(keys):
+        for b in keys[i:]:
+            d = (a ^ b).bit_count()
+            if d > r:
+                continue
+            for x in groups[a]:
+                for y in groups[b]:
+                    if a == b and y <= x:
+                        continue
+                    ta, tb = lines[x][1], lines[y][1]
+                    if ta != tb:
+                        pair = (min(ta, tb), max(ta, tb))
+                        merged[pair] += 1
+                        example.setdefault(pair, (d, x, y))
+    merged_rows = [
+        {
+            "templates": list(pair),
+            "pairs": n,
+            "distance": example[pair][0],
+            "lines": [lines[example[pair][1]][0], lines[example[pair][2]][0]],
+        }
+        for pair, n in merged.most_common(top)
+    ]
+    return {"lost": lost[:top], "merged": merged_rows}
+
+
+def print_lost_and_merged(report: dict[str, dict[str, list[dict[str, Any]]]], r: int) -> None:
+    def short(line: str) -> str:
+        return line if len(line) <= 100 else line[:97] + "..."
+
+    print(f"where the product's rules go wrong at r={r} (same-template pairs lost, different templates merged):")
+    for system, found in report.items():
+        print(f"  {system}")
+        for row in found["lost"]:
+            share = row["lost"] / row["pairs"]
+            lost = f"{row['lost']} of {row['pairs']} pairs ({share:.0%})"
+            print(f"    lost {lost} of {row['template']}, up to d={row['distance']}")
+            for line in row["lines"]:
+                print(f"      {short(line)!r}")
+        for row in found["merged"]:
+            print(f"    merged {row['pairs']} pairs of {' and '.join(row['templates'])} (d={row['distance']})")
+            for line in row["lines"]:
+                print(f"      {short(line)!r}")
 
 
 def _pct(value: float) -> str:
     return f"{100 * value:5.1f}"
+
+
+def _pct2(value: float) -> str:
+    return f"{100 * value:6.2f}"
+
+
+def print_leave_one_out(loo: dict[str, Any]) -> None:
+    r, tried = loo["distance"], loo["combinations"]
+    print(f"leave-one-out at r={r}: levers chosen on the other systems ({tried} combinations), scored on the eighth")
+    ways = {"any": "any levers", "one": "one placeholder", "named": "named placeholders"}
+    print(f"{'held out':<10} " + "  ".join(f"{title:^20}" for title in ways.values()) + "  chosen (any levers)")
+    print(f"{'':<10} " + "  ".join(f"{'P':>6} {'R':>6} {'A':>6}" for _ in ways))
+    rows = loo["rows"]
+    for system, row in rows.items():
+        cells = "  ".join(" ".join(_pct2(x) for x in row[way]["held_out"]) for way in ways)
+        print(f"{system:<10} {cells}  {row['any']['chosen']}")
+    for label, combine in (("average", lambda v: sum(v) / len(v)), ("lowest", min)):
+        cells = "  ".join(
+            " ".join(_pct2(combine([row[way]["held_out"][k] for row in rows.values()])) for k in range(3))
+            for way in ways
+        )
+        print(f"{label:<10} {cells}")
+    for way in ("one", "named"):
+        chosen = Counter(row[way]["chosen"] for row in rows.values())
+        print(f"chosen with {ways[way]}: " + "; ".join(f"{name} ({n} of {len(rows)})" for name, n in chosen.items()))
+    print(f"chosen on all systems: {loo['chosen_on_all']}")
 
 
 def print_quality(results: dict[str, dict[str, Any]], distances: Sequence[int]) -> None:
@@ -314,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--distances", default="3,5,7,9", help="distances r to judge at (default 3,5,7,9)")
     parser.add_argument("--leave-one-out", action="store_true", help="choose the levers on 7 systems, test on the 8th")
     parser.add_argument("--levers", action="store_true", help="each lever alone against the product's rules")
+    parser.add_argument("--lost", type=int, metavar="N", help="the N worst templates and template pairs per system")
     parser.add_argument("--no-drain3", action="store_true", help="leave Drain3 out even when it is installed")
     parser.add_argument("--json", type=Path, help="also write every figure to this JSON file")
     args = parser.parse_args(argv)
@@ -347,8 +506,13 @@ def main(argv: list[str] | None = None) -> int:
     print_quality(results, distances)
     one_line = micros_per_call(features_from_text, SPEED_LINE)
     baseline = micros_per_call(whitespace_split, SPEED_LINE)
+    every_line = [content for lines in data.values() for content, _ in lines]
+    per_line, per_70 = stream_speed(every_line)
     print()
-    print(f"speed: {one_line:.1f} us for a {len(SPEED_LINE)}-character line ({baseline:.1f} us for a whitespace split)")
+    print(f"speed: {one_line:.1f} us for a {len(SPEED_LINE)}-character line ({baseline:.1f} us, whitespace split);")
+    print(
+        f"       {per_line:.1f} us a line over the {len(every_line):,} sample lines ({per_70:.1f} us per 70 characters)"
+    )
     output: dict[str, Any] = {
         "tokenizer_version": TOKENIZER_VERSION,
         "quality": {
@@ -356,7 +520,17 @@ def main(argv: list[str] | None = None) -> int:
         },
         "speed_us_70_chars": one_line,
         "speed_us_whitespace": baseline,
+        "speed_us_sample_line": per_line,
+        "speed_us_per_70_sample_chars": per_70,
     }
+    if args.lost:
+        report = {
+            system: lost_and_merged(lines, features_from_text, DEFAULT_DISTANCE, args.lost)
+            for system, lines in data.items()
+        }
+        print()
+        print_lost_and_merged(report, DEFAULT_DISTANCE)
+        output["lost_and_merged"] = report
     if args.levers:
         table = levers_alone(data, DEFAULT_DISTANCE)
         print()
@@ -367,15 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.leave_one_out:
         loo = leave_one_out(data, DEFAULT_DISTANCE, progress=sys.stderr.isatty())
         print()
-        tried = loo["combinations"]
-        print(f"leave-one-out at r={DEFAULT_DISTANCE}: levers chosen on the other systems ({tried} tried)")
-        print(f"{'held out':<10} {'P':>5} {'R':>5} {'A':>5}  chosen (differences from the product's rules)")
-        for system, row in loo["rows"].items():
-            print(f"{system:<10} " + " ".join(_pct(x) for x in row["held_out"]) + f"  {row['chosen']}")
-        held = [row["held_out"] for row in loo["rows"].values()]
-        print(f"{'average':<10} " + " ".join(_pct(sum(h[k] for h in held) / len(held)) for k in range(3)))
-        print(f"{'lowest':<10} " + " ".join(_pct(min(h[k] for h in held)) for k in range(3)))
-        print(f"chosen on all systems: {loo['chosen_on_all']}")
+        print_leave_one_out(loo)
         output["leave_one_out"] = loo
     if args.json:
         args.json.write_text(json.dumps(output, indent=1) + "\n", encoding="utf-8")

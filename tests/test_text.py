@@ -48,9 +48,9 @@ def test_text_is_lowercased(text: str, expected: list[str]) -> None:
     ("text", "expected"),
     [
         ("42", [V]),
-        ("took 3.14 s", ["took", V, "s"]),
-        ("1,000 rows", [V, "rows"]),
-        ("on 2015-07-29 at 17:41:44,747", ["on", V, "at", V]),
+        ("took 3.14 s", ["took", V]),  # a unit after a number goes with it
+        ("1,000 rows", [V, V, "rows"]),  # a comma separates words: two placeholders, one token in the bag
+        ("on 2015-07-29 at 17:41:44,747", ["on", V, "at", V, V]),
         ("version 1.2.3", ["version", V]),
         ("version 7.1.7601.164", ["version", V]),
         ("3/4 done", [V, "done"]),
@@ -67,12 +67,12 @@ def test_numbers_are_masked(text: str, expected: list[str]) -> None:
     ("text", "expected"),
     [
         ("INC0012345", ["inc<*>"]),
-        ("timeout after 500ms", ["timeout", "after", "<*>ms"]),
-        ("workers2.properties", ["workers<*>.properties"]),
+        ("timeout after 500ms", ["timeout", "after", V]),
+        ("workers2.properties", ["workers<*>"]),
         ("ssh2", ["ssh<*>"]),
     ],
 )
-def test_numbers_inside_words_are_masked(text: str, expected: list[str]) -> None:
+def test_a_word_is_variable_from_its_first_number_on(text: str, expected: list[str]) -> None:
     assert words(text) == expected
 
 
@@ -82,13 +82,14 @@ def test_numbers_inside_words_are_masked(text: str, expected: list[str]) -> None
         ("job-4711", ["job-<*>"]),
         ("blk_-6952295868487656571", ["blk_<*>"]),
         ("blk_38865049064139660", ["blk_<*>"]),
-        ("appattempt_1445144423722_0020_000001", ["appattempt_<*>_<*>_<*>"]),
-        ("/var/log/app-3/out.log", ["var/log/app-<*>/out.log"]),
-        ("web-03.prod:8080", ["web-<*>.prod:<*>"]),
-        ("org.apache.hadoop.mapreduce.v2.app.MRAppMaster", ["org.apache.hadoop.mapreduce.v<*>.app.mrappmaster"]),
+        ("appattempt_1445144423722_0020_000001", ["appattempt_<*>"]),
+        ("attempt_1445144423722_0020_m_000000_0", ["attempt_<*>"]),  # m or r: part of the ID
+        ("web-03.prod:8080", ["web-<*>"]),
+        ("org.apache.hadoop.mapreduce.v2.app.MRAppMaster", ["org.apache.hadoop.mapreduce.v<*>"]),
+        ("pam_unix(sshd:auth)", ["pam_unix", "sshd:auth"]),
     ],
 )
-def test_identifiers_keep_their_shape_and_lose_their_digits(text: str, expected: list[str]) -> None:
+def test_identifiers_keep_their_prefix_and_lose_the_rest(text: str, expected: list[str]) -> None:
     assert words(text) == expected
 
 
@@ -142,7 +143,7 @@ def test_ipv4_addresses_with_optional_port_are_masked(text: str, expected: list[
     [
         ("from fe80::1ff:fe23:4567:890a up", ["from", V, "up"]),
         ("2001:0db8:85a3:0000:0000:8a2e:0370:7334", [V]),
-        ("peer [2001:db8::1]:443 closed", ["peer", V, "closed"]),
+        ("peer [2001:db8::1]:443 closed", ["peer", V, V, "closed"]),
         ("bind ::1", ["bind", V]),
         ("at 17:41:44", ["at", V]),  # a time, not an address: still masked, as a number
         ("std::vector", ["std::vector"]),  # no digit: a word
@@ -157,13 +158,58 @@ def test_ipv6_addresses_are_masked_whole(text: str, expected: list[str]) -> None
     [
         ("from ns.marryaldkfaczcz.com", ["from", V]),
         ("dsl-082-083-227-067.arcor-ip.net", [V]),
-        ("Resolved MSRA-SA-41.fareast.corp.example.com to /default-rack", ["resolved", V, "to", "default-rack"]),
+        ("Resolved MSRA-SA-41.fareast.corp.example.com to rack", ["resolved", V, "to", "rack"]),
         ("proxy : web-3.corp.example.de:8080", ["proxy", V]),
         ("mail to ops@example.com", ["mail", "to", "ops@<*>"]),
-        ("GET http://www.example.org/index.html", ["get", "http://<*>/index.html"]),
+        ("rhost=biblioteka.wsi.edu.pl", ["rhost=", V]),  # a country after a generic second level
+        ("rhost=62.99.164.82.sh.interxion.inode.at", ["rhost=", V]),
     ],
 )
 def test_host_names_are_masked_like_addresses(text: str, expected: list[str]) -> None:
+    assert words(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Deleting blk_1 file /mnt/hadoop/dfs/data/current/subdir5/blk_1", ["deleting", "blk_<*>", "file", V]),
+        ('"GET /v2/e97/servers/detail?all_tenants=True&since=2017-05-16 HTTP/1.1"', ["get", V, "http/<*>"]),
+        ("GET http://www.example.org/index.html?x=1 now", ["get", V, "now"]),
+        ("request /10.10.34.11:45307", ["request", V]),
+        ("adding path spec: /mapreduce/*", ["adding", "path", "spec", V]),
+        ("read/write error", ["read/write", "error"]),  # a slash inside a word: not a path
+        ("and / or", ["and", "or"]),
+    ],
+)
+def test_a_path_or_url_is_one_variable_up_to_the_next_space(text: str, expected: list[str]) -> None:
+    assert words(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Invalid user webmaster from 1.2.3.4", ["invalid", "user", V, "from", V]),
+        ("session closed for user news", ["session", "closed", "for", "user", V]),
+        ("invalid user user from x", ["invalid", "user", V, "from", "x"]),  # one value, not a chain
+        ("user 42 logged in", ["user", V, "logged", "in"]),
+        ("users logged in", ["users", "logged", "in"]),
+    ],
+)
+def test_the_word_after_user_is_a_value(text: str, expected: list[str]) -> None:
+    assert words(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("estimated size 8.8 KB, free 384.0 B", ["estimated", "size", V, "free", V]),
+        ("took 5 ms", ["took", V]),
+        ("5 s later", [V, "later"]),
+        ("size kb", ["size", "kb"]),  # no number before it: a word
+        ("took 5 seconds", ["took", V, "seconds"]),  # a unit that does not scale: kept
+    ],
+)
+def test_a_unit_after_a_number_goes_with_it(text: str, expected: list[str]) -> None:
     assert words(text) == expected
 
 
@@ -181,7 +227,7 @@ def test_file_class_and_setting_names_are_not_host_names(text: str) -> None:
         ("err 0xDEADBEEF", ["err", V]),
         ("0x1f", [V]),
         ("54fadb412c4e40cdbaed9335e4c35a9e", [V]),
-        ("/v2/54fadb412c4e40cd/servers", ["v<*>/<*>/servers"]),
+        ("v2/54fadb412c4e40cd/servers", ["v<*>"]),
         ("commit a3f9c2e1 reverted", ["commit", V, "reverted"]),
         ("12345678", [V]),  # no letter a-f: a number, and the same placeholder
     ],
@@ -194,8 +240,8 @@ def test_hex_strings_are_masked(text: str, expected: list[str]) -> None:
     ("text", "expected"),
     [
         ("deadbeef", ["deadbeef"]),  # no digit: a word
-        ("a3f9c2e", ["a<*>f<*>c<*>e"]),  # 7 hex digits: too short, masked as an identifier
-        ("x54fadb412c4e40cd", ["x<*>fadb<*>c<*>e<*>cd"]),  # glued to a letter: not a hex string
+        ("a3f9c2e", ["a<*>"]),  # 7 hex digits: too short, masked as an identifier
+        ("x54fadb412c4e40cd", ["x<*>"]),  # glued to a letter: not a hex string
     ],
 )
 def test_short_or_single_kind_hex_strings_are_not_hex(text: str, expected: list[str]) -> None:
@@ -205,11 +251,13 @@ def test_short_or_single_kind_hex_strings_are_not_hex(text: str, expected: list[
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("at Sat Jul  9 12:59:44 2005", ["at", V, V, V]),
-        ("since July 9th", ["since", V]),
-        ("since 9 Jul", ["since", V]),
-        ("Tuesday, March 3rd", [V]),
-        ("in Jul 2005", ["in", "jul", V]),  # no day number: not a date
+        ("at Sat Jul  9 12:59:44 2005", ["at", V, V, V, V, V]),
+        ("since July 9th", ["since", V, V]),
+        ("since 9 Jul", ["since", V, V]),
+        ("Tuesday, March 3rd", [V, V, V]),
+        ("in Jul 2005", ["in", V, V]),
+        ("in jul", ["in", "jul"]),  # no number beside it: a word
+        ("sat down", ["sat", "down"]),
     ],
 )
 def test_dates_with_a_month_name_are_masked(text: str, expected: list[str]) -> None:
@@ -233,44 +281,46 @@ def test_a_placeholder_already_in_the_text_reads_as_one() -> None:
 
 
 def test_every_masked_kind_is_the_one_placeholder() -> None:
-    kinds = "1 0xff 38101a0b-2096-447d-96ea-a692162415ae 10.0.0.1 Jul 9 fe80::1 db-1.example.com 54fadb412c4e40cd"
-    assert words(kinds) == [PLACEHOLDER] * 8
+    kinds = "1 0xff 38101a0b-2096-447d-96ea-a692162415ae 10.0.0.1 Jul 9 fe80::1 db-1.example.com 54fadb412c4e40cd /x"
+    assert words(kinds) == [PLACEHOLDER] * 10
 
 
 def test_other_rules_name_the_masked_kinds() -> None:
     rules = TextRules(one_placeholder=False)
-    assert words("1 0xff 38101a0b-2096-447d-96ea-a692162415ae 10.0.0.1 Jul 9 db.example.com", rules) == [
+    assert words("1 0xff 38101a0b-2096-447d-96ea-a692162415ae 10.0.0.1 Jul 9 db.example.com /x", rules) == [
         "<num>",
         "<hex>",
         "<uuid>",
         "<ip>",
         "<date>",
+        "<num>",
         "<ip>",
+        "<path>",
     ]
 
 
 # --- bags ---
 
 
-def test_each_word_counts_once_and_plain_words_weigh_two() -> None:
+def test_each_word_counts_once_and_plain_words_weigh_three() -> None:
     assert features_from_text("Bye bye BYE, disk full on disk 3 and disk 7, uid=0") == {
-        "bye": 2,
-        "disk": 2,
-        "full": 2,
-        "on": 2,
+        "bye": 3,
+        "disk": 3,
+        "full": 3,
+        "on": 3,
         "<*>": 1,
-        "and": 2,
+        "and": 3,
         "uid=": 1,
     }
 
 
 def test_a_line_of_numbers_is_not_dominated_by_the_placeholder() -> None:
     bag = features_from_text("dentry cache hash table entries: 16384 (order: 4, 65536 bytes)")
-    assert bag["<*>"] == 1 and bag["entries"] == 2
+    assert bag["<*>"] == 1 and bag["entries"] == 3
 
 
 def test_one_word_gives_a_bag_of_one_token() -> None:
-    assert features_from_text("x") == {"x": 2}
+    assert features_from_text("x") == {"x": 3}
     assert features_from_text("42") == {"<*>": 1}
 
 
@@ -350,7 +400,7 @@ def _assert_valid_bag_or_refused(text: str) -> None:
     assert bag
     assert set(bag) == set(words(text))
     assert all(type(token) is str for token in bag)
-    assert all(weight == (2 if token.isalpha() else 1) for token, weight in bag.items())
+    assert all(weight == (3 if token.isalpha() else 1) for token, weight in bag.items())
     assert fingerprint(bag) == fingerprint_reference(bag)
     assert bag == tokenizer(DEFAULT_RULES)(text)  # the fast path is the general one under the product's rules
 
@@ -379,19 +429,38 @@ def test_tokenizing_the_words_again_changes_nothing(text: str) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(log_like_text, st.sampled_from(["count", "binary", "capped"]), st.integers(0, 3), st.booleans(), st.booleans())
+@given(
+    log_like_text,
+    st.sampled_from(["count", "binary"]),
+    st.integers(1, 3),
+    st.integers(0, 3),
+    st.lists(st.booleans(), min_size=8, max_size=8),
+)
 def test_every_lever_combination_gives_bags_the_fingerprint_accepts(
-    text: str, weights: str, head: int, hosts: bool, one: bool
+    text: str, weights: str, word_weight: int, head: int, switches: list[bool]
 ) -> None:
-    rules = TextRules(weights, head, 2, hosts, one, True, 2)  # type: ignore[arg-type]
+    one, hosts, paths, tail, user, key_value, key_words, units = switches
+    rules = TextRules(
+        weights=weights,  # type: ignore[arg-type]
+        word_weight=word_weight,
+        head=head,
+        one_placeholder=one,
+        hosts=hosts,
+        paths=paths,
+        variable_tail=tail,
+        user_value=user,
+        key_value=key_value,
+        key_words=key_words,
+        units=units,
+    )
     tokens = words(text, rules)
     if not tokens:
         return
     bag = tokenizer(rules)(text)
     assert set(bag) == set(tokens)
     assert all(type(weight) is int and 1 <= weight <= MAX_WEIGHT for weight in bag.values())
-    if weights == "count" and head == 0:
-        assert sum(bag.values()) == sum(2 if token.isalpha() else 1 for token in tokens)
+    if weights == "count" and head == 0 and not key_words:
+        assert sum(bag.values()) == sum(word_weight if token.isalpha() else 1 for token in tokens)
     fingerprint(bag)
 
 
@@ -505,20 +574,11 @@ def _template_pair_rates(lines: list[tuple[str, str]], pairs: int = 2000) -> tup
 
 
 @loghub
-@pytest.mark.parametrize("system", ["Apache", "HDFS", "Hadoop", "OpenStack", "Spark", "Zookeeper"])
+@pytest.mark.parametrize("system", ["Apache", "HDFS", "Hadoop", "Linux", "OpenSSH", "OpenStack", "Spark", "Zookeeper"])
 def test_loghub_lines_of_one_template_land_together(system: str) -> None:
     same, diff = _template_pair_rates(_loghub(system))
-    assert same >= 0.9, f"{system}: only {same:.1%} of same-template pairs within {ALERT_DISTANCE}"
-    assert diff <= 0.02, f"{system}: {diff:.1%} of different-template pairs within {ALERT_DISTANCE}"
-
-
-@loghub
-@pytest.mark.parametrize("system", ["Linux", "OpenSSH"])
-def test_loghub_lines_with_free_text_parameters_still_beat_whitespace_split(system: str) -> None:
-    # user and host names are template parameters here, and no rule can mask a word
-    same, diff = _template_pair_rates(_loghub(system))
-    assert same >= 0.5
-    assert diff <= 0.05
+    assert same >= 0.95, f"{system}: only {same:.1%} of same-template pairs within {ALERT_DISTANCE}"
+    assert diff <= 0.01, f"{system}: {diff:.1%} of different-template pairs within {ALERT_DISTANCE}"
 
 
 @loghub

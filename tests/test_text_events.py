@@ -161,11 +161,13 @@ def test_text_events_with_both_or_neither_are_dead_letters(redis_client: redis.R
 def test_a_worker_refuses_an_index_made_by_another_tokenizer(redis_client: redis.Redis) -> None:
     publish(redis_client, [{"incident_id": "1", "text": DISK_1}])
     run_worker(redis_client)
-    redis_client.hset(META, "tokenizer", "1")
-    with pytest.raises(TokenizerMismatchError, match="tokenizer version 1") as caught:
+    previous = str(TOKENIZER_VERSION - 1)  # an index of the version before: an upgrade that changed the tokenizer
+    redis_client.hset(META, "tokenizer", previous)
+    with pytest.raises(TokenizerMismatchError, match=f"tokenizer version {previous}") as caught:
         StreamWorker(redis_client, Settings(consumer="w2")).setup()
     assert isinstance(caught.value, LayoutMismatchError)  # handled like a layout mismatch: exit code 2
-    assert "new namespace" in str(caught.value)
+    message = str(caught.value)
+    assert f"this worker's is version {TOKENIZER_VERSION}" in message and "new namespace" in message
 
 
 def test_a_text_event_meeting_another_tokenizer_stops_the_worker_and_stays_pending(redis_client: redis.Redis) -> None:

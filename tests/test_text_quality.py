@@ -68,7 +68,7 @@ def test_cluster_scores_count_every_pair(rows: list[tuple[int, str]]) -> None:
 
 def test_every_lever_combination_is_distinct_and_named() -> None:
     grid = text_quality.lever_grid()
-    assert len(grid) == len(set(grid)) == 240
+    assert len(grid) == len(set(grid)) == 192
     assert text_quality.describe(text_quality.DEFAULT_RULES) == "product"
     assert text_quality.DEFAULT_RULES in grid
 
@@ -87,3 +87,29 @@ def test_quality_benchmark_runs_on_a_small_sample(tmp_path: Path) -> None:
     figures = json.loads(out.read_text(encoding="utf-8"))
     assert figures["quality"]["Tiny"]["text"]["7"] == [1.0, 1.0, 1.0]
     assert figures["quality"]["Tiny"]["whitespace"]["7"][1] < 1.0  # nothing masked: the numbers keep lines apart
+
+
+LOGHUB = text_quality.find_loghub(None)
+BOUNDED = 500  # the first lines of each sample: about 2 s for all eight, where the whole samples take a minute
+
+
+@pytest.mark.skipif(LOGHUB is None, reason="the Loghub samples are not on this machine")
+def test_quality_on_the_first_lines_of_each_loghub_sample() -> None:
+    """The product's rules at the default distance keep their figures on a bounded sample (BENCHMARKS.md: all)."""
+    assert LOGHUB is not None
+    scores = {}
+    for path in sorted(LOGHUB.glob("*_structured.csv")):
+        lines = text_quality.load(path)[:BOUNDED]
+        fps = text_quality.fingerprints_of(lines, text_quality.features_from_text)
+        scores[path.name] = text_quality.fingerprint_scores(fps, [t for _, t in lines], [7])[7]
+    assert len(scores) == 8
+    precision, recall, pure = (sum(s[k] for s in scores.values()) / len(scores) for k in range(3))
+    assert precision >= 0.99 and recall >= 0.99 and pure >= 0.97, (precision, recall, pure)
+    assert min(s[1] for s in scores.values()) >= 0.95, scores
+    if text_quality.have_drain3():  # side by side with Drain3 (pip install -e '.[bench]')
+        drain = [
+            text_quality.cluster_scores(text_quality.drain3_clusters(lines, False), [t for _, t in lines])
+            for lines in (text_quality.load(path)[:BOUNDED] for path in sorted(LOGHUB.glob("*_structured.csv")))
+        ]
+        assert precision >= sum(d[0] for d in drain) / len(drain)
+        assert pure >= sum(d[2] for d in drain) / len(drain)

@@ -1,60 +1,60 @@
 """Feature bags from plain text: a log line, an incident title or description (docs/contract.md#the-fingerprint).
 
-`features_from_text` lowercases the text, masks its variable parts, cuts it into words and weighs them. Lines of
-one kind (the same message on another host, at another time, with another ID or user) get nearly the same bag, so
-their fingerprints land close together. The rules, applied in this order:
+`features_from_text` lowercases the text, cuts it into words, masks the variable ones and weighs them. Lines of one
+kind (the same message on another host, at another time, with another ID, path or user) get nearly the same bag, so
+their fingerprints land close together. The rules (version 3):
 
-1. Lowercase the whole text (``str.lower``).
-2. Mask variable parts: each becomes the placeholder ``<*>``. First, scanning left to right, these patterns,
-   masked only where they do not touch a letter or digit on either side (``_`` and punctuation are not letters):
-
-   * a UUID (8-4-4-4-12 hex digits);
-   * an IPv4 address (four dotted numbers 0..255, not part of a longer dotted run like ``1.2.3.4.5``), with an
-     optional ``:port``;
-   * an IPv6 address (eight groups of hex digits, or fewer with one ``::``, holding a digit), optionally in
-     brackets with a ``:port`` after them;
-   * ``0x`` followed by hex digits, and a run of 8 or more hex digits holding at least one digit and one letter
-     a-f (a hash, a request ID: ``54fadb412c4e40cd``; ``deadbeef`` stays a word);
-   * a date with an English month name, a day number and an optional weekday before it: ``Sat Jul  9``,
-     ``July 9th``, ``9 Jul``, ``Tuesday, March 3rd`` (so "may 3 times" reads as a date too);
-   * a host name, with an optional ``:port``: dotted labels of letters, digits and hyphens ending in a top-level
-     domain (``com net org edu gov mil int biz info local localdomain lan internal arpa``, or any two letters
-     except common file extensions such as ``gz sh py js`` and ``id``, the usual end of a dotted setting name):
-     ``ns1.example.com``, ``web-3.corp.example.de:8080``. ``out.log``, ``workers2.properties``,
-     ``org.apache.hadoop``, ``java.io.IOException`` and ``mapred.task.id`` are not host names.
-
-   Then every remaining number becomes ``<*>``, inside words too: a run of digits, with any further digit runs
-   joined to it by ``. , : - /`` (``3.14``, ``1,000``, ``2015-07-29``, ``17:41:44,747``, ``7.1.7601.164``), and a
-   leading ``-`` or ``+`` sign unless the sign follows a letter or digit. ``inc0012345`` -> ``inc<*>``,
-   ``500ms`` -> ``<*>ms``, ``-27`` -> ``<*>``.
-3. Cut into words. A word is a run of letters, digits (any script) and placeholders, and may hold the joiners
-   ``. _ - / : @`` between two such runs. So an identifier keeps its shape (letters and joiners) and loses its
-   variable digits, and a path or URL stays one token: ``job-4711`` -> ``job-<*>``, ``blk_-6952295868487656571``
-   -> ``blk_<*>``, ``/var/log/app-3/out.log`` -> ``var/log/app-<*>/out.log``. A ``=`` ends a word and stays on
-   it, so ``uid=0`` gives the words ``uid=`` and ``<*>``: the key is a word, its value another. A placeholder
-   already in the text (``<*>``) reads as one. Joiners at the ends of a word and every other character (spaces,
-   brackets, quotes, commas, ``; ! ? # % * ( )``...) only separate words: punctuation is never a token.
-4. Weights: each distinct word counts once, whatever its number of occurrences, and a word of letters only
-   (``failed``, ``password``: the stuff templates are made of) weighs 2; any other word (a placeholder, an
-   identifier with a placeholder or a joiner in it, a path) weighs 1.
+1. Lowercase the whole text (``str.lower``) and cut it at white space into chunks.
+2. Cut each chunk into words. A path (from a ``/`` that no word leads up to: ``/var/log/x``, ``/v2/...?a=1``) or a
+   URL (a word holding ``://``) is one variable up to the next space, its query string included. Otherwise a word is
+   a run of letters, digits (any script) and placeholders, and may hold the joiners ``. _ - / : @`` between two such
+   runs, so ``pam_unix``, ``sshd:auth``, ``read/write`` and ``10.0.0.1:80`` are one word each. A ``=`` ends a word
+   and stays on it: ``uid=0`` gives ``uid=`` and ``<*>``. Every other character (brackets, quotes, commas,
+   ``; ! ? # % * ( )``...) only separates words: punctuation is never a token. A placeholder already in the text
+   (``<*>``) reads as one.
+3. A word is variable from its first variable part to its end, where it becomes the placeholder ``<*>``; what comes
+   before stays (an identifier's constant prefix): ``attempt_1445144423722_0020_m_000000_0`` -> ``attempt_<*>``,
+   ``ssh2`` -> ``ssh<*>``, ``blk_-6952295868487656571`` -> ``blk_<*>`` (a sign after a joiner goes with the number),
+   ``2017-05-16t00:00:00`` -> ``<*>``. The first variable part is the first digit, unless the word is
+   * an IPv6 address (``fe80::1ff:fe23:4567:890a``): all of it;
+   * a host name, with an optional ``:port``, alone or after ``user@``: dotted labels of letters, digits and hyphens
+     ending in a top-level domain (``com net org edu gov mil int biz info local localdomain lan internal arpa``, any
+     two letters after ``com net org edu gov ac co`` as in ``wsi.edu.pl``, or any other two letters except common
+     file extensions such as ``gz sh py js pl`` and ``id``, the usual end of a dotted setting name). ``out.log``,
+     ``hadoop-env.sh``, ``java.io.ioexception`` and ``mapred.task.id`` are not host names;
+   * a hex string that makes a whole run of letters and digits: ``0x`` and hex digits, or 8 or more hex digits
+     holding a digit (a hash, a request ID, the first part of a UUID): it starts there. ``deadbeef`` stays a word.
+4. Three rules read a word's neighbour:
+   * the word after ``user`` is a value: ``invalid user admin`` -> ``invalid user <*>`` (a user name is a parameter,
+     as after ``user=``; only the next word, and a value never makes the word after it one);
+   * a month name (``jan`` ... ``december``) beside a number is part of a date, and so is a weekday just before such
+     a month: ``Sat Jul  9 12:59:44 2005`` -> five ``<*>``; ``in jul`` keeps its words;
+   * a unit of size or time right after a number goes with it: ``8.8 KB`` and ``384.0 B`` -> ``<*>``, ``5 ms`` ->
+     ``<*>`` (``b kb mb gb tb pb kib mib gib tib ns us ms s sec secs min h``).
+5. Weights: each distinct word counts once, whatever its number of occurrences, and a word of letters only
+   (``failed``, ``password``: the stuff templates are made of) weighs 3; any other word (a placeholder, an
+   identifier, a ``key=`` word) weighs 1.
 
 Why these choices: `benchmarks/text_quality.py` measures them on the Loghub samples (lines of one template should
-land within the alert distance of each other, lines of different templates should not) and chooses among the
-levers by leave-one-system-out: every split keeps the weighting, host names, ``key=`` words and word weight below.
-Every split also prefers five named placeholders by a margin smaller than respelling the placeholder moves the
-figures; one placeholder is kept for the failures seen on systems outside the samples (BENCHMARKS.md has the
-tables and the reasoning). What each rule fixes:
+land within the alert distance of each other, lines of different templates should not), beside Drain3, lever by
+lever, and chooses among the levers by leave-one-system-out (BENCHMARKS.md has the tables). What each rule fixes,
+in pairs of one template that version 2 left farther apart than 7:
 
-* counting each word once: a line that is mostly numbers was mostly the number placeholder, whose hash then set
-  most bits, so lines of unrelated templates met at distance 0 to 4;
-* letters-only words weighing twice the rest: a template's constant words are mostly plain words, its variable
-  parts mostly are not (host names, paths, identifiers), so one variable token moves a short line less;
-* one placeholder for every masked kind: a value that is sometimes an IPv4 address and sometimes a host name, or
-  a hex ID without a letter a-f (read as a number), or a version that happens to look like an address, no longer
-  gives lines of one template different tokens;
-* host names and ``key=`` words: the variable part of ``rhost=host.example.com`` is masked like an address would be.
+* variable to the end of the word: IDs whose letters vary too (``attempt_..._m_...`` and ``..._r_...``), a reverse
+  DNS name read as ``<*>.<*>`` beside a host name read as ``<*>``, timestamps and hex IDs cut into several pieces;
+* paths up to the next space: files at different depths, request paths and query strings of one HTTP endpoint;
+* the word after ``user``: user names, the largest loss of all in authentication logs;
+* units, second-level country domains: sizes printed as ``B`` or ``KB``, a host name that was left whole.
 
-Speed: about 1.1 times version 1's, some 11 microseconds for a log line of 70 characters on a quiet core.
+Counting each word once keeps a line that is mostly numbers from being mostly the placeholder (whose hash then set
+most bits, so unrelated lines met at distance 0 to 4). Letters-only words weighing three times the rest keeps one
+variable token from pushing a short line past 7 (3 rather than version 2's 2: fewer variable parts are words now,
+and lines of different templates that differ by one word move farther apart). One placeholder for every masked kind
+keeps a value that is sometimes an address and sometimes a host name, or a hex ID without a letter a-f, from giving
+lines of one template different tokens.
+
+Speed: the text is cut at white space first, and a chunk of letters only (most of a log line) needs no pattern;
+about 0.4 times version 2's time for a 70-character line, measured in one process.
 
 Text that yields no word (empty, blank, punctuation only) raises `ValueError`: it has no fingerprint. So does text
 holding a lone surrogate, which has no UTF-8 form and so no token hash.
@@ -82,90 +82,113 @@ __all__ = [
     "words",
 ]
 
-TOKENIZER_VERSION = 2
-"""Bumped by every change to what a text turns into. 1: counts, five placeholders; 2: the rules above."""
+TOKENIZER_VERSION = 3
+"""Bumped by every change to what a text turns into. 1: counts, five placeholders; 2: each word once, plain words
+weigh 2, one placeholder; 3: the rules above (a word is variable from its first variable part on, paths and the word
+after ``user`` are variables)."""
 
 PLACEHOLDER = "<*>"
-"""The token (or part of a token) that stands for a masked variable part."""
+"""The token (or the end of a token) that stands for a masked variable part."""
 
 
 @dataclass(frozen=True)
 class TextRules:
     """The levers of the tokenizer. The product uses `DEFAULT_RULES`; the others exist to be measured.
 
-    * `weights`: ``count`` (occurrences), ``binary`` (each distinct word once), ``capped`` (occurrences, but a
-      placeholder token at most once);
-    * `head`, `head_weight`: the first `head` words weigh `head_weight` times more (Drain's premise: a line's first
-      words are its constants);
-    * `hosts`: mask host names; `one_placeholder`: every masked kind is ``<*>`` (else ``<num> <hex> <uuid> <ip>
-      <date>``, host names as ``<ip>``); `split_key_value`: ``=`` ends a word;
-    * `word_weight`: the weight multiplier of a word made of letters only.
+    * `weights`: ``binary`` (each distinct word once) or ``count`` (occurrences);
+    * `word_weight`: the weight of a word made of letters only (every other token weighs 1);
+    * `head`: the first `head` words weigh twice as much (Drain's premise: a line's first words are its constants);
+    * `one_placeholder`: every masked kind is ``<*>`` (else ``<num> <hex> <uuid> <ip> <date> <path>``, host names
+      as ``<ip>``);
+    * `hosts`: mask host names; `paths`: a path (from a ``/`` that starts a word to the next space) is one variable;
+    * `variable_tail`: a word is variable from its first variable part on (``attempt_<*>``), else only its digit
+      runs are masked (``attempt_<*>_<*>_m_<*>_<*>``);
+    * `user_value`: the word after ``user`` is a variable (a user name is a value, as after ``user=``);
+    * `key_value`: the word after a ``key=`` word is a variable;
+    * `key_words`: a ``key=`` word of letters weighs as a word of letters (else 1);
+    * `units`: a unit of size or time after a number (``8.8 kb``) goes with the number.
     """
 
-    weights: Literal["count", "binary", "capped"] = "binary"
+    weights: Literal["binary", "count"] = "binary"
+    word_weight: int = 3
     head: int = 0
-    head_weight: int = 1
-    hosts: bool = True
     one_placeholder: bool = True
-    split_key_value: bool = True
-    word_weight: int = 2
+    hosts: bool = True
+    paths: bool = True
+    variable_tail: bool = True
+    user_value: bool = True
+    key_value: bool = False
+    key_words: bool = False
+    units: bool = True
 
 
 DEFAULT_RULES = TextRules()
 
-_NOT_ALNUM_BEFORE = r"(?<![^\W_])"  # not preceded by a letter or digit: `_` and punctuation are boundaries
-_NOT_ALNUM_AFTER = r"(?![^\W_])"
+# --- what a word is ---
+
+_ATOM = r"(?:[^\W_]+|<(?:\*|num|hex|uuid|ip|date|path)>)+"
+_WORD = rf"{_ATOM}(?:[-._/:@]+{_ATOM})*=?"
+"""A word: runs of letters, digits and placeholders joined by ``. _ - / : @``; a trailing ``=`` stays on it."""
+_RAW_WORD_RE = re.compile(
+    # a path: from a "/" that no word or joiner leads up to, to the next space (its query string included)
+    rf"/(?=\S*[^\W_])\S*|{_WORD}"
+)
+_WORD_RE = re.compile(_WORD)
+
+# --- what is variable in a word ---
+
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_IPV4_RE = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}(?::[0-9]{{1,5}})?(?![.0-9])")
 _HEX4 = r"[0-9a-f]{1,4}"
-_IPV6 = (
+_IPV6_RE = re.compile(
     rf"(?:{_HEX4}:){{7}}{_HEX4}"
     rf"|(?=[0-9a-f:]*[0-9])(?:{_HEX4}:){{0,6}}{_HEX4}?::(?:{_HEX4}:){{0,6}}{_HEX4}"  # one "::" and a digit
 )
-_WEEKDAY = r"(?:mon(?:day)?|tue(?:s|sday)?|wed(?:nesday)?|thu(?:rs?|rsday)?|fri(?:day)?|sat(?:urday)?|sun(?:day)?)"
-_MONTH = (
-    r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sept?(?:ember)?|oct(?:ober)?"
-    r"|nov(?:ember)?|dec(?:ember)?)"
-)
-_DAY = r"(?:[12][0-9]|3[01]|0?[1-9])(?:st|nd|rd|th)?"
-# Generic top-level domains seen in logs, or two letters (a country) unless a common file extension or `id`, the
-# usual last part of a dotted setting name (`mapred.task.id`).
+_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(?![^\W_])")
+# The first variable part of a word: a hex string (0x..., or 8 or more hex digits holding a digit) that makes a whole
+# run of letters and digits, else the first digit.
+_FIRST_VARIABLE_RE = re.compile(r"(?<![^\W_])(?:0x[0-9a-f]+|(?=[a-f]*[0-9])[0-9a-f]{8,})(?![^\W_])|\d")
+_DIGITS_RE = re.compile(r"\d+")
+_HEX_RUN_RE = re.compile(r"(?<![^\W_])(?:0x[0-9a-f]+|(?=[a-f]*[0-9])[0-9a-f]{8,})(?![^\W_])")
+
+# Host names: dotted labels ending in a top-level domain, with an optional :port. Generic domains seen in logs, or
+# two letters (a country) unless a common file extension or `id` (the usual end of a dotted setting name), or
+# two letters after a generic second level (`edu.pl`, `co.uk`).
 _NOT_COUNTRIES = "gz|sh|py|js|so|md|db|rb|pl|cc|hh|el|ps|rs|go|ts|xz|bz|id"
 _GENERIC_TLDS = "com|net|org|edu|gov|mil|int|biz|info|local|localdomain|lan|internal|arpa"
-_TLD = rf"(?:{_GENERIC_TLDS}|(?!(?:{_NOT_COUNTRIES})\b)[a-z]{{2}})"
+_TLD = (
+    rf"(?:{_GENERIC_TLDS}|(?:(?<=\.(?:com|net|org|edu|gov)\.)|(?<=\.(?:ac|co)\.))[a-z]{{2}}"
+    rf"|(?!(?:{_NOT_COUNTRIES})\b)[a-z]{{2}})"
+)
 _LABEL = r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?"
-_PORT = r"(?::[0-9]{1,5})?"
+_HOST_RE = re.compile(rf"(?:{_LABEL}\.)+{_TLD}(?::[0-9]{{1,5}})?")
+
+_MONTHS = frozenset(
+    {"jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec"}
+    | {"january", "february", "march", "april", "june", "july", "august", "september", "october", "november"}
+    | {"december"}
+)
+_WEEKDAYS = frozenset(
+    {"mon", "tue", "tues", "wed", "thu", "thur", "thurs", "fri", "sat", "sun"}
+    | {"monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"}
+)
+_UNITS = frozenset(
+    {"b", "kb", "mb", "gb", "tb", "pb", "kib", "mib", "gib", "tib"} | {"ns", "us", "ms", "s", "sec", "secs", "min", "h"}
+)
+"""Units after a number that scale with it (``384.0 B``, ``8.8 KB``): part of the value."""
+_VALUE_KEYS = frozenset(["user"])
+"""Words whose next word is a value, as the word after ``key=``: a user name is a parameter, never a template's."""
 
 
-def _mask_pattern(hosts: bool) -> re.Pattern[str]:
-    # One pass for the patterns that must win over plain numbers: each alternative is tried at a position before the
-    # scanner moves on, so an address is never half-read as a decimal number. Group names say what was masked.
-    alternatives = [
-        r"(?P<uuid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})",
-        rf"(?<![0-9]\.)(?P<ip>{_OCTET}(?:\.{_OCTET}){{3}}{_PORT})(?!\.[0-9])",  # not inside 1.2.3.4.5
-        rf"\[?(?P<ipv6>{_IPV6})(?:\]{_PORT})?",
-        r"(?P<hex>0x[0-9a-f]+|(?=[0-9]*[a-f])(?=[a-f]*[0-9])[0-9a-f]{8,})",
-        rf"(?P<date>(?:{_WEEKDAY},?\s+)?{_MONTH}\.?\s+{_DAY}|{_DAY}\s+{_MONTH})",
-    ]
-    if hosts:
-        # the whole dotted run or nothing: `java.io` in `java.io.ioexception` is no host
-        # the whole dotted run or nothing (`java.io` in `java.io.ioexception` is no host), and never glued to a
-        # placeholder, so that masking the words again changes nothing
-        alternatives.append(rf"(?<!>)(?<!>[.-])(?P<host>(?:{_LABEL}\.)+{_TLD}{_PORT})(?![.-]?(?:[^\W_]|<[*a-z]+>))")
-    return re.compile(_NOT_ALNUM_BEFORE + "(?:" + "|".join(alternatives) + ")" + _NOT_ALNUM_AFTER)
-
-
-# Digits (\d: any script) with the runs joined to them, and a sign unless it is a hyphen inside a word. Written as two
-# branches rather than an optional sign group: a third faster on log lines.
-_NUMBER_RE = re.compile(r"[-+](?<![^\W_][-+])\d+(?:[.,:/-]\d+)*|\d+(?:[.,:/-]\d+)*")
-_HAS_DIGIT_OR_DOT_RE = re.compile(r"[\d.]")  # every masked pattern holds one: text without either skips masking
-_NAMED = {"uuid": "<uuid>", "ip": "<ip>", "ipv6": "<ip>", "hex": "<hex>", "date": "<date>", "host": "<ip>"}
-
-
-def _word_pattern(split_key_value: bool) -> re.Pattern[str]:
-    atom = r"(?:[^\W_]+|<(?:\*|num|hex|uuid|ip|date)>)+"
-    if split_key_value:
-        return re.compile(rf"{atom}(?:[-._/:@]+{atom})*=?")
-    return re.compile(rf"{atom}(?:[-._/:@=]+{atom})*")
+def _kind(part: str) -> str:
+    """The named placeholder of a variable part (the rest of a word from its first variable part)."""
+    if _UUID_RE.match(part):
+        return "<uuid>"
+    if _IPV4_RE.match(part):
+        return "<ip>"
+    if _HEX_RUN_RE.match(part):
+        return "<hex>"
+    return "<num>"
 
 
 Tokenizer = Callable[[str], dict[str, int]]
@@ -173,36 +196,110 @@ Tokenizer = Callable[[str], dict[str, int]]
 
 @lru_cache(maxsize=64)
 def _words_function(rules: TextRules) -> Callable[[str], list[str]]:
-    mask_re = _mask_pattern(rules.hosts)
-    word_re = _word_pattern(rules.split_key_value)
-    number = PLACEHOLDER if rules.one_placeholder else "<num>"
-    if rules.one_placeholder:
-        mask_sub = mask_re.sub
-        number_sub = _NUMBER_RE.sub
-        precheck = _HAS_DIGIT_OR_DOT_RE.search
+    findall = _RAW_WORD_RE.findall
+    word_findall = _WORD_RE.findall
+    first_variable = _FIRST_VARIABLE_RE.search
+    host_match = _HOST_RE.fullmatch
+    ipv6_match = _IPV6_RE.fullmatch
+    digits_sub = _DIGITS_RE.sub
+    hex_sub = _HEX_RUN_RE.sub
+    one = rules.one_placeholder
+    paths, hosts, tail = rules.paths, rules.hosts, rules.variable_tail
+    value_keys = _VALUE_KEYS if rules.user_value else frozenset()
+    key_value = rules.key_value
+    path_token = PLACEHOLDER if one else "<path>"
+    ip_token = PLACEHOLDER if one else "<ip>"
+    date_token = PLACEHOLDER if one else "<date>"
+    value_token = PLACEHOLDER if one else "<num>"
+    months, weekdays = _MONTHS, _WEEKDAYS
+    units = _UNITS if rules.units else frozenset()
 
-        def masked_words(text: str) -> list[str]:
-            text = text.lower()
-            if precheck(text) is not None:
-                text = number_sub(PLACEHOLDER, mask_sub(PLACEHOLDER, text))
-            return word_re.findall(text)
+    def variable(word: str) -> str:
+        """A word that is not letters only, with its variable part masked (rules 3 and 4)."""
+        body, key = (word[:-1], "=") if word[-1] == "=" else (word, "")
+        if hosts and "." in body and (body[-1].isalpha() or ":" in body):
+            at = body.rfind("@") + 1  # user@host: the host part
+            if host_match(body, at) is not None:
+                return body[:at] + ip_token + key
+        found = first_variable(body)
+        if found is None:
+            return word
+        if body.count(":") >= 2 and ipv6_match(body) is not None:
+            return ip_token + key
+        if not tail:  # only the variable runs: hex strings, then digit runs
+            if one:
+                return digits_sub(PLACEHOLDER, hex_sub(PLACEHOLDER, body)) + key
+            return digits_sub("<num>", hex_sub("<hex>", body)) + key
+        start = found.start()
+        prefix = body[:start]
+        if prefix[-1:] in ("-", "+") and not prefix[-2:-1].isalnum():  # a sign: blk_-42 is blk_42
+            prefix = prefix[:-1]
+        return prefix + (PLACEHOLDER if one else _kind(body[start:])) + key
 
-        return masked_words
+    def chunk_words(chunk: str, out: list[str], before: str) -> str:
+        """Append the words of a chunk that is not letters only (rules 2 to 4); return the raw word it ends with."""
+        for word in findall(chunk):
+            if before in value_keys or (key_value and before[-1:] == "=" and word[-1] != "="):
+                out.append(value_token)  # a value: nothing after it is one
+                before = ""
+                continue
+            if word.isalpha():
+                if before[:1].isdecimal() and word in units:  # "8.8 kb": the unit goes with its number
+                    before = ""
+                    continue
+                out.append(word)
+            elif word[0] == "<" and word[-1] == ">" and word.count("<") == 1:
+                out.append(word)
+            elif paths and (word[0] == "/" or "://" in word):
+                out.append(path_token)
+                if word[0] != "/":  # a URL: its query string is part of it
+                    return ""
+            elif word[0] == "/":  # paths measured as words
+                out.extend(part if part.isalpha() else variable(part) for part in word_findall(word))
+            else:
+                out.append(variable(word))
+            before = word
+        return before
 
-    def named(match: re.Match[str]) -> str:
-        return _NAMED[match.lastgroup or ""]
+    def split(text: str) -> list[str]:
+        out: list[str] = []
+        before = ""  # the previous raw word, "" after a value
+        month = -1  # where in `out` a month name stands when it was the previous word
+        for chunk in text.lower().split():
+            if not chunk.isalpha():
+                if month >= 0 and chunk[:1].isdecimal():  # "jul 9", "sat jul 9": the names were a date
+                    out[month] = date_token
+                    if month >= 1 and out[month - 1] in weekdays:
+                        out[month - 1] = date_token
+                month = -1
+                if one and chunk.isdecimal() and before not in value_keys and not key_value:
+                    out.append(PLACEHOLDER)  # a plain number: what `chunk_words` would give, sooner
+                    before = chunk
+                else:
+                    before = chunk_words(chunk, out, before)
+                continue
+            month = -1
+            if before in value_keys or (key_value and before[-1:] == "="):
+                out.append(value_token)
+                before = ""
+                continue
+            if before[:1].isdecimal():
+                if chunk in units:  # "8.8 kb": the unit goes with its number
+                    before = ""
+                    continue
+                if chunk in months:  # "9 jul": a date
+                    chunk = date_token
+            elif chunk in months:  # a date if a day number follows
+                month = len(out)
+            before = chunk
+            out.append(chunk)
+        return out
 
-    def named_words(text: str) -> list[str]:
-        text = text.lower()
-        if _HAS_DIGIT_OR_DOT_RE.search(text) is not None:
-            text = _NUMBER_RE.sub(number, mask_re.sub(named, text))
-        return word_re.findall(text)
-
-    return named_words
+    return split
 
 
 def words(text: str, rules: TextRules = DEFAULT_RULES) -> list[str]:
-    """The words of `text` after lowercasing and masking, in order (rules 1 to 3 of the module docstring)."""
+    """The words of `text` after lowercasing and masking, in order (rules 1 to 4 of the module docstring)."""
     return _words_function(rules)(text)
 
 
@@ -226,16 +323,12 @@ def _no_token(text: str) -> ValueError:
     )
 
 
-def _is_placeholder_only(token: str) -> bool:
-    return token.startswith("<") and token.endswith(">") and token.count("<") == 1
-
-
 @lru_cache(maxsize=64)
 def tokenizer(rules: TextRules = DEFAULT_RULES) -> Tokenizer:
     """A function text -> feature bag that applies `rules` (the product's own is `features_from_text`)."""
     split = _words_function(rules)
-    head, head_weight, word_weight = rules.head, rules.head_weight, rules.word_weight
-    mode = rules.weights
+    head, word_weight, binary = rules.head, rules.word_weight, rules.weights == "binary"
+    key_words = rules.key_words
 
     def bag_of(text: str) -> dict[str, int]:
         _check_text(text)
@@ -244,14 +337,13 @@ def tokenizer(rules: TextRules = DEFAULT_RULES) -> Tokenizer:
             raise _no_token(text)
         bag: dict[str, int] = {}
         for position, token in enumerate(tokens):
-            weight = head_weight if position < head else 1
-            if word_weight != 1 and token.isalpha():
-                weight *= word_weight
-            if mode == "binary":
+            plain = token.isalpha() or (key_words and token[-1] == "=" and token[:-1].isalpha())
+            weight = word_weight if plain else 1
+            if position < head:
+                weight *= 2
+            if binary:
                 if bag.get(token, 0) < weight:
                     bag[token] = weight
-            elif mode == "capped" and _is_placeholder_only(token) and token in bag:
-                bag[token] = max(bag[token], weight)
             else:
                 bag[token] = bag.get(token, 0) + weight
         return bag
@@ -268,8 +360,8 @@ def features_from_text(text: str) -> dict[str, int]:
     tokens = _default_words(text)
     if not tokens:
         raise _no_token(text)
-    # each distinct word once; letters-only words weigh 2 (rule 4)
-    return {token: 2 if token.isalpha() else 1 for token in tokens}
+    # each distinct word once; letters-only words weigh 3 (rule 5)
+    return {token: 3 if token.isalpha() else 1 for token in tokens}
 
 
 _default_words = _words_function(DEFAULT_RULES)
