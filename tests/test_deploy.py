@@ -836,6 +836,25 @@ def test_retention_works_as_the_acl_user(admin: redis.Redis, worker_client: redi
     assert refusals(admin) == []
 
 
+def test_migration_works_as_the_acl_user(admin: redis.Redis, worker_client: redis.Redis) -> None:
+    # started, built, switched and its old postings removed; then another started and aborted
+    from worker.bands import BandLayout
+    from worker.migrate import Migrator
+
+    index = FingerprintIndex(worker_client)
+    spread = 0x9E3779B97F4A7C15  # fingerprints far apart
+    index.bulk_load([(str(i), i * spread % 2**64) for i in range(50)])
+    assert Migrator(worker_client, "incidents", batch=10).migrate(3).startswith("moved from")
+    assert index.add_fingerprint("x", spread) == [("1", 0)] and index.layout.bands == 3
+    migrator = Migrator(worker_client, "incidents", batch=10)
+    stored = FingerprintIndex.stored(worker_client)
+    assert stored is not None
+    migrator._start(stored, BandLayout(4, 7))
+    migrator.step()
+    assert migrator.abort().startswith("aborted")
+    assert refusals(admin) == []
+
+
 def test_one_band_index_works_as_the_acl_user(admin: redis.Redis, worker_client: redis.Redis) -> None:
     # One band probed at radius 0 is the one layout whose query reads a single posting set: SMEMBERS, not SUNION.
     index = FingerprintIndex(worker_client, bands=1, max_distance=0)

@@ -1303,9 +1303,10 @@ local function migrate_build(keys, args)
     end
     k = k + 1 + n
   end
-  redis.call('HINCRBY', keys[2], 'visited', visited)
-  redis.call('HINCRBY', keys[2], 'written', written)
-  redis.call('HSET', keys[2], 'cursor', args[4])
+  -- (HMGET and HSET, not HINCRBY: the worker's least-privilege user may run this too, deploy/redis/users.acl)
+  local counts = redis.call('HMGET', keys[2], 'visited', 'written')
+  redis.call('HSET', keys[2], 'cursor', args[4], 'visited', (tonumber(counts[1]) or 0) + visited,
+             'written', (tonumber(counts[2]) or 0) + written)
   if args[4] == '0' then redis.call('HSET', keys[2], 'state', 'built', 'built_at', now_ms()) end
   return {written, visited}
 end
@@ -1380,8 +1381,8 @@ local function migrate_remove(keys, args)
     end
   end
   if args[3] ~= '0' then
-    redis.call('HINCRBY', keys[2], 'removed', removed)
-    redis.call('HSET', keys[2], 'cursor', args[3])
+    local before = tonumber(redis.call('HGET', keys[2], 'removed')) or 0
+    redis.call('HSET', keys[2], 'cursor', args[3], 'removed', before + removed)
     return {removed, 0}
   end
   local done = m[1] == 'cleaning' and 'moved from ' or 'aborted, stayed at '
