@@ -291,8 +291,8 @@ def leave_one_out(data: dict[str, Lines], r: int, progress: bool) -> dict[str, A
     }
 
 
-def levers_alone(data: dict[str, Lines], r: int) -> dict[str, tuple[float, float, float]]:
-    """The product's rules with one lever changed at a time: the mean scores over the systems at distance r."""
+def levers_alone(data: dict[str, Lines], distances: Sequence[int]) -> dict[int, dict[str, tuple[float, float, float]]]:
+    """The product's rules with one lever changed at a time: the mean scores over the systems at each distance."""
     variants = {"product": DEFAULT_RULES}
     for field in dataclasses.fields(TextRules):
         value = getattr(DEFAULT_RULES, field.name)
@@ -306,19 +306,20 @@ def levers_alone(data: dict[str, Lines], r: int) -> dict[str, tuple[float, float
             for other in (1, 2, 3):
                 if other != value:
                     variants[f"{field.name}={other}"] = dataclasses.replace(DEFAULT_RULES, **{field.name: other})
-    table = {}
+    tables: dict[int, dict[str, tuple[float, float, float]]] = {r: {} for r in distances}
     for name, rules in variants.items():
         tokenize = tokenizer(rules)
         scores = [
-            fingerprint_scores(fingerprints_of(lines, tokenize), [t for _, t in lines], [r])[r]
+            fingerprint_scores(fingerprints_of(lines, tokenize), [t for _, t in lines], distances)
             for lines in data.values()
         ]
-        table[name] = (
-            sum(s[0] for s in scores) / len(scores),
-            sum(s[1] for s in scores) / len(scores),
-            sum(s[2] for s in scores) / len(scores),
-        )
-    return table
+        for r in distances:
+            tables[r][name] = (
+                sum(s[r][0] for s in scores) / len(scores),
+                sum(s[r][1] for s in scores) / len(scores),
+                sum(s[r][2] for s in scores) / len(scores),
+            )
+    return tables
 
 
 def lost_and_merged(lines: Lines, tokenize: Tokenizer, r: int, top: int) -> dict[str, list[dict[str, Any]]]:
@@ -532,12 +533,14 @@ def main(argv: list[str] | None = None) -> int:
         print_lost_and_merged(report, DEFAULT_DISTANCE)
         output["lost_and_merged"] = report
     if args.levers:
-        table = levers_alone(data, DEFAULT_DISTANCE)
+        tables = levers_alone(data, distances)
         print()
-        print(f"each lever alone, mean over the systems at r={DEFAULT_DISTANCE}:   P     R     A")
-        for name, triple in table.items():
-            print(f"  {name:<36} " + " ".join(_pct(x) for x in triple))
-        output["levers"] = table
+        print("each lever alone, mean over the systems, P R A in % at each distance:")
+        print(f"  {'rules':<28} " + "  ".join(f"{'r=' + str(r):^20}" for r in distances))
+        for name in tables[DEFAULT_DISTANCE]:
+            print(f"  {name:<28} " + "  ".join(" ".join(_pct2(x) for x in tables[r][name]) for r in distances))
+        output["levers"] = tables[DEFAULT_DISTANCE]
+        output["levers_by_distance"] = {str(r): table for r, table in tables.items()}
     if args.leave_one_out:
         loo = leave_one_out(data, DEFAULT_DISTANCE, progress=sys.stderr.isatty())
         print()
