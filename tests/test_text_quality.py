@@ -81,12 +81,16 @@ def test_quality_benchmark_runs_on_a_small_sample(tmp_path: Path) -> None:
         rows.append(f"{n + 30},Disk full on db-{n}: writes failing since 03:{n:02d} UTC,E2")
     sample.write_text("\n".join(rows) + "\n", encoding="utf-8")
     out = tmp_path / "out.json"
-    assert text_quality.main([str(tmp_path), "--distances", "3,7", "--no-drain3", "--json", str(out)]) == 0
+    arguments = [str(tmp_path), "--distances", "3,7", "--no-drain3", "--levers", "--lost", "2", "--json", str(out)]
+    assert text_quality.main(arguments) == 0
     import json
 
     figures = json.loads(out.read_text(encoding="utf-8"))
     assert figures["quality"]["Tiny"]["text"]["7"] == [1.0, 1.0, 1.0]
     assert figures["quality"]["Tiny"]["whitespace"]["7"][1] < 1.0  # nothing masked: the numbers keep lines apart
+    assert set(figures["levers_by_distance"]) == {"3", "7"}
+    assert figures["levers_by_distance"]["7"]["product"] == figures["quality"]["Tiny"]["text"]["7"]
+    assert figures["lost_and_merged"]["Tiny"] == {"lost": [], "merged": []}
 
 
 LOGHUB = text_quality.find_loghub(None)
@@ -113,3 +117,16 @@ def test_quality_on_the_first_lines_of_each_loghub_sample() -> None:
         ]
         assert precision >= sum(d[0] for d in drain) / len(drain)
         assert pure >= sum(d[2] for d in drain) / len(drain)
+
+
+def test_lost_and_merged_names_the_templates_and_a_pair_of_lines() -> None:
+    lines = [
+        ("Failed password for root from 10.0.0.1 port 22 ssh2", "A"),
+        ("Failed password for ftp from 10.0.0.2 port 23 ssh2", "A"),  # one word apart: farther than 7
+        ("disk full on /var/a", "B"),
+        ("disk full on /var/b", "C"),  # the same bag as B's line: merged at distance 0
+    ]
+    found = text_quality.lost_and_merged(lines, text_quality.features_from_text, 7, 3)
+    assert [(row["template"], row["lost"], row["pairs"]) for row in found["lost"]] == [("A", 1, 1)]
+    assert found["lost"][0]["distance"] > 7 and found["lost"][0]["lines"] == [lines[0][0], lines[1][0]]
+    assert [(row["templates"], row["pairs"], row["distance"]) for row in found["merged"]] == [(["B", "C"], 1, 0)]
