@@ -533,3 +533,31 @@ def test_workers_on_the_snapshot_path_never_alert_an_expired_incident(redis_clie
     assert (last.incident_id, [m.incident_id for m in last.matches], last.match_count) == ("new2", ["new1"], 1)
     assert pending_count(redis_client) == 0
     _assert_consistent(redis_client, index)
+
+
+def test_expiry_waits_while_a_migration_builds_and_follows_its_switch(redis_client: redis.Redis) -> None:
+    """Nothing expires while a move to another layout builds its postings (the target's would be left behind); after
+    the switch, a pass built for the old layout is refused, follows the meta and takes the new layout's postings out."""
+    from worker.bands import BandLayout
+    from worker.migrate import Migrator, migration_status
+
+    index = _index(redis_client)
+    retention.set_window(index, WINDOW_MS)
+    for n in range(30):
+        index.add_fingerprint(f"i{n}", (n % 10) * 0x1000F)  # twins too
+    migrator = Migrator(redis_client, "r", batch=7)
+    migrator._start(index, BandLayout(3, 7))
+    _wait_past_window(redis_client, index, _now(redis_client))
+    assert retention.expire_due(index).expired == 0  # building: paused
+    while migration_status(redis_client, index.keys) is not None and migration_status(
+        redis_client, index.keys
+    ).state in ("building", "built"):
+        migrator.step()
+    fresh = _index(redis_client)  # opened after the switch: the new layout
+    assert fresh.layout.bands == 3
+    assert index.layout.bands == 4  # the pass below is built for the old layout first
+    assert retention.expire_due(index).expired == 30
+    assert index.layout.bands == 3
+    migrator.migrate(3)  # the old postings go
+    assert_postings_match(redis_client, "r", 3, {}, generation=1)
+    assert redis_client.hlen(index.keys.fingerprints) == 0

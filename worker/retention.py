@@ -121,36 +121,37 @@ def pick(index: FingerprintIndex, limit: int = EXPIRE_BATCH) -> list[tuple[Any, 
     return list(zip(ids, client.hmget(keys.fingerprints, ids), strict=True))
 
 
+def _expire_call(index: FingerprintIndex, picked: list[tuple[Any, Any]]) -> tuple[list[str], list[Any]]:
+    """Keys and arguments of one call of the expire function, built for the layout the index uses now."""
+    keys = index.keys
+    call_keys: list[str] = [keys.meta, keys.fingerprints, keys.changes, keys.expiry]
+    args: list[Any] = [index.layout_tag]
+    for incident_id, value in picked:
+        expected: Any = "-"
+        postings: list[str] = []
+        fp = 0
+        if value is not None:
+            expected = value  # as stored: the call compares it byte for byte
+            try:
+                fp = parse_fingerprint(value)
+            except ValueError:
+                pass  # mangled by hand: it goes without postings to take out (it was in none it could match through)
+            else:
+                postings = index.posting_keys(fp)
+        call_keys.append(keys.twins(format_fingerprint(fp) if postings else "-"))
+        call_keys.extend(postings)
+        args += [incident_id, expected, len(postings)]
+    return call_keys, args
+
+
 def expire_picked(index: FingerprintIndex, picked: list[tuple[Any, Any]]) -> ExpireResult:
     """Expire the incidents `pick` chose, in one atomic call: each only if it is still due and still holds the
     fingerprint read (see above)."""
     if not picked:
         return ExpireResult()
-    keys = index.keys
-
-    def build() -> tuple[list[str], list[Any]]:
-        # built again after a migration's switch (the call is refused, the index takes the new layout)
-        call_keys: list[str] = [keys.meta, keys.fingerprints, keys.changes, keys.expiry]
-        args: list[Any] = [index.layout_tag]
-        for incident_id, value in picked:
-            expected: Any = "-"
-            postings: list[str] = []
-            fp = 0
-            if value is not None:
-                expected = value  # as stored: the call compares it byte for byte
-                try:
-                    fp = parse_fingerprint(value)
-                except ValueError:
-                    pass  # mangled by hand: it goes without postings to take out (it was in none it could match)
-                else:
-                    postings = index.posting_keys(fp)
-            call_keys.append(keys.twins(format_fingerprint(fp) if postings else "-"))
-            call_keys.extend(postings)
-            args += [incident_id, expected, len(postings)]
-        return call_keys, args
-
-    call_keys, args = build()
-    expired, kept, dropped = (int(x) for x in index.call(FN_EXPIRE, call_keys, args, rebuild=build))
+    # built again if a move to another layout switched it between the building of the call and the call
+    reply = index.call(FN_EXPIRE, *_expire_call(index, picked), rebuild=lambda: _expire_call(index, picked))
+    expired, kept, dropped = (int(x) for x in reply)
     return ExpireResult(len(picked), expired, kept, dropped)
 
 
