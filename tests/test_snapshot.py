@@ -236,3 +236,118 @@ def test_a_snapshot_behind_a_trimmed_log_is_not_validated(redis_client) -> None:
     result = parse_apply(redis_client.fcall(FN_APPLY, len(keys), *keys, *args))
     assert result.status == "unvalidated"
     assert index.get("c") is None  # it changed nothing
+
+
+# -- the batched form: one apply_batch call per send, every claim from the same stale copy ----------------------
+
+from worker.library import FN_APPLY_BATCH, apply_batch, fcall  # noqa: E402
+from worker.transport import execute  # noqa: E402
+
+_OPS = st.sampled_from(["add", "upsert", "delete"])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**32),
+    before=st.lists(st.tuples(_OPS, st.integers(0, 30), st.integers(0, 9)), max_size=40),
+    after=st.lists(st.tuples(_OPS, st.integers(0, 30), st.integers(0, 9)), max_size=15),
+    batch=st.lists(
+        st.tuples(st.sampled_from(["add", "add", "upsert", "delete"]), st.integers(0, 40), st.integers(0, 9)),
+        min_size=1,
+        max_size=12,
+        unique_by=lambda event: event[1],
+    ),
+    cap=st.sampled_from([0, 1, 2, 5]),
+    extra=st.sampled_from([0, 2]),
+    stale=st.booleans(),
+)
+def test_a_batch_validated_against_one_stale_snapshot_equals_the_events_one_by_one(
+    redis_client, seed, before, after, batch, cap, extra, stale
+) -> None:
+    """Every call of a send claims what the same copy (at one position) found; the batch validates each against the
+    changes after that position and the calls before it in the batch (indexed just before it, not in the copy): each
+    reply equals what the oracle finds with the events applied one by one."""
+    redis_client.flushall()
+    rng = random.Random(seed)
+    pool = clustered(rng, 10, 7, centers=2)
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.open()
+    oracle = Oracle(7)
+
+    def run(ops) -> None:
+        for kind, n, which in ops:
+            incident_id, fp = f"i{n}", pool[which]
+            if kind == "add":
+                if oracle.add(incident_id, fp) != "duplicate":
+                    index.add_fingerprint(incident_id, fp)
+            elif kind == "upsert":
+                index.upsert_fingerprint(incident_id, fp)
+                oracle.upsert(incident_id, fp)
+            else:
+                index.delete(incident_id)
+                oracle.delete(incident_id)
+
+    run(before)
+    follower = ChangeFollower(redis_client, index.keys, index.layout)
+    follower.load()
+    if stale:
+        run(after)  # the copy is now behind by these changes too
+    commands, events = [], []
+    for kind, n, which in batch:
+        incident_id = f"i{n}"
+        fp = None if kind == "delete" else flip(pool[which], rng.randint(0, 3), rng)
+        claim = None if fp is None else _claim(follower, fp, incident_id, cap, extra)
+        expected = "*" if kind == "add" else oracle.fps.get(incident_id)
+        keys, args = index.apply_call(kind, incident_id, fp, expected=expected, max_matches=cap, snapshot=claim)
+        commands.append(fcall(FN_APPLY, keys, args))
+        events.append((kind, incident_id, fp, claim))
+    command = apply_batch(commands)
+    assert command[1] == FN_APPLY_BATCH
+    [replies] = execute(redis_client, [command])
+    assert len(replies) == len(events)
+    for (kind, incident_id, fp, claim), reply in zip(events, replies, strict=True):
+        result = parse_apply(reply)
+        if kind == "delete":
+            assert result.status == ("deleted" if oracle.delete(incident_id) else "absent")
+            continue
+        if kind == "add" and incident_id in oracle.fps:
+            assert result.status == ("repeat" if oracle.fps[incident_id] == fp else "duplicate")
+            continue
+        if oracle.fps.get(incident_id) == fp:
+            assert result.status == "repeat"
+            continue
+        if result.status == "unvalidated":
+            # only allowed when the copy listed too little to cover the cap after removals; nothing changed
+            assert claim is not None and not claim.complete
+            assert index.get(incident_id) == oracle.fps.get(incident_id)
+            continue
+        expected_matches = oracle.matches(fp, exclude=incident_id)
+        assert result.status == "indexed"
+        assert (result.match_count, result.matches) == (
+            len(expected_matches),
+            expected_matches[:cap] if cap else expected_matches,
+        )
+        oracle.fps[incident_id] = fp
+    assert {k: index.get(k) for k in oracle.fps} == oracle.fps
+    assert len(index) == len(oracle.fps)
+    # the copy follows the batch's changes like any others
+    follower.catch_up()
+    assert dict(follower.index.items()) == oracle.fps
+
+
+def test_an_error_in_one_call_of_a_batch_leaves_the_others_alone(redis_client) -> None:
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.open()
+    follower = ChangeFollower(redis_client, index.keys, index.layout)
+    follower.load()
+    good = [index.apply_call("add", f"a{n}", n, snapshot=_claim(follower, n, f"a{n}", 10, 0)) for n in (1, 2)]
+    keys, args = index.apply_call("add", "bad", 3, snapshot=_claim(follower, 3, "bad", 10, 0))
+    args[4] = "some other layout"
+    commands = [fcall(FN_APPLY, *good[0]), fcall(FN_APPLY, keys, args), fcall(FN_APPLY, *good[1])]
+    [replies] = execute(redis_client, [apply_batch(commands)])
+    assert parse_apply(replies[0]).status == "indexed"
+    assert isinstance(replies[1], Exception) and "LAYOUT" in str(replies[1])
+    second = parse_apply(replies[2])
+    # a2 (fingerprint 2) is within 7 of a1 (1), indexed by the first call of the batch, after the copy's position
+    assert (second.status, second.matches) == ("indexed", [("a1", 2)])
+    assert index.get("bad") is None

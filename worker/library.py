@@ -30,6 +30,7 @@ from .transport import Command
 
 __all__ = [
     "FN_APPLY",
+    "FN_APPLY_BATCH",
     "FN_CLAIM",
     "FN_DEAD_LETTER",
     "FN_ENSURE_META",
@@ -56,6 +57,7 @@ __all__ = [
     "ApplyResult",
     "SnapshotClaim",
     "StreamTarget",
+    "apply_batch",
     "apply_call",
     "dead_letter_command",
     "fcall",
@@ -80,6 +82,7 @@ def _versioned_source() -> tuple[str, str]:
 
 LIBRARY_NAME, LIBRARY_SOURCE = _versioned_source()
 FN_APPLY = f"{LIBRARY_NAME}_apply"
+FN_APPLY_BATCH = f"{LIBRARY_NAME}_apply_batch"
 FN_MATCHES = f"{LIBRARY_NAME}_matches"
 FN_DEAD_LETTER = f"{LIBRARY_NAME}_dead_letter"
 FN_ENSURE_META = f"{LIBRARY_NAME}_ensure_meta"
@@ -149,6 +152,25 @@ def is_missing_function(error: ResponseError) -> bool:
 def fcall(function: str, keys: Sequence[str], args: Sequence[Any]) -> Command:
     """One FCALL as a command for a pipeline or a transport."""
     return ("FCALL", function, len(keys), *keys, *args)
+
+
+def apply_batch(commands: Sequence[Command]) -> Command:
+    """One FCALL of the apply_batch function that runs these apply calls (each `fcall(FN_APPLY, ...)`) in order.
+
+    Its reply is a list of their replies, in order (an error reply in it arrives as a ResponseError instance). The
+    snapshot path sends the calls of one send this way: the change log after their position is read once.
+    """
+    keys: list[Any] = []
+    counts: list[int] = []
+    args: list[Any] = []
+    for command in commands:
+        if command[1] != FN_APPLY:
+            raise ValueError(f"only apply calls can be batched, not {command[1]}")
+        first = 3 + command[2]
+        keys += command[3:first]
+        counts += [command[2], len(command) - first]
+        args += command[first:]
+    return fcall(FN_APPLY_BATCH, keys, [len(commands), *counts, *args])
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ scan finished, the copy is exact at every position it reports.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -146,6 +147,7 @@ class SnapshotReader:
         self.log = log
         self.reloads = 0
         self.fallbacks = 0
+        self._frozen = 0
 
     @property
     def index(self) -> MemoryIndex:
@@ -175,10 +177,26 @@ class SnapshotReader:
             self.follower.catch_up()
         except SnapshotLostError as lost:
             self._load(str(lost))
+            return
+        if len(self.follower.index) > self._frozen * 1.25 + 10_000:
+            self._freeze()
+
+    def _freeze(self) -> None:
+        """Take the copy out of the garbage collector's full passes (gc.freeze), as it stands now.
+
+        The copy is millions of small objects without cycles (freed by reference counting as ever). Left to the
+        collector, a full pass over them, which Python starts each time the survivors grew by a quarter, stops the
+        worker for 0.1 to 0.3 s at 100,000 incidents (measured): the tail of the snapshot path's latency. Frozen
+        once loaded, and again (after one full pass over what is not frozen) each time it grew by a quarter.
+        """
+        gc.collect()
+        gc.freeze()
+        self._frozen = len(self.follower.index)
 
     def _load(self, why: str) -> None:
         self.follower.load()
         self.reloads += 1
+        self._freeze()
         if self.log is not None:
             self.log.info(
                 "snapshot loaded",

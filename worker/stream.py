@@ -40,7 +40,16 @@ from .errors import DuplicateIncidentError, LayoutMismatchError
 from .fingerprint import format_fingerprint
 from .formats import MAX_INCIDENT_ID_LENGTH, DeadLetter, Heartbeat, IncidentEvent, event_error
 from .index import FingerprintIndex, retry_while_stale
-from .library import FN_CLAIM, FN_READ_NEW, FN_READ_PENDING, StreamTarget, dead_letter_command, parse_apply
+from .library import (
+    FN_APPLY,
+    FN_CLAIM,
+    FN_READ_NEW,
+    FN_READ_PENDING,
+    StreamTarget,
+    apply_batch,
+    dead_letter_command,
+    parse_apply,
+)
 from .logs import get_logger
 from .metrics import Metrics
 from .readpath import SNAPSHOT_SEND, SnapshotReader
@@ -562,13 +571,30 @@ class StreamWorker:
             self.snapshot.relayout(self.index.layout)  # a migration switched the layout (the max distance, say)
         if self.snapshot is None:
             return self.index.execute([self._command(item, expected) for item in items])
-        # Each call validates every change after its copy's position, the earlier calls of its own send included:
-        # short sends, each after a refresh, keep that to a few changes an event.
+        # The calls of one send share their copy's position and go as one apply_batch call, which reads the changes
+        # after it once; each call is validated against those and the earlier calls of its send. Short sends, each
+        # after a refresh, keep that to a few changes an event.
         replies: list[Any] = []
         for start in range(0, len(items), SNAPSHOT_SEND):
             self.snapshot.refresh()
-            chunk = items[start : start + SNAPSHOT_SEND]
-            replies += self.index.execute([self._command(item, expected) for item in chunk])
+            replies += self._send_batched(
+                [self._command(item, expected) for item in items[start : start + SNAPSHOT_SEND]]
+            )
+        return replies
+
+    def _send_batched(self, commands: list[Command]) -> list[Any]:
+        """Send the apply calls among `commands` as one apply_batch call (the others as they are); one reply each."""
+        applies = [k for k, command in enumerate(commands) if command[1] == FN_APPLY]
+        others = [k for k, command in enumerate(commands) if command[1] != FN_APPLY]
+        sent = [apply_batch([commands[k] for k in applies])] if applies else []
+        answers = self.index.execute(sent + [commands[k] for k in others])
+        replies: list[Any] = [None] * len(commands)
+        if applies:
+            batch = answers[0]
+            for n, k in enumerate(applies):
+                replies[k] = batch if isinstance(batch, Exception) else batch[n]
+        for k, reply in zip(others, answers[len(sent) :], strict=True):
+            replies[k] = reply
         return replies
 
     def _finish(self, items: list[_Item], replies: list[Any], *, attempt: int = 0) -> None:

@@ -289,6 +289,52 @@ end
 -- A snapshot whose position is more changes behind than this is not validated: the full search is cheaper.
 local MAX_VALIDATED_CHANGES = 4000
 
+-- The changes after a snapshot's position, summed up per incident: `first_prev[id]`, its fingerprint before its
+-- first change after the position (what the copy saw), `latest[id]`, its fingerprint now ('' when deleted), `order`,
+-- the incidents in the order of their first change, and `count`, the changes. One view serves every call of a batch
+-- (apply_batch): the log is read once, and each call's own change is noted in it as it is written, so a later call
+-- of the batch is validated against the earlier ones too, without reading the log again.
+local function note_change(view, id, fp, prev)
+  view.count = view.count + 1
+  if view.first_prev[id] == nil then
+    view.first_prev[id] = prev
+    view.order[#view.order + 1] = id
+  end
+  view.latest[id] = fp
+end
+
+-- `context` is what the calls of one FCALL share: the view of the changes after `context.position` in
+-- `context.key`, or false when those cannot be had (trimmed past the position, too many, or of an older format
+-- without fingerprints). Read from the log the first time a call asks for that position.
+local function changes_after(context, meta_key, changes_key, position)
+  if context.key == changes_key and context.position == position then return context.view end
+  local view = false
+  local floor = redis.call('HGET', meta_key, 'changes_trimmed_to')
+  if not (floor and id_less(position, floor)) then
+    local changes = redis.call('XRANGE', changes_key, '(' .. position, '+', 'COUNT', MAX_VALIDATED_CHANGES + 1)
+    if #changes <= MAX_VALIDATED_CHANGES then
+      view = {count = 0, first_prev = {}, latest = {}, order = {}}
+      for i = 1, #changes do
+        local f = changes[i][2]
+        -- <op> <id> fp <new hex or ''> prev <old hex or ''>
+        if f[3] ~= 'fp' or f[5] ~= 'prev' then
+          view = false
+          break
+        end
+        note_change(view, f[2], f[4], f[6])
+      end
+    end
+  end
+  context.key, context.position, context.view = changes_key, position, view
+  return view
+end
+
+-- Append one change to {N}:changes, and note it in the view of this FCALL's calls (when they have one).
+local function log_change(context, changes_key, op, id, fp, prev)
+  redis.call('XADD', changes_key, '*', op, id, 'fp', fp, 'prev', prev)
+  if context.view and context.key == changes_key then note_change(context.view, id, fp, prev) end
+end
+
 -- Snapshot reads (docs/contract.md, "Snapshot reads"). A worker searched its own copy of the index as it stood at
 -- `position` in {N}:changes and counted `count` matches other than `self_id`, the closest listed in `listed`
 -- (flat id, d, ... sorted by distance then ID; all of them when `complete`). Every change after that position is
@@ -298,24 +344,11 @@ local MAX_VALIDATED_CHANGES = 4000
 -- Returns changes_checked, matched, flat (at most `cap` pairs when cap > 0); or nil when the copy cannot be
 -- validated (its changes were trimmed, are too many, or lack fingerprints, or what it listed no longer covers the
 -- cap): the caller then answers `unvalidated` and the worker sends the full search.
-local function validate_snapshot(meta_key, changes_key, query, limit, self_id, cap, position, count, listed, complete)
-  local floor = redis.call('HGET', meta_key, 'changes_trimmed_to')
-  if floor and id_less(position, floor) then return nil end
-  local changes = redis.call('XRANGE', changes_key, '(' .. position, '+', 'COUNT', MAX_VALIDATED_CHANGES + 1)
-  if #changes > MAX_VALIDATED_CHANGES then return nil end
-
-  local first_prev, latest, order = {}, {}, {}
-  for i = 1, #changes do
-    local f = changes[i][2]
-    -- <op> <id> fp <new hex or ''> prev <old hex or ''>
-    if f[3] ~= 'fp' or f[5] ~= 'prev' then return nil end
-    local id = f[2]
-    if first_prev[id] == nil then
-      first_prev[id] = f[6]
-      order[#order + 1] = id
-    end
-    latest[id] = f[4]
-  end
+local function validate_snapshot(context, meta_key, changes_key, query, limit, self_id, cap, position, count, listed,
+                                 complete)
+  local view = changes_after(context, meta_key, changes_key, position)
+  if not view or view.count > MAX_VALIDATED_CHANGES then return nil end
+  local first_prev, latest, order = view.first_prev, view.latest, view.order
 
   local distance = distance_from(query)
   local order_ids = id_order()
@@ -327,11 +360,9 @@ local function validate_snapshot(meta_key, changes_key, query, limit, self_id, c
 
   local kept = {}
   local n_listed = #listed / 2
-  local changed = {}
   local additions = {}
   for _, id in ipairs(order) do
     if id ~= self_id then
-      changed[id] = true
       local was, now = first_prev[id], latest[id]
       local was_in = was ~= '' and distance(was) <= limit
       local d = now ~= '' and distance(now) or 64
@@ -344,7 +375,7 @@ local function validate_snapshot(meta_key, changes_key, query, limit, self_id, c
   end
   for i = 1, #listed, 2 do
     local id = listed[i]
-    if not changed[id] then kept[#kept + 1] = {tonumber(listed[i + 1]), id} end
+    if first_prev[id] == nil then kept[#kept + 1] = {tonumber(listed[i + 1]), id} end
   end
 
   -- the copy listed every match, or only those up to its last listed one: past that, nothing is known
@@ -365,7 +396,7 @@ local function validate_snapshot(meta_key, changes_key, query, limit, self_id, c
     flat[2 * i - 1] = kept[i][2]
     flat[2 * i] = kept[i][1]
   end
-  return #changes, count, flat
+  return view.count, count, flat
 end
 
 -- The server's clock in milliseconds: the same clock as the stream entry IDs.
@@ -445,7 +476,8 @@ end
 -- deleted and absent acknowledge the entry; duplicate, stale, not_pending and unvalidated change nothing.
 -- candidates_verified counts the representatives read, never their twins (on the snapshot path: the changes
 -- validated).
-local function apply(keys, args)
+local function apply(keys, args, context)
+  context = context or {}
   local meta_key, fp_key, changes_key, events_key, alerts_key = keys[1], keys[2], keys[3], keys[4], keys[5]
   local new_group, old_group, expiry_key = keys[6], keys[7], keys[8]
   local op, id, fp, expected = args[1], args[2], args[3], args[4]
@@ -497,7 +529,7 @@ local function apply(keys, args)
     unindex(id, old_group, concat(slice(keys, FIRST + n_new, FIRST - 1 + n_new + n_old), target_old))
     redis.call('HDEL', fp_key, id)
     redis.call('ZREM', expiry_key, id)
-    redis.call('XADD', changes_key, '*', op, id, 'fp', '', 'prev', old)
+    log_change(context, changes_key, op, id, '', old)
     ack()
     return {'deleted', 0, 0, ''}
   end
@@ -520,7 +552,7 @@ local function apply(keys, args)
   local position = args[16] or ''
   local verified, matched, flat, twin
   if position ~= '' then
-    verified, matched, flat = validate_snapshot(meta_key, changes_key, fp, limit, id, cap, position,
+    verified, matched, flat = validate_snapshot(context, meta_key, changes_key, fp, limit, id, cap, position,
                                                 tonumber(args[17]), slice(args, 21, #args), args[18] == '1')
     if not verified then return {'unvalidated', 0, 0, ''} end
   end
@@ -541,7 +573,7 @@ local function apply(keys, args)
   index_one(id, twin, new_group, concat(slice(keys, FIRST, FIRST - 1 + n_new), target_new))
   redis.call('HSET', fp_key, id, fp)
   touch()
-  redis.call('XADD', changes_key, '*', op, id, 'fp', fp, 'prev', old or '')
+  log_change(context, changes_key, op, id, fp, old or '')
 
   local alert_id = ''
   if streaming then
@@ -563,6 +595,37 @@ local function apply(keys, args)
   local reply = {'indexed', matched, verified, alert_id}
   for i = 1, #flat do reply[4 + i] = flat[i] end
   return reply
+end
+
+-- Several apply calls in one FCALL, run in order, each exactly as the apply function runs it; for the snapshot path,
+-- whose calls of one send share their position in {N}:changes: the changes after it are read from the log once, and
+-- each call's own change is added to what the later calls validate (see changes_after).
+--
+-- keys = the keys of every call, one call's after the other's
+-- args[1] = n, the number of calls   args[2 .. 2n+1] = each call's number of keys and of arguments, in turn
+-- args[2n+2 ..] = the arguments of every call, one call's after the other's
+--
+-- Returns one reply per call, in order: what apply returns, or the error it met (as an error reply in the array;
+-- the calls after it still run, as separate calls would).
+local function apply_batch(keys, args)
+  local n = tonumber(args[1])
+  local context = {}
+  local replies = {}
+  local k, a = 0, 1 + 2 * n
+  for i = 1, n do
+    local nk, na = tonumber(args[2 * i]), tonumber(args[2 * i + 1])
+    local ok, reply = pcall(apply, slice(keys, k + 1, k + nk), slice(args, a + 1, a + na), context)
+    if not ok then
+      if type(reply) == 'table' and reply.err then
+        reply = {err = reply.err}
+      else
+        reply = {err = 'ERR ' .. tostring(reply)}
+      end
+    end
+    replies[i] = reply
+    k, a = k + nk, a + na
+  end
+  return replies
 end
 
 -- Every indexed incident within a distance of a fingerprint, without indexing anything.
@@ -1393,6 +1456,7 @@ local function migrate_remove(keys, args)
 end
 
 redis.register_function('incident_index_v2_apply', apply)
+redis.register_function('incident_index_v2_apply_batch', apply_batch)
 redis.register_function('incident_index_v2_trim_events', trim_events)
 redis.register_function('incident_index_v2_trim_changes', trim_changes)
 redis.register_function('incident_index_v2_lease', lease)
