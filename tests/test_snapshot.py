@@ -52,6 +52,66 @@ def test_search_equals_a_linear_scan_through_sets_deletes_and_twins(layout, seed
             assert (result.match_count, result.matches) == _expected(oracle, fp, exclude, limit)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 2**32),
+    loaded=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 11)), max_size=60),
+    ops=st.lists(
+        st.tuples(st.sampled_from(["set", "set", "delete", "compact"]), st.integers(0, 40), st.integers(0, 11)),
+        max_size=80,
+    ),
+    limit=st.sampled_from([0, 1, 3, 100]),
+    max_distance=st.sampled_from([None, 0, 2]),
+)
+def test_the_numpy_base_and_the_rows_made_after_it_search_like_a_linear_scan(
+    layout, seed, loaded, ops, limit, max_distance
+) -> None:
+    """A copy loaded in one go (the numpy base), then changed (rows in dicts, base rows emptied) and compacted."""
+    bands, layout_distance = layout
+    rng = random.Random(seed)
+    pool = clustered(rng, 12, layout_distance, centers=2)
+    index = MemoryIndex(BandLayout(bands, layout_distance))
+    oracle = Oracle(layout_distance)
+    for incident, which in loaded:
+        oracle.fps[f"i{incident}"] = pool[which]
+    index.load(oracle.fps.items())
+    assert index.base_rows == len(set(oracle.fps.values()))
+    for op, incident, which in ops:
+        incident_id = f"i{incident}"
+        if op == "set":
+            index.set(incident_id, pool[which])
+            oracle.fps[incident_id] = pool[which]
+        elif op == "delete":
+            index.delete(incident_id)
+            oracle.fps.pop(incident_id, None)
+        else:
+            index.compact()
+            assert index.overlay_rows == 0 and index.base_rows == index.distinct
+    assert dict(index.items()) == oracle.fps
+    r = layout_distance if max_distance is None else min(max_distance, layout_distance)
+    for fp in [*pool, flip(pool[0], layout_distance, rng), flip(pool[1], layout_distance + 1, rng)]:
+        for exclude in (None, "i0", "i1"):
+            result = index.search(fp, max_distance=max_distance, exclude=exclude, limit=limit)
+            found = oracle.matches(fp, limit=r, exclude=exclude)
+            assert (result.match_count, result.matches) == (len(found), found[:limit] if limit else found)
+
+
+def test_the_numpy_base_gathers_every_candidate_of_many_probes() -> None:
+    """Many rows under each probed band value: the candidates of every probe, none twice within a band."""
+    index = MemoryIndex(BandLayout(4, 7))
+    rng = random.Random(9)
+    center = rng.getrandbits(64)
+    pairs = [(f"n{k}", flip(center, rng.randint(0, 9), rng)) for k in range(3000)]
+    pairs += [(f"far{k}", rng.getrandbits(64)) for k in range(3000)]
+    index.load(pairs)
+    oracle = Oracle(7)
+    oracle.fps.update(pairs)
+    result = index.search(center)
+    assert result.match_count == len(oracle.matches(center))
+    assert result.matches == oracle.matches(center)
+
+
 def test_a_storm_of_twins_is_one_candidate() -> None:
     index = MemoryIndex(BandLayout(4, 7))
     rng = random.Random(3)
@@ -136,6 +196,22 @@ def test_follower_refuses_a_log_trimmed_past_its_position(redis_client) -> None:
     redis_client.hset(keys.meta, CHANGES_FLOOR_FIELD, "99999999999999-0")
     with pytest.raises(SnapshotLostError):
         follower.catch_up()
+
+
+def test_a_copy_loaded_from_a_log_trimmed_empty_starts_at_its_floor(redis_client) -> None:
+    keys = IndexKeys("snap")
+    _change(redis_client, keys, "add", "x", 1, None)
+    floor = "99999999999999-0"
+    redis_client.hset(keys.meta, CHANGES_FLOOR_FIELD, floor)
+    redis_client.xtrim(keys.changes, maxlen=0)
+    follower = ChangeFollower(redis_client, keys, BandLayout(4, 7))
+    follower.load()  # no SnapshotLostError: the scan holds every change below the floor
+    assert follower.index.position == floor
+    assert dict(follower.index.items()) == {"x": 1}
+    redis_client.xadd(keys.changes, {"add": "y", "fp": f"{2:016x}", "prev": ""}, id="99999999999999-1")
+    redis_client.hset(keys.fingerprints, "y", f"{2:016x}")
+    assert follower.catch_up() == 1
+    assert dict(follower.index.items()) == {"x": 1, "y": 2}
 
 
 def test_follower_refuses_entries_without_fingerprints(redis_client) -> None:

@@ -10,6 +10,12 @@ position in the log (docs/contract.md, "Snapshot reads"), so it costs what the w
 Pure Python and numpy, no Redis: the multi-index hashing of the bands (the same layout as the index, so the same
 recall argument holds) over rows of distinct fingerprints; incidents that share one exact fingerprint (a storm) share
 one row, so a storm costs one candidate, not one per twin.
+
+The rows come in two parts. The *base*, built in one go by `load` (and again by `compact`), is numpy only: per band,
+the rows sorted by their band value beside those values (a CSR of the postings), so a search finds its candidates,
+gathers their fingerprints and verifies them in a few array operations, whatever their number. Rows made after it
+(changes the copy follows) sit in Python dicts of band value -> rows, cheap to change. A base row whose fingerprint
+went stays in the arrays, marked empty, and is skipped.
 """
 
 from __future__ import annotations
@@ -24,8 +30,27 @@ from .bands import BandLayout
 
 __all__ = ["MemoryIndex", "SearchResult"]
 
+_DIRECT_WIDTH = 20
+"""Bands at most this wide get a table of every value's first position (2^width + 1 entries a band): 16-bit bands,
+the default's, cost 0.5 MB a band. Wider bands are searched with two binary searches a band."""
+
 _NUMPY_FROM = 384
 """Candidates from which numpy's gather and popcount beat a Python loop over them (measured on the Zipf workload)."""
+
+
+def _gather(order: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """order[starts[0]:ends[0]], order[starts[1]:ends[1]], ... as one array, without a Python loop."""
+    counts = ends - starts
+    nonempty = counts > 0
+    if not nonempty.any():
+        return np.zeros(0, dtype=np.int64)
+    starts, ends, counts = starts[nonempty], ends[nonempty], counts[nonempty]
+    # positions: each range's start, then +1 within it; at a range's first element, the jump from the previous end
+    steps = np.ones(int(counts.sum()), dtype=np.int64)
+    first = np.cumsum(counts) - counts
+    steps[0] = starts[0]
+    steps[first[1:]] = starts[1:] - ends[:-1] + 1
+    return order[np.cumsum(steps)]
 
 
 @dataclass(frozen=True)
@@ -59,6 +84,12 @@ class MemoryIndex:
             for offset, width, masks in zip(layout.offsets, layout.widths, layout.probe_masks, strict=True)
         ]
         self._tables: list[dict[int, list[int]]] = [table for *_, table in self._bands]
+        # the base (see the module's docstring): rows below _base_rows, per band (sorted values, rows in that order)
+        self._base_rows = 0
+        self._base: list[tuple[np.ndarray, np.ndarray]] = []
+        self._mask_arrays: dict[int, list[np.ndarray]] = {}
+        self._direct: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._slots: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def __len__(self) -> int:
         return len(self._fp_of)
@@ -73,6 +104,119 @@ class MemoryIndex:
 
     def items(self) -> Iterable[tuple[str, int]]:
         return self._fp_of.items()
+
+    @property
+    def base_rows(self) -> int:
+        """Rows in the numpy base (the others are in dicts)."""
+        return self._base_rows
+
+    @property
+    def overlay_rows(self) -> int:
+        """Rows made since the base was built (searched through dicts)."""
+        return len(self._members) - self._base_rows
+
+    def load(self, pairs: Iterable[tuple[str, int]]) -> None:
+        """Set every (incident ID, fingerprint) of `pairs` into an empty copy and build the numpy base of its rows."""
+        if self._fp_of:
+            raise ValueError("load fills an empty copy; use set for changes")
+        fp_of = self._fp_of
+        row_of = self._row_of
+        members = self._members
+        fp_list = self._fp_list
+        for incident_id, fp in pairs:
+            fp_of[incident_id] = fp
+            row = row_of.get(fp)
+            if row is None:
+                row_of[fp] = len(members)
+                members.append(incident_id)
+                fp_list.append(fp)
+                continue
+            held = members[row]
+            if isinstance(held, str):
+                members[row] = sorted((held, incident_id))
+            else:
+                assert held is not None
+                bisect.insort(held, incident_id)
+        self._fps = np.array(fp_list, dtype=np.uint64) if fp_list else np.zeros(1024, dtype=np.uint64)
+        self._build_base()
+
+    def compact(self) -> None:
+        """Move every row into the numpy base (rows made since the last build are searched slower, in dicts)."""
+        live = [row for row, held in enumerate(self._members) if held is not None]
+        members = [self._members[row] for row in live]
+        fp_list = [self._fp_list[row] for row in live]
+        self._members = members
+        self._fp_list = fp_list
+        self._row_of = {fp: row for row, fp in enumerate(fp_list)}
+        self._free = []
+        self._fps = np.array(fp_list, dtype=np.uint64) if fp_list else np.zeros(1024, dtype=np.uint64)
+        for table in self._tables:
+            table.clear()
+        self._build_base()
+
+    def _build_base(self) -> None:
+        rows = len(self._fp_list)
+        fps = self._fps[:rows]
+        self._base = []
+        for offset, width_mask, _, _ in self._bands:
+            values = (fps >> np.uint64(offset)) & np.uint64(width_mask)
+            order = np.argsort(values, kind="stable")
+            self._base.append((values[order], order.astype(np.int64)))
+        self._base_rows = rows
+        self._direct = None
+        if max(self.layout.widths) <= _DIRECT_WIDTH:
+            # every band's value -> its first position in one array, so that all probes of a query, over every band,
+            # are found with one gather (instead of two binary searches per band)
+            starts, orders, base = [], [], 0
+            for (values, order), width in zip(self._base, self.layout.widths, strict=True):
+                starts.append(np.searchsorted(values, np.arange((1 << width) + 1, dtype=np.uint64)) + base)
+                orders.append(order)
+                base += len(order)
+            first_slot = np.cumsum([0] + [(1 << w) + 1 for w in self.layout.widths[:-1]])
+            self._direct = (np.concatenate(starts), np.concatenate(orders), first_slot)
+
+    def _masks_for(self, r: int) -> list[np.ndarray]:
+        arrays = self._mask_arrays.get(r)
+        if arrays is None:
+            masks = self.layout.masks(r) if r != self.layout.max_distance else [m for _, _, m, _ in self._bands]
+            arrays = [np.array(band_masks, dtype=np.uint64) for band_masks in masks]
+            self._mask_arrays[r] = arrays
+        return arrays
+
+    def _probe_slots(self, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For the direct table: each probe's band, its mask, and the first slot of its band's table."""
+        cached = self._slots.get(r)
+        if cached is None:
+            assert self._direct is not None
+            masks = self._masks_for(r)
+            band_of = np.concatenate([np.full(len(m), b, dtype=np.intp) for b, m in enumerate(masks)])
+            cached = (band_of, np.concatenate(masks).astype(np.int64), self._direct[2][band_of])
+            self._slots[r] = cached
+        return cached
+
+    def _base_candidates(self, fp: int, r: int) -> np.ndarray:
+        """Rows of the base reached through the probes of `fp` (a row reached through several bands repeats)."""
+        if self._direct is not None:
+            starts_of, order, _ = self._direct
+            band_of, masks, first_slot = self._probe_slots(r)
+            values = np.array([(fp >> offset) & width_mask for offset, width_mask, _, _ in self._bands], dtype=np.int64)
+            slots = first_slot + (values[band_of] ^ masks)
+            return _gather(order, starts_of[slots], starts_of[slots + 1])
+        found = []
+        for (offset, width_mask, _, _), (values, order), masks in zip(
+            self._bands, self._base, self._masks_for(r), strict=True
+        ):
+            if not len(masks) or not len(values):
+                continue
+            probes = masks ^ np.uint64((fp >> offset) & width_mask)
+            rows = _gather(
+                order, np.searchsorted(values, probes, side="left"), np.searchsorted(values, probes, side="right")
+            )
+            if len(rows):
+                found.append(rows)
+        if not found:
+            return np.zeros(0, dtype=np.int64)
+        return found[0] if len(found) == 1 else np.concatenate(found)
 
     # -- changes --------------------------------------------------------------------------------------------
 
@@ -132,6 +276,8 @@ class MemoryIndex:
         # the last incident of this fingerprint: the row goes
         self._members[row] = None
         del self._row_of[fp]
+        if row < self._base_rows:
+            return  # a base row stays in the arrays, empty: searches skip it
         self._free.append(row)
         for offset, width_mask, _, table in self._bands:
             value = (fp >> offset) & width_mask
@@ -157,7 +303,7 @@ class MemoryIndex:
         for band, (offset, width_mask, masks, table) in enumerate(self._bands):
             if masks_of is not None:
                 masks = masks_of[band]
-            if not masks:
+            if not masks or not table:
                 continue
             value = (fp >> offset) & width_mask
             get = table.get
@@ -165,32 +311,43 @@ class MemoryIndex:
                 rows = get(value ^ mask)
                 if rows:
                     candidates += rows
-        if not candidates:
-            return SearchResult(0, [], 0)
-        if len(candidates) < _NUMPY_FROM:
-            # a row reached through several bands is verified once; Python's int.bit_count beats numpy's call
-            # overhead on a few hundred candidates
-            fps = self._fp_list
-            unique = set(candidates)
-            hits = [(row, d) for row in unique if (d := (fps[row] ^ fp).bit_count()) <= r]
-            verified = len(unique)
-        else:
-            # no np.unique: sorting costs more than verifying the few rows that several bands reach twice
-            rows_array = np.asarray(candidates, dtype=np.intp)
-            distances = np.bitwise_count(self._fps[rows_array] ^ np.uint64(fp))
-            near = distances <= r
-            hits = list(dict(zip(rows_array[near].tolist(), distances[near].tolist(), strict=True)).items())
-            verified = len(rows_array)
+        hits: list[tuple[int, int]] = []
+        verified = 0
+        if self._base_rows:
+            base = self._base_candidates(fp, r)
+            if len(base):
+                # no np.unique: sorting costs more than verifying the few rows that several bands reach twice
+                distances = np.bitwise_count(self._fps[base] ^ np.uint64(fp))
+                near = distances <= r
+                hits = list(dict(zip(base[near].tolist(), distances[near].tolist(), strict=True)).items())
+                verified = len(base)
+        if candidates:
+            if len(candidates) < _NUMPY_FROM:
+                # a row reached through several bands is verified once; Python's int.bit_count beats numpy's call
+                # overhead on a few hundred candidates
+                fps = self._fp_list
+                unique = set(candidates)
+                hits += [(row, d) for row in unique if (d := (fps[row] ^ fp).bit_count()) <= r]
+                verified += len(unique)
+            else:
+                rows_array = np.asarray(candidates, dtype=np.intp)
+                distances = np.bitwise_count(self._fps[rows_array] ^ np.uint64(fp))
+                near = distances <= r
+                hits += list(dict(zip(rows_array[near].tolist(), distances[near].tolist(), strict=True)).items())
+                verified += len(rows_array)
+        if not hits:
+            return SearchResult(0, [], verified)
         count = 0
         groups: list[tuple[int, list[str]]] = []
         for row, distance in hits:
             members = self._members[row]
+            if members is None:
+                continue  # a base row whose fingerprint went
             if isinstance(members, str):
                 if members != exclude:
                     count += 1
                     groups.append((distance, [members]))
                 continue
-            assert members is not None
             ids = members
             if exclude is not None and self._fp_of.get(exclude) == self._fp_list[row]:
                 ids = (

@@ -261,15 +261,24 @@ local function representative_of(fp_key, group, fp, postings)
   return nil
 end
 
--- The distance from `query` to any stored fingerprint, as a function (the per-digit tables of find_matches).
+-- The distance from `query` to any stored fingerprint, as a function (the per-digit tables of find_matches, the
+-- sixteen digits read with one string.byte).
 local function distance_from(query)
-  local rows = {}
-  for i = 1, 16 do rows[i] = DIGIT_DISTANCE[NIBBLE[string.byte(query, i)]] end
+  local byte = string.byte
+  local q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, q16 = byte(query, 1, 16)
+  local T1, T2, T3, T4 = DIGIT_DISTANCE[NIBBLE[q1]], DIGIT_DISTANCE[NIBBLE[q2]],
+                         DIGIT_DISTANCE[NIBBLE[q3]], DIGIT_DISTANCE[NIBBLE[q4]]
+  local T5, T6, T7, T8 = DIGIT_DISTANCE[NIBBLE[q5]], DIGIT_DISTANCE[NIBBLE[q6]],
+                         DIGIT_DISTANCE[NIBBLE[q7]], DIGIT_DISTANCE[NIBBLE[q8]]
+  local T9, T10, T11, T12 = DIGIT_DISTANCE[NIBBLE[q9]], DIGIT_DISTANCE[NIBBLE[q10]],
+                            DIGIT_DISTANCE[NIBBLE[q11]], DIGIT_DISTANCE[NIBBLE[q12]]
+  local T13, T14, T15, T16 = DIGIT_DISTANCE[NIBBLE[q13]], DIGIT_DISTANCE[NIBBLE[q14]],
+                             DIGIT_DISTANCE[NIBBLE[q15]], DIGIT_DISTANCE[NIBBLE[q16]]
   return function(h)
     if #h ~= 16 then return 64 end
-    local d = 0
-    for i = 1, 16 do d = d + rows[i][string.byte(h, i)] end
-    return d
+    local c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 = byte(h, 1, 16)
+    return T1[c1] + T2[c2] + T3[c3] + T4[c4] + T5[c5] + T6[c6] + T7[c7] + T8[c8] +
+           T9[c9] + T10[c10] + T11[c11] + T12[c12] + T13[c13] + T14[c14] + T15[c15] + T16[c16]
   end
 end
 
