@@ -236,6 +236,36 @@ def _claim(follower: ChangeFollower, fp: int, exclude: str, cap: int, extra: int
     )
 
 
+def _stale_copy(redis_client, seed: int, before, after):
+    """An index after the `before` changes, a copy of it loaded then, and the `after` changes the copy has not seen."""
+    redis_client.flushall()
+    rng = random.Random(seed)
+    pool = clustered(rng, 10, 7, centers=2)
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.open()
+    oracle = Oracle(7)
+    _run_ops(index, oracle, pool, before)
+    follower = ChangeFollower(redis_client, index.keys, index.layout)
+    follower.load()
+    _run_ops(index, oracle, pool, after)
+    return rng, pool, index, oracle, follower
+
+
+def _run_ops(index: FingerprintIndex, oracle: Oracle, pool: list[int], ops) -> None:
+    """Apply (op, incident number, pool index) changes to the index, one call each, and to the oracle."""
+    for kind, n, which in ops:
+        incident_id, fp = f"i{n}", pool[which]
+        if kind == "add":
+            if oracle.add(incident_id, fp) != "duplicate":
+                index.add_fingerprint(incident_id, fp)
+        elif kind == "upsert":
+            index.upsert_fingerprint(incident_id, fp)
+            oracle.upsert(incident_id, fp)
+        else:
+            index.delete(incident_id)
+            oracle.delete(incident_id)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 2**32),
@@ -253,30 +283,7 @@ def _claim(follower: ChangeFollower, fp: int, exclude: str, cap: int, extra: int
 def test_a_validated_stale_snapshot_finds_exactly_what_a_full_search_finds(
     redis_client, seed, before, after, cap, extra, query, op
 ) -> None:
-    redis_client.flushall()
-    rng = random.Random(seed)
-    pool = clustered(rng, 10, 7, centers=2)
-    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
-    index.open()
-    oracle = Oracle(7)
-
-    def run(ops) -> None:
-        for kind, n, which in ops:
-            incident_id, fp = f"i{n}", pool[which]
-            if kind == "add":
-                if oracle.add(incident_id, fp) != "duplicate":
-                    index.add_fingerprint(incident_id, fp)
-            elif kind == "upsert":
-                index.upsert_fingerprint(incident_id, fp)
-                oracle.upsert(incident_id, fp)
-            else:
-                index.delete(incident_id)
-                oracle.delete(incident_id)
-
-    run(before)
-    follower = ChangeFollower(redis_client, index.keys, index.layout)
-    follower.load()
-    run(after)  # the copy is now stale by these changes
+    rng, pool, index, oracle, follower = _stale_copy(redis_client, seed, before, after)
     new_id = "i3" if op == "upsert" else "new"
     fp = flip(pool[query], rng.randint(0, 3), rng)
     claim = _claim(follower, fp, new_id, cap, extra)
@@ -343,31 +350,7 @@ def test_a_batch_validated_against_one_stale_snapshot_equals_the_events_one_by_o
     """Every call of a send claims what the same copy (at one position) found; the batch validates each against the
     changes after that position and the calls before it in the batch (indexed just before it, not in the copy): each
     reply equals what the oracle finds with the events applied one by one."""
-    redis_client.flushall()
-    rng = random.Random(seed)
-    pool = clustered(rng, 10, 7, centers=2)
-    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
-    index.open()
-    oracle = Oracle(7)
-
-    def run(ops) -> None:
-        for kind, n, which in ops:
-            incident_id, fp = f"i{n}", pool[which]
-            if kind == "add":
-                if oracle.add(incident_id, fp) != "duplicate":
-                    index.add_fingerprint(incident_id, fp)
-            elif kind == "upsert":
-                index.upsert_fingerprint(incident_id, fp)
-                oracle.upsert(incident_id, fp)
-            else:
-                index.delete(incident_id)
-                oracle.delete(incident_id)
-
-    run(before)
-    follower = ChangeFollower(redis_client, index.keys, index.layout)
-    follower.load()
-    if stale:
-        run(after)  # the copy is now behind by these changes too
+    rng, pool, index, oracle, follower = _stale_copy(redis_client, seed, before, after if stale else [])
     commands, events = [], []
     for kind, n, which in batch:
         incident_id = f"i{n}"

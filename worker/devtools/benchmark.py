@@ -404,6 +404,21 @@ class _Baseline:
         }
 
 
+def run_header(client: redis.Redis) -> dict[str, Any]:
+    """What every benchmark's results start with: when, the command, the machine (load average included)."""
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": "incident-worker bench " + " ".join(sys.argv[2:]),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "redis": client.info("server").get("redis_version"),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+        },
+    }
+
+
 # -- the run --------------------------------------------------------------------------------------------------
 
 
@@ -432,18 +447,8 @@ def run_benchmark(
     client = redis.Redis.from_url(url, socket_timeout=300)
     events = _Events(seed, real_data)
     bench = Bench(client, url, events, measure, cap_s, latency_s, log)
-    server = client.info("server")
-    results: dict[str, Any] = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": "incident-worker bench " + " ".join(sys.argv[2:]),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "redis": server.get("redis_version"),
-        },
-        "workload": "real log lines" if real_data else f"Zipf vocabulary, seed {seed}",
-    }
+    results = run_header(client)
+    results["workload"] = "real log lines" if real_data else f"Zipf vocabulary, seed {seed}"
     log("fingerprinting ...")
     results["fingerprint"] = _fingerprint_speed(events)
 
@@ -503,6 +508,7 @@ def run_benchmark(
         baseline.load(fps)
         row["baseline"] = baseline.throughput(follow[:measure], cap_s)
         results["sizes"].append(row)
+    results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     client.close()
     return results
 
@@ -519,6 +525,11 @@ def markdown(results: dict[str, Any]) -> str:
         f"Machine: {machine['cpus']} CPUs, {machine['platform']}, Python {machine['python']}, "
         f"Redis {machine['redis']}. Workload: {results['workload']}."
     )
+    if "load_average" in machine:
+        out.append(
+            f"Load average (1, 5, 15 min) at the start: {machine['load_average']}, at the end: "
+            f"{machine.get('load_average_at_end', '-')}."
+        )
     fp = results["fingerprint"]
     out.append("")
     out.append("| fingerprint per bag | straightforward loop | fast, repeating vocabulary | fast, unique tokens |")

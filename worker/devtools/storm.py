@@ -13,10 +13,6 @@ like with like. For each it reports events/s, the candidates verified per event,
 
 from __future__ import annotations
 
-import os
-import platform
-import sys
-from datetime import UTC, datetime
 from typing import Any
 
 import redis
@@ -24,7 +20,7 @@ import redis
 from ..bands import DEFAULT_BANDS
 from ..index import FingerprintIndex
 from ..keys import IndexKeys
-from .benchmark import Bench, _Events
+from .benchmark import Bench, _Events, run_header
 from .workload import Workload
 
 __all__ = ["run_storm", "storm_markdown"]
@@ -73,17 +69,8 @@ def run_storm(*, url: str, copies: int, cap_s: float, seed: int, log: Any) -> di
     distinct = workload.take(copies)
     bag = distinct[0][1]
     storm = [(f"storm-{k}", bag) for k in range(copies)]
-    results: dict[str, Any] = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": "incident-worker bench " + " ".join(sys.argv[2:]),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "redis": client.info("server").get("redis_version"),
-        },
-        "copies": copies,
-    }
+    results = run_header(client)
+    results["copies"] = copies
     for name, items in (("distinct", distinct), ("storm", storm)):
         log(f"{name}: {copies:,} events into an empty index ...")
         bench.fresh(NAMESPACE)

@@ -53,6 +53,15 @@ for q = 0, 15 do
   DIGIT_DISTANCE[q] = row
 end
 
+-- The DIGIT_DISTANCE row of each of the 16 digits of `query`, as 16 values (kept in locals by the callers: a
+-- candidate then costs table reads and additions only).
+local function digit_rows(query)
+  local q = {string.byte(query, 1, 16)}
+  local rows = {}
+  for i = 1, 16 do rows[i] = DIGIT_DISTANCE[NIBBLE[q[i]]] end
+  return unpack(rows)
+end
+
 -- Lua 5.1's `unpack` stops near 8,000 values: candidate IDs are read in chunks.
 local CHUNK = 4000
 
@@ -130,15 +139,7 @@ local function find_matches(fp_key, twin_prefix, probe_keys, query, limit, cap)
   if n == 0 then return 0, 0, {}, nil end
 
   local byte, lower = string.byte, string.lower
-  local q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, q16 = byte(query, 1, 16)
-  local T1, T2, T3, T4 = DIGIT_DISTANCE[NIBBLE[q1]], DIGIT_DISTANCE[NIBBLE[q2]],
-                         DIGIT_DISTANCE[NIBBLE[q3]], DIGIT_DISTANCE[NIBBLE[q4]]
-  local T5, T6, T7, T8 = DIGIT_DISTANCE[NIBBLE[q5]], DIGIT_DISTANCE[NIBBLE[q6]],
-                         DIGIT_DISTANCE[NIBBLE[q7]], DIGIT_DISTANCE[NIBBLE[q8]]
-  local T9, T10, T11, T12 = DIGIT_DISTANCE[NIBBLE[q9]], DIGIT_DISTANCE[NIBBLE[q10]],
-                            DIGIT_DISTANCE[NIBBLE[q11]], DIGIT_DISTANCE[NIBBLE[q12]]
-  local T13, T14, T15, T16 = DIGIT_DISTANCE[NIBBLE[q13]], DIGIT_DISTANCE[NIBBLE[q14]],
-                             DIGIT_DISTANCE[NIBBLE[q15]], DIGIT_DISTANCE[NIBBLE[q16]]
+  local T1, T2, T3, T4, T5, T6, T7, T8, T9, T10, T11, T12, T13, T14, T15, T16 = digit_rows(query)
 
   -- by_distance[d + 1] lists the representatives at distance d, each as {id, group key or false}
   local by_distance = {}
@@ -265,15 +266,7 @@ end
 -- sixteen digits read with one string.byte).
 local function distance_from(query)
   local byte = string.byte
-  local q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, q16 = byte(query, 1, 16)
-  local T1, T2, T3, T4 = DIGIT_DISTANCE[NIBBLE[q1]], DIGIT_DISTANCE[NIBBLE[q2]],
-                         DIGIT_DISTANCE[NIBBLE[q3]], DIGIT_DISTANCE[NIBBLE[q4]]
-  local T5, T6, T7, T8 = DIGIT_DISTANCE[NIBBLE[q5]], DIGIT_DISTANCE[NIBBLE[q6]],
-                         DIGIT_DISTANCE[NIBBLE[q7]], DIGIT_DISTANCE[NIBBLE[q8]]
-  local T9, T10, T11, T12 = DIGIT_DISTANCE[NIBBLE[q9]], DIGIT_DISTANCE[NIBBLE[q10]],
-                            DIGIT_DISTANCE[NIBBLE[q11]], DIGIT_DISTANCE[NIBBLE[q12]]
-  local T13, T14, T15, T16 = DIGIT_DISTANCE[NIBBLE[q13]], DIGIT_DISTANCE[NIBBLE[q14]],
-                             DIGIT_DISTANCE[NIBBLE[q15]], DIGIT_DISTANCE[NIBBLE[q16]]
+  local T1, T2, T3, T4, T5, T6, T7, T8, T9, T10, T11, T12, T13, T14, T15, T16 = digit_rows(query)
   return function(h)
     if #h ~= 16 then return 64 end
     local c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 = byte(h, 1, 16)
