@@ -174,11 +174,11 @@ class SnapshotReader:
         holds, incident IDs and fingerprints at a position of the change log, does not depend on the layout."""
         old = self.follower.index
         index = MemoryIndex(layout)
-        for incident_id, fp in old.items():
-            index.set(incident_id, fp)
+        index.load(old.items())  # the numpy base in one go (set one by one: ~5x slower, and dicts)
         index.position = old.position
         self.follower.layout = layout
         self.follower.index = index
+        self._freeze()
 
     def refresh(self) -> None:
         """Bring the copy up to the end of the change log (loading it the first time, again when it was lost)."""
