@@ -34,8 +34,12 @@ __all__ = ["DEFAULT_BATCH", "KINDS", "Finding", "Verifier", "VerifyReport", "par
 DEFAULT_BATCH = 500
 """Keys or members read per SCAN/HSCAN/SSCAN/ZSCAN step: each step, and each check call, holds Redis for ~1 ms."""
 
-CALL_SUBJECTS = 100
-"""Subjects judged per call of the check function: its keys travel in the call, ~6 per subject."""
+CALL_SUBJECTS = 25
+"""Subjects judged per call of the check function (~12 commands each): about 1 ms of Redis a call on a quiet server,
+so a worker's call waits at most that long behind one."""
+
+POSTING_KEYS_PER_CALL = 100
+"""Posting sets read per call of verify_postings (SCARD, SMEMBERS and HMGET of each): about 1 ms of Redis a call."""
 
 KINDS: dict[str, str] = {
     "missing_postings": "incident whose fingerprint is missing from some or all of its posting sets",
@@ -499,26 +503,29 @@ class Verifier:
         for page in self._scan_keys(self.keys.postings_pattern(self.index.generation)):
             self.report.scanned["posting_keys"] += len(page)
             places = {key: self._band_key(text(key)) for key in page}
-            args: list[Any] = [self.batch]
-            for key in page:
-                place = places[key]
-                args.append("f" if place is None else specs[place[0]])
             rows: list[tuple[Any, Any, Any]] = []
             large: list[Any] = []
-            try:
-                reply = self.client.fcall_ro(
-                    library.FN_VERIFY_POSTINGS, 1 + len(page), self.keys.fingerprints, *page, *args
-                )
-            except ResponseError as error:
-                if "WRONGTYPE" not in str(error):
-                    raise
-                reply, large = [], list(page)  # a key of another type: SSCAN each, which reports it
-            for i in range(0, len(reply), 3):
-                key = page[int(reply[i]) - 1]
-                if not reply[i + 1] and text(reply[i + 2]) == "-1":
-                    large.append(key)
-                else:
-                    rows.append((key, reply[i + 1], reply[i + 2] or None))
+            for start in range(0, len(page), POSTING_KEYS_PER_CALL):
+                part = page[start : start + POSTING_KEYS_PER_CALL]
+                args: list[Any] = [self.batch]
+                for key in part:
+                    place = places[key]
+                    args.append("f" if place is None else specs[place[0]])
+                try:
+                    reply = self.client.fcall_ro(
+                        library.FN_VERIFY_POSTINGS, 1 + len(part), self.keys.fingerprints, *part, *args
+                    )
+                except ResponseError as error:
+                    if "WRONGTYPE" not in str(error):
+                        raise
+                    reply = []
+                    large += part  # a key of another type: SSCAN each, which reports it
+                for i in range(0, len(reply), 3):
+                    key = part[int(reply[i]) - 1]
+                    if not reply[i + 1] and text(reply[i + 2]) == "-1":
+                        large.append(key)
+                    else:
+                        rows.append((key, reply[i + 1], reply[i + 2] or None))
             for chunk, stored in self._members(large, "sscan"):
                 rows += [(key, member, value) for (key, member, _), value in zip(chunk, stored, strict=True)]
             self._judge(self._posting_subjects(rows, places, layout))

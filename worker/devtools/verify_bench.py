@@ -3,7 +3,7 @@ incidents, what it costs the primary, and how long `verify --repair` takes with 
 
 The index is the benchmark's synthetic workload (worker/devtools/workload.py: Zipf bags, a fifth near duplicates,
 default layout), bulk-loaded. Measured on it, one after the other: a check of the clean index unpaced; the same at
-`--max-rate` 50,000 items a second; then 1% of the incidents are damaged as a hand edit could (half lose one posting,
+`--max-rate` 10,000 items a second; then 1% of the incidents are damaged as a hand edit could (half lose one posting,
 half get a stray posting ID) and `verify --repair` runs, then a check confirms the index clean.
 """
 
@@ -28,7 +28,7 @@ from .workload import Workload
 __all__ = ["run_verify_bench", "verify_markdown"]
 
 NAMESPACE = "verify"
-PACED_RATE = 50_000
+PACED_RATE = 10_000
 
 
 def _calls(client: redis.Redis) -> tuple[float, int, float, int]:
