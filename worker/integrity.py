@@ -87,20 +87,21 @@ REPAIRS: dict[str, str] = {
 UNREPAIRABLE = frozenset({"meta_settings"})
 
 
-def parse_layout_tag(tag: str) -> tuple[str, int, int, int] | None:
-    """`simhash64-blake2b8le/bands=4/max_distance=7/format=2` as (scheme, bands, max distance, format), or None."""
+def parse_layout_tag(tag: str) -> tuple[str, int, int, int, int] | None:
+    """`simhash64-blake2b8le/bands=4/max_distance=7/format=2[/generation=1]` as (scheme, bands, max distance, format,
+    generation: 0 unless the index was moved to another layout), or None when it is not a layout tag."""
     parts = tag.split("/")
-    if len(parts) != 4:
+    if len(parts) not in (4, 5):
         return None
-    values: dict[str, int] = {}
+    values: dict[str, int] = {"generation": 0}
     for part in parts[1:]:
         name, _, value = part.partition("=")
         if not value.isdigit():
             return None
         values[name] = int(value)
-    if set(values) != {"bands", "max_distance", "format"}:
+    if set(values) != {"bands", "max_distance", "format", "generation"}:
         return None
-    return parts[0], values["bands"], values["max_distance"], values["format"]
+    return parts[0], values["bands"], values["max_distance"], values["format"], values["generation"]
 
 
 def _glob(text_: str) -> str:
@@ -308,7 +309,13 @@ class Verifier:
             )
         if wrong and self.repair:
             self._repair_meta(meta, wrong)
-        if self.configured is not None and self.configured != chosen:
+        # a worker configured with a layout the index was moved from follows the meta (incident-worker migrate)
+        moved_from = {
+            (found[1], found[2])
+            for previous in meta.get("previous_layouts", "").split()
+            if (found := parse_layout_tag(previous)) is not None
+        }
+        if self.configured is not None and self.configured != chosen and self.configured not in moved_from:
             self.report.findings.append(
                 Finding(
                     "meta_settings",
