@@ -460,3 +460,13 @@ def test_the_contract_documents_every_kind() -> None:
     from tests.test_docs import first_column
 
     assert first_column("verify-kinds") == set(KINDS)
+
+
+def test_a_representative_that_lost_one_posting_is_completed_not_replaced_by_a_twin(redis_client: redis.Redis) -> None:
+    built = Built(redis_client)
+    rep = built.representative(built.storm)
+    redis_client.srem(built.index.posting_keys(built.storm)[0], rep)
+    found = _verify(redis_client)
+    assert [(f.kind, f.subject) for f in found.findings] == [("missing_postings", rep)]
+    assert _verify(redis_client, repair=True).clean
+    assert built.representative(built.storm) == rep

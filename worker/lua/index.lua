@@ -1056,7 +1056,7 @@ end
 -- group (score 0) of all incidents of the fingerprint when two or more share it, none when one does.
 local function reconcile(fp_key, group, postings, fp, candidates, repair, out)
   local m = #postings
-  local seen, holders = {}, {}
+  local seen, holders, holding = {}, {}, {}
   local group_size = redis.call('ZCARD', group)
   local strays = 0
   local function consider(id, from_group)
@@ -1064,6 +1064,7 @@ local function reconcile(fp_key, group, postings, fp, candidates, repair, out)
     seen[id] = true
     if redis.call('HGET', fp_key, id) == fp then
       holders[#holders + 1] = id
+      holding[id] = true
     elseif from_group then
       -- a member of the group with another fingerprint, or none
       strays = strays + 1
@@ -1079,7 +1080,17 @@ local function reconcile(fp_key, group, postings, fp, candidates, repair, out)
     for i = 1, #members do consider(members[i], true) end
   end
   local full = m == 1 and redis.call('SMEMBERS', postings[1]) or redis.call('SINTER', unpack(postings))
-  for i = 1, #full do consider(full[i], false) end
+  local any_full = false
+  for i = 1, #full do
+    consider(full[i], false)
+    if holding[full[i]] then any_full = true end
+  end
+  if not any_full and m > 1 then
+    -- no incident of the fingerprint in all of its posting sets: one in some of them (a representative that lost
+    -- a posting) is the one to complete, not a twin that the walk happened to meet first
+    local some = redis.call('SUNION', unpack(postings))
+    for i = 1, #some do consider(some[i], false) end
+  end
   if #holders == 0 then return end
   group_size = group_size - strays
 
