@@ -206,6 +206,10 @@ CORRUPTIONS: dict[str, tuple[Corruption, set[str]]] = {
 }
 
 
+AMBIGUOUS = {"meta_field", "meta_layout_tag"}
+"""Edits that leave the meta's layout tag and fields disagreeing: verify needs the layout named to settle them."""
+
+
 @pytest.mark.parametrize("name", sorted(CORRUPTIONS))
 def test_each_corruption_is_found_and_repaired_into_the_oracles_index(redis_client: redis.Redis, name: str) -> None:
     built = Built(redis_client)
@@ -213,13 +217,20 @@ def test_each_corruption_is_found_and_repaired_into_the_oracles_index(redis_clie
     corrupt, kinds = CORRUPTIONS[name]
     corrupt(built)
     before = _state(redis_client)
+    named: dict[str, Any] = {}
+    if name in AMBIGUOUS:
+        from worker.errors import CommandError
 
-    found = _verify(redis_client)
+        with pytest.raises(CommandError, match="Give --bands and --max-distance"):
+            _verify(redis_client, repair=True)
+        named = {"configured": (4, R), "default_layout": (4, R)}
+
+    found = _verify(redis_client, **named)
     assert set(found.counts) == kinds, found.as_json()
     assert not found.clean
     assert _state(redis_client) == before, "a check wrote to the index"
 
-    repaired = _verify(redis_client, repair=True)
+    repaired = _verify(redis_client, repair=True, **named)
     assert repaired.clean, repaired.as_json()
     assert repaired.findings and all(f.repaired for f in repaired.findings)
     assert _verify(redis_client).counts == {}
@@ -233,9 +244,10 @@ def test_every_corruption_at_once_is_repaired_in_one_pass(redis_client: redis.Re
         corrupt(built)
     redis_client.srem(built.index.posting_keys(built.fps["c5"])[0], "c5")
     redis_client.hset(FP, "c6", format_fingerprint(built.fps["c6"] ^ (1 << 40)))
-    found = _verify(redis_client)
+    named = {"configured": (4, R), "default_layout": (4, R)}  # the meta edit needs the layout named
+    found = _verify(redis_client, **named)
     assert len(found.counts) >= 8
-    assert _verify(redis_client, repair=True).clean
+    assert _verify(redis_client, repair=True, **named).clean
     assert _verify(redis_client).counts == {}
     _assert_equals_oracle(redis_client, random.Random(1))
 

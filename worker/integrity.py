@@ -285,16 +285,16 @@ class Verifier:
             fielded = None
         chosen = tagged
         if fielded is not None and fielded != tagged:
-            # the tag is what every call checks; when the fields and the configuration agree against it, the tag
-            # is what was edited
-            if self.default_layout == fielded:
+            # one of the two was edited, and verifying against the wrong one would judge every posting wrong (and a
+            # repair would rebuild them all): only the layout the user names settles it
+            if self.configured == fielded and generation == 0:
                 chosen = fielded
-            elif self.default_layout != tagged:
+            elif self.configured != tagged:
                 raise CommandError(
                     f"{self.keys.meta} is self-contradictory: its layout tag says bands={tagged[0]}, "
-                    f"max_distance={tagged[1]}, its fields bands={fielded[0]}, max_distance={fielded[1]}, and the "
-                    "configuration agrees with neither. Give --bands and --max-distance of the layout the index "
-                    "was built with, and verify will rewrite the meta to match it"
+                    f"max_distance={tagged[1]}, its fields bands={fielded[0]}, max_distance={fielded[1]}. Give "
+                    "--bands and --max-distance of the layout the index was built with (the one its workers are "
+                    "configured with), and verify will check against it and rewrite the meta to match"
                 )
         try:
             index = FingerprintIndex(self.client, ns, *chosen, generation=generation)
