@@ -244,3 +244,23 @@ def test_verify_finds_a_migrated_index_clean_and_its_repair_changes_nothing(redi
     report = Verifier(redis_client, NS, repair=True, configured=(3, 7), default_layout=(3, 7)).run()
     assert report.counts == {}, report.counts
     assert _dump(redis_client) == before
+
+
+def test_stats_shows_the_progress_of_a_move(real_redis: Any, request: pytest.FixtureRequest) -> None:
+    from worker.commands.stats import collect_stats
+    from worker.settings import Settings
+
+    _scan_in_batches(real_redis, request)
+    rng = random.Random(18)
+    index, _ = _seed(real_redis, rng, 200)
+    migrator = Migrator(real_redis, NS, batch=20)
+    migrator._start(index, BandLayout(3, 7))
+    migrator.step()
+    stats = collect_stats(real_redis, Settings(namespace=NS))
+    assert stats.migration is not None and stats.migration.state == "building"
+    assert 0 < stats.migration.visited < 200 and stats.migration.total == 200
+    shown = stats.as_json()["migration"]
+    assert shown["progress"].startswith("building: ") and "of about 200 incidents visited" in shown["progress"]
+    assert shown["target"].endswith("/generation=1")
+    migrator.migrate(3)
+    assert collect_stats(real_redis, Settings(namespace=NS)).migration is None
