@@ -264,3 +264,18 @@ def test_stats_shows_the_progress_of_a_move(real_redis: Any, request: pytest.Fix
     assert shown["target"].endswith("/generation=1")
     migrator.migrate(3)
     assert collect_stats(real_redis, Settings(namespace=NS)).migration is None
+
+
+def test_every_call_of_a_batch_built_before_the_switch_is_sent_again(redis_client: Any) -> None:
+    """A worker pipelines calls built for the old layout; all are refused at the switch, and each refusal (not only
+    the first, whose reload follows the switch) is one the index recovers from by building the call again."""
+    rng = random.Random(19)
+    index, _ = _seed(redis_client, rng, 40)
+    commands = [index.apply_command("add", f"late{i}", rng.getrandbits(64)) for i in range(3)]
+    Migrator(FingerprintIndex(redis_client, NS, 4, 7).redis, NS).migrate(3)
+    replies = index.execute(commands)
+    assert all(isinstance(reply, redis.ResponseError) for reply in replies)
+    assert all(index.handle_error(reply) for reply in replies)
+    assert index.layout.bands == 3
+    rebuilt = [index.apply_command("add", f"late{i}", rng.getrandbits(64)) for i in range(3)]
+    assert [text(reply[0]) for reply in index.execute(rebuilt)] == ["indexed"] * 3

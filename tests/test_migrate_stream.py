@@ -100,9 +100,9 @@ def test_migration_under_a_killed_fleet_keeps_every_invariant(
     rng = random.Random(seed)
     client = server.client()
     clusters = 150
-    seeded = {f"s{i}": fingerprint(_bag(rng, rng.randrange(clusters))) for i in range(6_000)}
+    seeded = {f"s{i}": fingerprint(_bag(rng, rng.randrange(clusters))) for i in range(4_000)}
     FingerprintIndex(client, NS, 4, R).bulk_load(seeded.items(), chunk=5000)
-    events = _events(rng, 1500, clusters)
+    events = _events(rng, 1000, clusters)
     logs = [tmp_path / "w0.log", tmp_path / "w1.log"]
     workers = [
         _start_worker(server.url, logs[0], "w0", read_path="primary"),
@@ -121,14 +121,14 @@ def test_migration_under_a_killed_fleet_keeps_every_invariant(
     worker_killed = False
     deadline = time.monotonic() + 240
     while True:
-        migrator = _migrate(server.url, mlog, "--bands", str(to_bands), "--batch", "25", "--pause-ms", "1")
-        if kills < 6:
-            time.sleep(rng.uniform(0.1, 0.6))
+        migrator = _migrate(server.url, mlog, "--bands", str(to_bands), "--batch", "100", "--pause-ms", "1")
+        if kills < 5:
+            time.sleep(rng.uniform(0.2, 1.2))
             if migrator.poll() is None:
                 migrator.send_signal(signal.SIGKILL)
                 migrator.wait()
                 kills += 1
-                if kills == 3 and not worker_killed:  # and a worker, mid-migration
+                if kills == 1 and not worker_killed:  # and a worker, mid-migration
                     workers[0].send_signal(signal.SIGKILL)
                     workers[0].wait()
                     workers[0] = _start_worker(server.url, logs[0], "w0", read_path="primary")

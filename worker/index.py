@@ -363,10 +363,13 @@ class FingerprintIndex:
             self.open()
             return True
         if message.startswith("LAYOUT"):
-            # a migration switched the layout (or the meta was rewritten): follow it when this index may
-            if self.reload_layout():
-                return True
-            raise LayoutMismatchError(message.removeprefix("LAYOUT ")) from None
+            # A migration switched the layout: follow it (reload_layout raises LayoutMismatchError when the meta's
+            # layout is not one this index may use). Once it returns, this index writes the meta's layout, so the
+            # refused call was built for an older one: build it again. (Not only when this reload changed
+            # something: of a pipelined batch built before the switch, every call is refused, the first one's
+            # reload follows the switch, and the others' find nothing left to change.)
+            self.reload_layout()
+            return True
         if message.startswith("MIGRATION"):
             self.reload_layout()  # a migration started, switched or was aborted: write what the meta says now
             return True
