@@ -1,0 +1,75 @@
+"""Redis time per event of the snapshot read path, command by command (INFO commandstats), in one worker.
+
+Pre-loads N incidents of the benchmark's seeded Zipf workload into a redis-server of its own, publishes M events,
+runs one `StreamWorker` (the code of `incident-worker run`) in this process until the stream is idle, and prints
+FCALL's time per event (every function call: reading entries and applying them; it includes the commands the
+functions run) and each command's share. Run it on two commits to compare what a change saves on the primary.
+
+Usage: python benchmarks/snapshot_calls.py [N] [M] [snapshot|primary]
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without installing the package
+
+import redis  # noqa: E402
+
+from worker import library  # noqa: E402
+from worker.connection import connect  # noqa: E402
+from worker.devtools.redis_server import RedisServer  # noqa: E402
+from worker.devtools.workload import Workload  # noqa: E402
+from worker.fingerprint import fingerprint  # noqa: E402
+from worker.formats import IncidentEvent  # noqa: E402
+from worker.index import FingerprintIndex  # noqa: E402
+from worker.logs import configure_logging  # noqa: E402
+from worker.settings import Settings  # noqa: E402
+from worker.stream import StreamWorker  # noqa: E402
+
+
+def main() -> None:
+    size = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
+    events = int(sys.argv[2]) if len(sys.argv) > 2 else 3000
+    path = sys.argv[3] if len(sys.argv) > 3 else "snapshot"
+    configure_logging("json", "error")
+    with tempfile.TemporaryDirectory() as directory:
+        server = RedisServer(Path(directory))
+        server.start()
+        try:
+            client = redis.Redis.from_url(server.url)
+            library.load(client)
+            workload = Workload(seed=1)
+            index = FingerprintIndex(client, "bench", bands=4)
+            index.open()
+            index.bulk_load([(i, fingerprint(bag)) for i, bag in workload.take(size)])
+            settings = Settings(
+                redis_url=server.url, namespace="bench", read_path=path, batch_size=100, alerts_maxlen=10_000
+            )
+            worker = StreamWorker(connect(settings), settings)
+            worker.setup()
+            pipe = client.pipeline(transaction=False)
+            for incident_id, bag in workload.take(events):
+                pipe.xadd(settings.events_stream, IncidentEvent(incident_id=incident_id, features=bag).to_fields())
+            pipe.execute()
+            client.config_resetstat()
+            started = time.perf_counter()
+            worker.run(until_idle=True)
+            elapsed = time.perf_counter() - started
+            stats = client.info("commandstats")
+            print(f"{path}, N = {size:,}, {events:,} events: {events / elapsed:,.0f} events/s (one worker, in process)")
+            for name, row in sorted(stats.items(), key=lambda kv: -kv[1]["usec"])[:12]:
+                print(
+                    f"  {name.removeprefix('cmdstat_'):>12}: {row['calls'] / events:6.2f} calls/event, "
+                    f"{row['usec'] / events:7.1f} us/event"
+                )
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()
