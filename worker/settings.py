@@ -190,11 +190,12 @@ class Settings(BaseSettings):
     snapshot_min_incidents: int = Field(
         100_000, ge=0, description="Index size from which read_path=auto searches the worker's own copy."
     )
-    retention: str = Field(
-        "off",
+    retention: str | None = Field(
+        None,
         description="Retention window, such as 30d: an incident leaves the index once its last add or upsert is "
-        "older than this (off = keep every incident). Recorded in {N}:meta by a worker that starts with another "
-        "value, so run every worker of a namespace with the same one.",
+        "older than this; off turns it off (keep every incident). Recorded in {N}:meta by a worker that starts "
+        "with another value, so run every worker of a namespace with the same one. Unset: the worker keeps the "
+        "window the namespace has (none at first: off), so a worker started without it changes nothing.",
     )
     changes_keep: str = Field(
         "1d",
@@ -267,7 +268,9 @@ class Settings(BaseSettings):
 
     @field_validator("retention", "changes_keep", "stream_group_max_age")
     @classmethod
-    def _check_duration(cls, value: str, info: Any) -> str:
+    def _check_duration(cls, value: str | None, info: Any) -> str | None:
+        if value is None:
+            return None  # retention only: unset keeps the namespace's window
         parse_duration(value, info.field_name)
         return value.strip().lower()
 
@@ -361,7 +364,12 @@ class Settings(BaseSettings):
 
     @property
     def retention_ms(self) -> int:
-        return parse_duration(self.retention)
+        return parse_duration(self.retention or "off")
+
+    @property
+    def retention_configured(self) -> bool:
+        """Whether this worker was given a retention window (a duration or off) to record for its namespace."""
+        return self.retention is not None
 
     @property
     def changes_keep_ms(self) -> int:

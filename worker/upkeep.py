@@ -353,6 +353,8 @@ class Upkeep:
     def configure(self) -> None:
         """Record this worker's retention window in `{N}:meta` if another one is recorded (at start): the window is
         the namespace's, so that every worker's atomic step keeps the same bookkeeping."""
+        if not self.settings.retention_configured:
+            return  # unset: the namespace's window stands (a worker started without the setting drops nothing)
         window = self.settings.retention_ms
         recorded = retention.recorded_window(self.index.redis, self.index.keys)
         if recorded == window:

@@ -212,7 +212,7 @@ def collect_stats(client: RedisClient, settings: Settings, dead_scan: int = DEAD
     positions = upkeep.group_positions(client, settings.events, settings.group, settings.stream_group_max_age_ms)
     kept = retention.state(client, settings.keys)
     lifecycle = {
-        "retention": {**kept.as_json(), "configured": settings.retention},
+        "retention": {**kept.as_json(), "configured": settings.retention or None},
         "changes_keep": settings.changes_keep,
         "changes_length": int(client.xlen(settings.keys.changes)),
         "stream_group_max_age": settings.stream_group_max_age,
@@ -313,8 +313,7 @@ def _print_index(stats: Stats, settings: Settings) -> None:
         if kept["backfill_running"]:
             line += "; still entering the incidents indexed before it was turned on"
         print(line)
-    configured = settings.retention_ms
-    if configured != kept["window_ms"]:
+    if settings.retention_configured and settings.retention_ms != kept["window_ms"]:
         print(
             f"  WARNING      configured retention {settings.retention} differs from the namespace's "
             f"({duration(kept['window_ms'] / 1000) if kept['window_ms'] else 'off'}): a worker with this "
