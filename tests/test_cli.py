@@ -315,7 +315,10 @@ def test_stats_reports_index_streams_group_workers_and_dead_letters(
     assert stats["index"]["incidents"] == 3
     assert stats["index"]["meta"]["bands"] == "4" and stats["index"]["meta"]["max_distance"] == "7"
     assert stats["index"]["used_memory_per_incident"] > 0
-    assert {name: s["length"] for name, s in stats["streams"].items()} == {"events": 6, "alerts": 1, "dead": 3}
+    # the 6 events are all processed: a worker's upkeep may have trimmed them (whole nodes) before it stopped
+    trimmed = client.xlen(EVENTS)
+    assert trimmed in (0, 6)
+    assert {name: s["length"] for name, s in stats["streams"].items()} == {"events": trimmed, "alerts": 1, "dead": 3}
     assert stats["group"]["name"] == GROUP and stats["group"]["lag"] == 0 and stats["group"]["pending"] == 0
     assert {c["name"] for c in stats["consumers"]} == {"w1", "w2"}
     assert stats["dead_letters"] == {"by_reason": {"bad_json": 2, "bad_weight": 1}, "scanned": 3, "capped": False}
@@ -533,7 +536,8 @@ def test_check_fails_fast_with_one_line_when_redis_is_down() -> None:
         assert done.returncode == 1
         assert len(done.stderr.strip().splitlines()) == 1 and "does not answer" in done.stderr
         assert "hunter2-secret" not in done.stderr + done.stdout and ":***@" in done.stderr
-    assert time.monotonic() - started < 10
+    # no retrying with backoff (that would take minutes); two CLI starts take seconds, more on a loaded machine
+    assert time.monotonic() - started < 30
 
 
 def test_commands_fail_with_exit_1_and_a_redacted_url_when_redis_is_down() -> None:
