@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from redis.cluster import RedisCluster
 
 from tests.conftest import IN_CI
 from tests.redis_server import RedisServer, free_port
-from tests.streams import FAST, assert_pairs_reported_once, fingerprints, start_worker, worker_command
+from tests.streams import FAST, assert_pairs_reported_once, fingerprints, publish, start_worker, worker_command
 from worker import library
 from worker.devtools.workload import Workload
 from worker.formats import Alert, DeadLetter
@@ -158,3 +159,97 @@ def _json(bag: dict[str, int]) -> str:
     import json
 
     return json.dumps(bag)
+
+
+# -- a failover inside the cluster --------------------------------------------------------------------------------
+
+
+def _start_cluster(base: Path, masters: int, replicas: int) -> list[RedisServer]:
+    """`masters` * (1 + `replicas`) nodes made into one cluster by redis-cli, every slot served when it returns."""
+    servers: list[RedisServer] = []
+    for k in range(masters * (1 + replicas)):
+        directory = base / f"node{k}"
+        directory.mkdir(parents=True)
+        server = RedisServer(
+            directory,
+            port=free_port(cluster=True),
+            extra=["--cluster-enabled", "yes", "--cluster-config-file", str(directory / "nodes.conf"),
+                   "--cluster-node-timeout", "5000"],
+        )  # fmt: skip
+        server.start()
+        servers.append(server)
+    subprocess.run(
+        ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{s.port}" for s in servers],
+         "--cluster-replicas", str(replicas), "--cluster-yes"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    _wait(lambda: all(s.client().cluster("info")["cluster_state"] == "ok" for s in servers), 60, "cluster ok")
+    return servers
+
+
+def _wait(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_a_worker_follows_its_namespace_to_the_promoted_replica(tmp_path: Path) -> None:
+    """CLUSTER FAILOVER moves the namespace's slot to the replica while a worker processes the stream: the worker
+    follows the redirection to the new master (waiting out what the switch refuses), and the index, the alerts and
+    the pending list end as without the failover."""
+    if shutil.which("redis-cli") is None or shutil.which("redis-server") is None:
+        message = "redis-server and redis-cli are needed for the cluster test"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    servers = _start_cluster(tmp_path / "cluster", masters=3, replicas=1)
+    worker = None
+    try:
+        url = servers[0].url
+        client = RedisCluster.from_url(url)
+        items = Workload(seed=31).take(2000)
+        events = [{"incident_id": incident_id, "features": bag} for incident_id, bag in items]
+        loaded = subprocess.run(
+            [*worker_command(), "load-functions", "--cluster", "--admin-redis-url", url],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert loaded.returncode == 0, loaded.stderr
+        publish(client, [{**e, "features": _json(e["features"])} for e in events[:1000]])
+        worker = start_worker(url, log=tmp_path / "worker.log", cluster="true", batch_size=20, **FAST)
+        _wait(lambda: client.hlen("{incidents}:fp") >= 300, 120, "the worker to index 300 incidents")
+
+        home = client.get_node_from_key("{incidents}:fp")
+        with redis.Redis(host=home.host, port=home.port) as old_master:
+            master_id = old_master.execute_command("CLUSTER", "MYID")
+            replica_line = old_master.execute_command("CLUSTER", "REPLICAS", master_id)[0]
+        replica_address = (replica_line.decode() if isinstance(replica_line, bytes) else replica_line).split()[1]
+        host, _, port = replica_address.split("@")[0].rpartition(":")
+        with redis.Redis(host=host, port=int(port)) as replica:
+            _wait(lambda: replica.info("replication")["master_link_status"] == "up", 30, "the replica's link")
+            replica.execute_command("CLUSTER", "FAILOVER")
+            _wait(lambda: replica.info("replication")["role"] == "master", 60, "the replica's promotion")
+        # the rest arrives after the switch, through a client that follows the redirection
+        after = RedisCluster.from_url(url)
+        _wait(lambda: after.get_node_from_key("{incidents}:fp").port == int(port), 30, "the new slot owner")
+        publish(after, [{**e, "features": _json(e["features"])} for e in events[1000:]])
+        fps = fingerprints(events)
+        _wait(lambda: after.hlen("{incidents}:fp") == len(fps), 240, "every incident indexed after the failover")
+        _wait(lambda: int(after.xpending("{incidents}:events", "incident-workers")["pending"]) == 0, 60, "no pending")
+        worker.terminate()
+        assert worker.wait(timeout=30) == 0
+        log = (tmp_path / "worker.log").read_text()
+
+        stored = {k.decode(): int(v, 16) for k, v in after.hgetall("{incidents}:fp").items()}
+        assert stored == fps, log[-2000:]
+        assert_pairs_reported_once(fps, [Alert.from_fields(f) for _, f in after.xrange("{incidents}:alerts")])
+        assert after.xlen("{incidents}:dead") == 0, log[-2000:]
+        after.close()
+        client.close()
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        for server in servers:
+            server.stop()
