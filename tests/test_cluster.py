@@ -6,8 +6,8 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
