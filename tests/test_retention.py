@@ -8,8 +8,8 @@ exactly what the remaining fingerprints call for.
 from __future__ import annotations
 
 import json
-import re
 import random
+import re
 import signal
 import threading
 import time
