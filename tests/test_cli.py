@@ -319,6 +319,8 @@ def test_stats_reports_index_streams_group_workers_and_dead_letters(
     trimmed = client.xlen(EVENTS)
     assert trimmed in (0, 6)
     assert {name: s["length"] for name, s in stats["streams"].items()} == {"events": trimmed, "alerts": 1, "dead": 3}
+    bounds = {name: (s["maxlen"], s["max_memory"]) for name, s in stats["streams"].items()}
+    assert bounds == {"events": (None, None), "alerts": (100_000, 256 * 2**20), "dead": (100_000, 128 * 2**20)}
     assert stats["group"]["name"] == GROUP and stats["group"]["lag"] == 0 and stats["group"]["pending"] == 0
     assert {c["name"] for c in stats["consumers"]} == {"w1", "w2"}
     assert stats["dead_letters"] == {"by_reason": {"bad_json": 2, "bad_weight": 1}, "scanned": 3, "capped": False}
@@ -330,6 +332,8 @@ def test_stats_reports_index_streams_group_workers_and_dead_letters(
     human = cli(server, "stats")
     assert "newest 2 of 3" not in human.stdout and "all 3" in human.stdout
     assert "the layout in use" in human.stdout
+    assert "about 100,000 entries, 256.0 MB of memory" in human.stdout, human.stdout
+    assert "trimmed below what every consumer group still needs" in human.stdout
 
 
 # -- alerts -----------------------------------------------------------------------------------------------------

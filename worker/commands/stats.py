@@ -201,11 +201,12 @@ def collect_stats(client: RedisClient, settings: Settings, dead_scan: int = DEAD
         stored = (settings.bands, settings.max_distance)
     best, advice = recommendation(int(index_stats["incidents"]), *stored)
     streams = {
-        name: {"key": key, "length": int(client.xlen(key))}
-        for name, key in (
-            ("events", settings.events_stream),
-            ("alerts", settings.alerts_stream),
-            ("dead", settings.dead_stream),
+        name: {"key": key, "length": int(client.xlen(key)), "maxlen": maxlen, "max_memory": budget}
+        for name, key, maxlen, budget in (
+            # the events stream is bounded by the consumer groups (trimmed below what they still need)
+            ("events", settings.events_stream, None, None),
+            ("alerts", settings.alerts_stream, settings.alerts_maxlen, settings.alerts_max_memory_bytes),
+            ("dead", settings.dead_stream, settings.dead_maxlen, settings.dead_max_memory_bytes),
         )
     }
     group, consumers = _group(client, settings)
@@ -324,11 +325,20 @@ def _print_index(stats: Stats, settings: Settings) -> None:
 def _print_streams(stats: Stats) -> None:
     print("streams")
     print_table(
-        [(name, stream["key"], f"{stream['length']:,}") for name, stream in stats.streams.items()],
-        ("STREAM", "KEY", "ENTRIES"),
+        [(name, stream["key"], f"{stream['length']:,}", _bound(stream)) for name, stream in stats.streams.items()],
+        ("STREAM", "KEY", "ENTRIES", "BOUNDED BY (this configuration)"),
         "  ",
         right=(2,),
     )
+
+
+def _bound(stream: dict[str, Any]) -> str:
+    """What keeps a stream from growing: its length cap and memory budget, or the consumer groups' positions."""
+    if stream.get("maxlen") is None and stream.get("max_memory") is None:
+        return "trimmed below what every consumer group still needs"
+    maxlen = f"about {stream['maxlen']:,} entries" if stream["maxlen"] else "no length cap"
+    budget = f"{size(stream['max_memory'])} of memory" if stream["max_memory"] else "no memory budget"
+    return f"{maxlen}, {budget}"
 
 
 def _print_group(stats: Stats) -> None:
