@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,3 +115,29 @@ def test_storm_benchmark_compares_a_storm_with_distinct_incidents() -> None:
     assert results["throughput_ratio"] > 0 and results["memory_ratio"] == round(
         storm["index_bytes_per_incident"] / distinct["index_bytes_per_incident"], 2
     )
+
+
+def test_a_spawned_worker_reports_its_own_peak_memory_not_its_parents() -> None:
+    """ru_maxrss of a spawned process keeps its parent's high-water mark on Linux; the benchmark's workers must not
+    report the benchmark's memory as theirs."""
+    import multiprocessing as mp
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("VmHWM is Linux's")
+    ballast = bytearray(300 * 1024 * 1024)
+    ballast[::4096] = b"\1" * len(ballast[::4096])  # touch every page: the parent's peak is now over 300 MB
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    child = context.Process(target=_report_peak, args=(results,))
+    child.start()
+    peak_kb = results.get(timeout=60)
+    child.join(timeout=60)
+    del ballast
+    assert peak_kb < 200 * 1024, f"a fresh interpreter reported {peak_kb} KiB: its parent's peak"
+
+
+def _report_peak(results: Any) -> None:
+    from worker.devtools.benchmark import _peak_rss_kb
+
+    results.put(_peak_rss_kb())

@@ -100,9 +100,23 @@ def _worker_process(url: str, options: dict[str, Any], stop: Any, results: Any) 
             "last": latency.last,
             "latency": latency.values,
             "candidates": candidates.values,
-            "max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            "max_rss_kb": _peak_rss_kb(),
         }
     )
+
+
+def _peak_rss_kb() -> int:
+    """This process's own peak resident memory in KiB. Linux's ru_maxrss keeps the high-water mark of the process
+    that forked it (across exec too), so a spawned worker would report the benchmark's peak: VmHWM belongs to this
+    process's own address space."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 @dataclass
