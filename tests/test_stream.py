@@ -541,3 +541,24 @@ def test_until_idle_never_leaves_while_another_worker_holds_fresh_entries(redis_
     assert pending_count(redis_client) == 5 and worker._idle() is False
     redis_client.xack(EVENTS, GROUP, *[entry_id for entry_id, _ in redis_client.xrange(EVENTS)])
     assert worker._idle() is True
+
+
+def test_a_worker_follows_a_migration_mid_run_and_says_so(redis_client: redis.Redis) -> None:
+    """A running worker whose calls are refused after a move to another layout follows the index there (its next
+    events are indexed in the new layout) and logs it once, so an operator sees every worker take the step."""
+    from unittest import mock
+
+    from worker.migrate import Migrator
+
+    publish(redis_client, [{"incident_id": f"a{n}", "features": {f"t{n}": 1, "shared": 3}} for n in range(20)])
+    worker = StreamWorker(redis_client, settings())
+    worker.run(until_idle=True)
+    Migrator(redis_client, worker.settings.namespace).migrate(3)
+    publish(redis_client, [{"incident_id": f"b{n}", "features": {f"t{n}": 1, "shared": 3}} for n in range(20)])
+    worker.log = mock.Mock(wraps=worker.log)
+    worker.run(until_idle=True)
+    assert redis_client.hlen(worker.settings.keys.fingerprints) == 40
+    assert worker.index.layout.bands == 3
+    followed = [c for c in worker.log.info.call_args_list if c.args == ("following the index's layout",)]
+    assert len(followed) == 1, worker.log.info.call_args_list
+    assert "bands=3" in followed[0].kwargs["layout"] and "bands=4" in followed[0].kwargs["layout_before"]

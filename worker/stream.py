@@ -155,6 +155,7 @@ class StreamWorker:
         self._restarted = True  # the first recovery finds what a previous run of this consumer left: deliveries
         self._idle_wait = 0.0
         self._tokenizer = str(TOKENIZER_VERSION)
+        self._layout_seen: tuple[str, str] | None = None
 
     # -- control ----------------------------------------------------------------------------------------------
 
@@ -582,6 +583,21 @@ class StreamWorker:
             )
         return replies
 
+    def _note_layout(self) -> None:
+        """Log once each time the worker follows the index to another layout (a migration's start, switch or abort,
+        met as a refused call mid-run), so that an operator sees every worker take the step."""
+        building = self.index.building.tag if self.index.building else ""
+        seen = (self.index.layout_tag, building)
+        if self._layout_seen is not None and seen != self._layout_seen:
+            self.log.info(
+                "following the index's layout",
+                layout=seen[0],
+                building=building or None,
+                layout_before=self._layout_seen[0],
+                building_before=self._layout_seen[1] or None,
+            )
+        self._layout_seen = seen
+
     def _send_batched(self, commands: list[Command]) -> list[Any]:
         """Send the apply calls among `commands` as one apply_batch call (the others as they are); one reply each."""
         applies = [k for k, command in enumerate(commands) if command[1] == FN_APPLY]
@@ -601,7 +617,9 @@ class StreamWorker:
         """Act on the replies of a batch's calls: log, count, dead-letter duplicates, retry what can be retried."""
         # a call refused for a lost state (functions, meta) or a layout change (a migration's start, switch or
         # abort) changed nothing: it is sent again, built for the state just read, a few times at most
+        self._note_layout()  # the layout these calls were built for (the first batch's sets where it started)
         held, again = self._settle(items, replies, retry=attempt < 3)
+        self._note_layout()  # and the one a refusal made it follow
         if again:
             self._apply_segment(again, attempt=attempt + 1)
         if held:
