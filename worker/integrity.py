@@ -28,6 +28,7 @@ from .errors import CommandError
 from .index import FORMAT_VERSION, SCHEME, FingerprintIndex, base_tag
 from .keys import IndexKeys
 from .replies import text
+from .transport import scan_slot
 
 __all__ = ["DEFAULT_BATCH", "KINDS", "Finding", "Verifier", "VerifyReport", "parse_layout_tag"]
 
@@ -451,12 +452,12 @@ class Verifier:
 
     def _scan_keys(self, pattern: str) -> Iterable[list[Any]]:
         """The keys matching `pattern`, a SCAN page at a time."""
-        cursor: Any = 0
+        cursor = 0
         while True:
-            cursor, keys = self.client.scan(cursor, match=pattern, count=self.batch)
+            cursor, keys = scan_slot(self.client, self.keys.meta, cursor, pattern, self.batch)
             if keys:
-                yield list(keys)
-            if int(cursor) == 0:
+                yield keys
+            if cursor == 0:
                 return
 
     def _members(self, keys: list[Any], command: str) -> Iterable[tuple[list[tuple[Any, Any, Any]], list[Any]]]:

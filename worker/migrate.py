@@ -35,6 +35,7 @@ from .errors import CommandError
 from .index import FingerprintIndex, LayoutTarget, base_tag, layout_tag
 from .keys import IndexKeys, glob_escape
 from .replies import text
+from .transport import scan_slot
 
 __all__ = ["DEFAULT_BATCH", "MigrationStatus", "Migrator", "migration_status"]
 
@@ -272,7 +273,8 @@ class Migrator:
         if not prefix.startswith(self.keys.tag + ":band:"):
             raise CommandError(f"{self.keys.migration} names no posting keys to remove ({prefix!r}); inspect it")
         cursor = status.fields.get("cursor", "0")
-        next_cursor, found = self.client.scan(int(cursor), match=glob_escape(prefix) + "[0-9]*", count=self.batch)
+        pattern = glob_escape(prefix) + "[0-9]*"
+        next_cursor, found = scan_slot(self.client, self.keys.meta, int(cursor), pattern, self.batch)
         keys = [self.keys.meta, self.keys.migration, *(text(k) for k in found)]
         self._fcall(library.FN_MIGRATE_REMOVE, keys, [status.state, cursor, str(next_cursor)])
 

@@ -27,7 +27,15 @@ from redis.exceptions import ResponseError
 
 from .connection import RedisClient
 
-__all__ = ["Command", "ConnectionTransport", "PipelineTransport", "Transport", "execute", "open_transport"]
+__all__ = [
+    "Command",
+    "ConnectionTransport",
+    "PipelineTransport",
+    "Transport",
+    "execute",
+    "open_transport",
+    "scan_slot",
+]
 
 Command = tuple[Any, ...]
 """A Redis command as its arguments: ("FCALL", name, numkeys, *keys, *args)."""
@@ -144,3 +152,14 @@ def execute(client: RedisClient, commands: Sequence[Command]) -> list[Any]:
     with open_transport(client) as transport:
         transport.send(commands)
         return transport.receive()
+
+
+def scan_slot(client: Any, home_key: str, cursor: int, match: str, count: int) -> tuple[int, list[Any]]:
+    """One SCAN page of the keys matching `match` on the server that holds `home_key` (an index's keys share one
+    slot): (next cursor, keys). A `RedisCluster` would scan every master and answer a cursor per node, which no
+    caller could store or resume from; this asks the slot's master alone, with a plain cursor."""
+    node_of = getattr(client, "get_node_from_key", None)
+    if node_of is not None:
+        client = client.get_redis_connection(node_of(home_key))
+    next_cursor, keys = client.scan(cursor, match=match, count=count)
+    return int(next_cursor), list(keys)
