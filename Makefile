@@ -30,7 +30,7 @@ demo: $(STAMP)
 
 # The whole suite, as CI runs it.
 test: $(STAMP)
-	@echo "The whole suite, as CI runs it: about 5 minutes on 2 idle cores, longer on a busy machine."
+	@echo "The whole suite, as CI runs it: about 14 minutes on 2 idle cores, longer on a busy machine."
 	@echo "For everyday work, 'make test-fast' skips the slow end-to-end tests and takes about half as long."
 	$(BIN)/python -m pytest
 
