@@ -265,7 +265,14 @@ def test_a_worker_follows_its_namespace_to_the_promoted_replica(tmp_path: Path) 
         home = client.get_node_from_key("{incidents}:fp")
         with redis.Redis(host=home.host, port=home.port) as old_master:
             master_id = old_master.execute_command("CLUSTER", "MYID")
-            replica_line = old_master.execute_command("CLUSTER", "REPLICAS", master_id)[0]
+            known: list[Any] = []
+
+            def replica_known() -> bool:  # a cluster is "ok" before every master has heard of its replica
+                known[:] = old_master.execute_command("CLUSTER", "REPLICAS", master_id)
+                return bool(known)
+
+            _wait(replica_known, 60, "the master to know its replica")
+            replica_line = known[0]
         replica_address = (replica_line.decode() if isinstance(replica_line, bytes) else replica_line).split()[1]
         host, _, port = replica_address.split("@")[0].rpartition(":")
         with redis.Redis(host=host, port=int(port)) as replica:
