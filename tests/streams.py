@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -142,3 +143,11 @@ def kill_once_indexed(client: Any, worker: subprocess.Popen[bytes], mark: int, r
         worker.kill()
     worker.wait()
     return killed
+
+
+def wait_until(predicate: Any, timeout: float, what: str, step: float = 0.05) -> None:
+    """Poll `predicate` until it is true; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(step)

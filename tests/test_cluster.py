@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from tests.streams import (
     fingerprints,
     publish,
     start_worker,
+    wait_until,
     worker_command,
 )
 from worker import library
@@ -32,53 +32,8 @@ from worker.index import FingerprintIndex
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RedisServer]]:
-    if shutil.which("redis-cli") is None or shutil.which("redis-server") is None:
-        message = "redis-server and redis-cli are needed for the cluster test"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
-    base = tmp_path_factory.mktemp("cluster")
-    servers = []
-    for k in range(3):
-        directory = base / f"node{k}"
-        directory.mkdir()
-        server = RedisServer(
-            directory,
-            port=free_port(cluster=True),
-            extra=[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                str(directory / "nodes.conf"),
-                "--cluster-node-timeout",
-                "5000",
-            ],
-        )
-        server.start()
-        servers.append(server)
+    servers = _start_cluster(tmp_path_factory.mktemp("cluster"), masters=3, replicas=0)
     try:
-        subprocess.run(
-            [
-                "redis-cli",
-                "--cluster",
-                "create",
-                *[f"127.0.0.1:{s.port}" for s in servers],
-                "--cluster-replicas",
-                "0",
-                "--cluster-yes",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            states = [s.client().cluster("info")["cluster_state"] for s in servers]
-            if all(state == "ok" for state in states):
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail(f"the cluster did not become ok: {states}")
         yield servers
     finally:
         for server in servers:
@@ -208,6 +163,11 @@ def _json(bag: dict[str, int]) -> str:
 
 def _start_cluster(base: Path, masters: int, replicas: int) -> list[RedisServer]:
     """`masters` * (1 + `replicas`) nodes made into one cluster by redis-cli, every slot served when it returns."""
+    if shutil.which("redis-cli") is None or shutil.which("redis-server") is None:
+        message = "redis-server and redis-cli are needed for the cluster tests"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
     servers: list[RedisServer] = []
     for k in range(masters * (1 + replicas)):
         directory = base / f"node{k}"
@@ -220,20 +180,18 @@ def _start_cluster(base: Path, masters: int, replicas: int) -> list[RedisServer]
         )  # fmt: skip
         server.start()
         servers.append(server)
-    subprocess.run(
-        ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{s.port}" for s in servers],
-         "--cluster-replicas", str(replicas), "--cluster-yes"],
-        check=True, capture_output=True, timeout=60,
-    )  # fmt: skip
-    _wait(lambda: all(s.client().cluster("info")["cluster_state"] == "ok" for s in servers), 60, "cluster ok")
+    try:
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{s.port}" for s in servers],
+             "--cluster-replicas", str(replicas), "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        wait_until(lambda: all(s.client().cluster("info")["cluster_state"] == "ok" for s in servers), 60, "cluster ok")
+    except BaseException:
+        for server in servers:
+            server.stop()
+        raise
     return servers
-
-
-def _wait(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
-        time.sleep(0.1)
 
 
 @pytest.mark.slow
@@ -241,11 +199,6 @@ def test_a_worker_follows_its_namespace_to_the_promoted_replica(tmp_path: Path) 
     """CLUSTER FAILOVER moves the namespace's slot to the replica while a worker processes the stream: the worker
     follows the redirection to the new master (waiting out what the switch refuses), and the index, the alerts and
     the pending list end as without the failover."""
-    if shutil.which("redis-cli") is None or shutil.which("redis-server") is None:
-        message = "redis-server and redis-cli are needed for the cluster test"
-        if IN_CI:
-            pytest.fail(message)
-        pytest.skip(message)
     servers = _start_cluster(tmp_path / "cluster", masters=3, replicas=1)
     worker = None
     try:
@@ -260,7 +213,7 @@ def test_a_worker_follows_its_namespace_to_the_promoted_replica(tmp_path: Path) 
         assert loaded.returncode == 0, loaded.stderr
         publish(client, [{**e, "features": _json(e["features"])} for e in events[:1000]])
         worker = start_worker(url, log=tmp_path / "worker.log", cluster="true", batch_size=20, **FAST)
-        _wait(lambda: client.hlen("{incidents}:fp") >= 300, 120, "the worker to index 300 incidents")
+        wait_until(lambda: client.hlen("{incidents}:fp") >= 300, 120, "the worker to index 300 incidents")
 
         home = client.get_node_from_key("{incidents}:fp")
         with redis.Redis(host=home.host, port=home.port) as old_master:
@@ -271,21 +224,22 @@ def test_a_worker_follows_its_namespace_to_the_promoted_replica(tmp_path: Path) 
                 known[:] = old_master.execute_command("CLUSTER", "REPLICAS", master_id)
                 return bool(known)
 
-            _wait(replica_known, 60, "the master to know its replica")
+            wait_until(replica_known, 60, "the master to know its replica")
             replica_line = known[0]
         replica_address = (replica_line.decode() if isinstance(replica_line, bytes) else replica_line).split()[1]
         host, _, port = replica_address.split("@")[0].rpartition(":")
         with redis.Redis(host=host, port=int(port)) as replica:
-            _wait(lambda: replica.info("replication")["master_link_status"] == "up", 30, "the replica's link")
+            wait_until(lambda: replica.info("replication")["master_link_status"] == "up", 30, "the replica's link")
             replica.execute_command("CLUSTER", "FAILOVER")
-            _wait(lambda: replica.info("replication")["role"] == "master", 60, "the replica's promotion")
+            wait_until(lambda: replica.info("replication")["role"] == "master", 60, "the replica's promotion")
         # the rest arrives after the switch, through a client that follows the redirection
         after = RedisCluster.from_url(url)
-        _wait(lambda: after.get_node_from_key("{incidents}:fp").port == int(port), 30, "the new slot owner")
+        wait_until(lambda: after.get_node_from_key("{incidents}:fp").port == int(port), 30, "the new slot owner")
         publish(after, [{**e, "features": _json(e["features"])} for e in events[1000:]])
         fps = fingerprints(events)
-        _wait(lambda: after.hlen("{incidents}:fp") == len(fps), 240, "every incident indexed after the failover")
-        _wait(lambda: int(after.xpending("{incidents}:events", "incident-workers")["pending"]) == 0, 60, "no pending")
+        wait_until(lambda: after.hlen("{incidents}:fp") == len(fps), 240, "every incident indexed after the failover")
+        pending = lambda: int(after.xpending("{incidents}:events", "incident-workers")["pending"])  # noqa: E731
+        wait_until(lambda: pending() == 0, 60, "no entry pending")
         worker.terminate()
         assert worker.wait(timeout=30) == 0
         log = (tmp_path / "worker.log").read_text()

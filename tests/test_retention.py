@@ -334,7 +334,7 @@ def test_a_mangled_fingerprint_does_not_block_the_expiries_behind_it(redis_clien
 from pathlib import Path  # noqa: E402
 
 from tests.redis_server import RedisServer  # noqa: E402
-from tests.streams import FAST, clean_env, publish, start_worker, worker_command  # noqa: E402
+from tests.streams import FAST, clean_env, publish, start_worker, wait_until, worker_command  # noqa: E402
 
 
 def _cli(url: str, *args: str) -> tuple[int, str, str]:
@@ -342,13 +342,6 @@ def _cli(url: str, *args: str) -> tuple[int, str, str]:
 
     done = subprocess.run([*worker_command(), *args], capture_output=True, timeout=60, env=clean_env(redis_url=url))
     return done.returncode, done.stdout.decode(), done.stderr.decode()
-
-
-def _wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 @pytest.mark.slow
@@ -360,7 +353,7 @@ def test_a_worker_expires_by_itself_and_the_commands_show_it(server: RedisServer
     publish(client, [{"incident_id": f"old{n}", "features": {f"t{n}": 1, "x": 2}} for n in range(50)])
     worker = start_worker(server.url, log=tmp_path / "w.log", retention="1h", **FAST)
     try:
-        _wait_for(lambda: client.hlen("{incidents}:fp") == 50, 60, "the first events")
+        wait_until(lambda: client.hlen("{incidents}:fp") == 50, 60, "the first events")
         assert client.hget("{incidents}:meta", "retention_ms") == b"3600000"
         assert client.zcard("{incidents}:expiry") == 50
         code, out, _ = _cli(server.url, "expire", "--dry-run")
@@ -374,15 +367,15 @@ def test_a_worker_expires_by_itself_and_the_commands_show_it(server: RedisServer
     # a worker with a shorter window records it: the 50 are due at once
     worker = start_worker(server.url, log=tmp_path / "short.log", retention="1s", **FAST)
     try:
-        _wait_for(lambda: client.hlen("{incidents}:fp") == 0, 60, "the expiry of the 50")
+        wait_until(lambda: client.hlen("{incidents}:fp") == 0, 60, "the expiry of the 50")
         assert sum(1 for _, f in client.xrange("{incidents}:changes") if b"expire" in f) == 50
         log = (tmp_path / "short.log").read_text()
         assert "retention window changed for the namespace" in log and "expired incidents" in log
         publish(client, [{"incident_id": "young", "features": {"y": 1}}])
-        _wait_for(lambda: client.hexists("{incidents}:fp", "young"), 60, "a new event")
+        wait_until(lambda: client.hexists("{incidents}:fp", "young"), 60, "a new event")
         code, out, _ = _cli(server.url, "expire", "--dry-run", "--json")
         assert json.loads(out)["retention"]["window_ms"] == 1000
-        _wait_for(lambda: client.hlen("{incidents}:fp") == 0, 60, "its expiry")
+        wait_until(lambda: client.hlen("{incidents}:fp") == 0, 60, "its expiry")
     finally:
         worker.kill()
         worker.wait()
@@ -391,7 +384,7 @@ def test_a_worker_expires_by_itself_and_the_commands_show_it(server: RedisServer
     try:
         publish(client, [{"incident_id": "kept-window", "features": {"k": 1}}])
         added = lambda: any(f.get(b"add") == b"kept-window" for _, f in client.xrange("{incidents}:changes"))  # noqa: E731
-        _wait_for(added, 60, "an event on the unset worker")
+        wait_until(added, 60, "an event on the unset worker")
         assert client.hget("{incidents}:meta", "retention_ms") == b"1000"
         assert "retention window changed" not in (tmp_path / "unset.log").read_text()
     finally:
@@ -399,7 +392,7 @@ def test_a_worker_expires_by_itself_and_the_commands_show_it(server: RedisServer
         unset.wait()
     off = start_worker(server.url, log=tmp_path / "off.log", retention="off", **FAST)
     try:
-        _wait_for(lambda: client.hget("{incidents}:meta", "retention_ms") is None, 30, "retention turned off")
+        wait_until(lambda: client.hget("{incidents}:meta", "retention_ms") is None, 30, "retention turned off")
         assert not client.exists("{incidents}:expiry")
         code, out, err = _cli(server.url, "expire")
         assert code == 0 and "retention is off" in err
@@ -460,8 +453,8 @@ def test_sigkill_during_expiry_leaves_a_consistent_index_and_no_incident_expires
                 workers[slot] = start_worker(
                     server.url, log=tmp_path / f"w{slot}-{round_}.log", consumer=f"w{slot}", retention="2s", **FAST
                 )
-        _wait_for(lambda: not set(loaded) & {text(k) for k in client.hkeys(index.keys.fingerprints)}, 90, "the rest")
-        _wait_for(
+        wait_until(lambda: not set(loaded) & {text(k) for k in client.hkeys(index.keys.fingerprints)}, 90, "the rest")
+        wait_until(
             lambda: (
                 set(fresh) <= {text(k) for k in client.hkeys(index.keys.fingerprints)} | set(_expiries(client, index))
             ),
