@@ -98,8 +98,8 @@ end
 -- Moving to another layout (docs/contract.md, "Moving to another layout"): while {N}:meta's `building` names the
 -- layout being built, every change is written to that layout's postings too. A call made without knowing of it (or
 -- still writing one that was switched to or aborted) is refused, changing nothing; its worker reads the meta again.
-local function check_building(meta_key, building)
-  local current = redis.call('HGET', meta_key, 'building') or ''
+local function building_refusal(meta_key, current, building)
+  current = current or ''
   if current == building then return end
   if current == '' then
     return redis.error_reply('MIGRATION the index ' .. meta_key .. ' is not building "' .. building ..
@@ -109,14 +109,36 @@ local function check_building(meta_key, building)
     '" too; read the meta again and write both layouts')
 end
 
-local function check_layout(meta_key, layout)
-  local current = redis.call('HGET', meta_key, 'layout')
+local function layout_refusal(meta_key, current, layout)
   if current == layout then return end
   if not current then
     return redis.error_reply('NOMETA the index meta ' .. meta_key .. ' is missing; reopen the index to write it')
   end
   return redis.error_reply('LAYOUT the index ' .. meta_key .. ' was built as "' .. current ..
     '", not "' .. layout .. '"; use its layout or a new namespace')
+end
+
+local function check_building(meta_key, building)
+  return building_refusal(meta_key, redis.call('HGET', meta_key, 'building'), building)
+end
+
+local function check_layout(meta_key, layout)
+  return layout_refusal(meta_key, redis.call('HGET', meta_key, 'layout'), layout)
+end
+
+-- The {N}:meta fields an apply call reads, read once per FCALL with one HMGET and shared by the calls of an
+-- apply_batch through their `context`. None of them can change under the calls of one FCALL except `tokenizer`,
+-- which apply records on first use and notes here as it writes it: the layout, `building`, `retention_ms` and
+-- `changes_trimmed_to` are written only by other functions (the migration's, set_retention, trim_changes), and no
+-- other command runs while a function does.
+local META_FIELDS = {'layout', 'building', 'retention_ms', 'changes_trimmed_to', 'tokenizer'}
+
+local function meta_of(context, meta_key)
+  if context.meta_key == meta_key then return context.meta end
+  local v = redis.call('HMGET', meta_key, unpack(META_FIELDS))
+  local meta = {layout = v[1], building = v[2], retention_ms = v[3], changes_trimmed_to = v[4], tokenizer = v[5]}
+  context.meta_key, context.meta = meta_key, meta
+  return meta
 end
 
 -- Every indexed incident within `limit` of `query`, found through the posting sets `probe_keys` (a list of key
@@ -311,7 +333,7 @@ end
 local function changes_after(context, meta_key, changes_key, position)
   if context.key == changes_key and context.position == position then return context.view end
   local view = false
-  local floor = redis.call('HGET', meta_key, 'changes_trimmed_to')
+  local floor = meta_of(context, meta_key).changes_trimmed_to
   if not (floor and id_less(position, floor)) then
     local changes = redis.call('XRANGE', changes_key, '(' .. position, '+', 'COUNT', MAX_VALIDATED_CHANGES + 1)
     if #changes <= MAX_VALIDATED_CHANGES then
@@ -409,9 +431,13 @@ end
 
 -- Retention (docs/contract.md, "Retention"): while {N}:meta's `retention_ms` is above 0, {N}:expiry scores every
 -- indexed incident with the time of its last add or upsert (ms of the server's clock); otherwise it does not exist.
-local function retention_on(meta_key)
-  local window = tonumber(redis.call('HGET', meta_key, 'retention_ms') or '0') or 0
+local function retention_window(value)
+  local window = tonumber(value or '0') or 0
   return window > 0, window
+end
+
+local function retention_on(meta_key)
+  return retention_window(redis.call('HGET', meta_key, 'retention_ms'))
 end
 
 local function matches_json(flat)
@@ -489,10 +515,11 @@ local function apply(keys, args, context)
   local streaming = group ~= ''
   local FIRST = 9
 
-  local refused = check_layout(meta_key, args[5])
+  local meta = meta_of(context, meta_key)
+  local refused = layout_refusal(meta_key, meta.layout, args[5])
   if refused then return refused end
   -- a migration's target layout, written beside the current one (see check_building)
-  refused = check_building(meta_key, args[19] or '')
+  refused = building_refusal(meta_key, meta.building, args[19] or '')
   if refused then return refused end
   local n_target = tonumber(args[20]) or 0
   local t_new = n_new > 0 and n_target or 0
@@ -502,9 +529,10 @@ local function apply(keys, args, context)
   local target_old = slice(keys, LAST_PROBE + t_new + 1, #keys)
   local tokenizer = args[15] or ''
   if tokenizer ~= '' then
-    local recorded = redis.call('HGET', meta_key, 'tokenizer')
+    local recorded = meta.tokenizer
     if not recorded then
       redis.call('HSET', meta_key, 'tokenizer', tokenizer)
+      meta.tokenizer = tokenizer
     elseif recorded ~= tokenizer then
       return redis.error_reply('TOKENIZER the text incidents of ' .. meta_key .. ' were made by tokenizer version ' ..
         recorded .. ', not ' .. tokenizer .. '; run workers of that version, or use a new namespace')
@@ -538,7 +566,7 @@ local function apply(keys, args, context)
 
   -- an add or upsert, a repeat of the stored fingerprint included, starts the incident's retention window again
   local function touch()
-    if retention_on(meta_key) then redis.call('ZADD', expiry_key, now_ms(), id) end
+    if retention_window(meta.retention_ms) then redis.call('ZADD', expiry_key, now_ms(), id) end
   end
 
   if old == fp then
