@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import worker.snapshot
 from tests.oracle import Oracle, clustered, flip
 from worker.bands import BandLayout
 from worker.snapshot import MemoryIndex
@@ -15,12 +16,21 @@ from worker.snapshot import MemoryIndex
 LAYOUTS = [(4, 7), (3, 7), (8, 7), (5, 7), (2, 3), (1, 0), (6, 12)]
 
 
+@pytest.fixture(params=["scanned", "probed"])
+def overlay_search(request):
+    """Both ways of searching the rows made after the base: compared one by one, and through their bands' dicts."""
+    saved = worker.snapshot._SCAN_OVERLAY_UP_TO
+    worker.snapshot._SCAN_OVERLAY_UP_TO = saved if request.param == "scanned" else -1
+    yield request.param
+    worker.snapshot._SCAN_OVERLAY_UP_TO = saved
+
+
 def _expected(oracle: Oracle, fp: int, exclude: str | None, limit: int) -> tuple[int, list[tuple[str, int]]]:
     found = oracle.matches(fp, exclude=exclude)
     return len(found), found[:limit] if limit else found
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     layout=st.sampled_from(LAYOUTS),
     seed=st.integers(0, 2**32),
@@ -30,7 +40,7 @@ def _expected(oracle: Oracle, fp: int, exclude: str | None, limit: int) -> tuple
     ),
     limit=st.sampled_from([0, 1, 3, 100]),
 )
-def test_search_equals_a_linear_scan_through_sets_deletes_and_twins(layout, seed, ops, limit) -> None:
+def test_search_equals_a_linear_scan_through_sets_deletes_and_twins(layout, seed, ops, limit, overlay_search) -> None:
     bands, max_distance = layout
     rng = random.Random(seed)
     # few distinct fingerprints, so that twins (storms) and near pairs are common
@@ -52,7 +62,7 @@ def test_search_equals_a_linear_scan_through_sets_deletes_and_twins(layout, seed
             assert (result.match_count, result.matches) == _expected(oracle, fp, exclude, limit)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     layout=st.sampled_from(LAYOUTS),
     seed=st.integers(0, 2**32),
@@ -65,7 +75,7 @@ def test_search_equals_a_linear_scan_through_sets_deletes_and_twins(layout, seed
     max_distance=st.sampled_from([None, 0, 2]),
 )
 def test_the_numpy_base_and_the_rows_made_after_it_search_like_a_linear_scan(
-    layout, seed, loaded, ops, limit, max_distance
+    layout, seed, loaded, ops, limit, max_distance, overlay_search
 ) -> None:
     """A copy loaded in one go (the numpy base), then changed (rows in dicts, base rows emptied) and compacted."""
     bands, layout_distance = layout
@@ -95,6 +105,49 @@ def test_the_numpy_base_and_the_rows_made_after_it_search_like_a_linear_scan(
             result = index.search(fp, max_distance=max_distance, exclude=exclude, limit=limit)
             found = oracle.matches(fp, limit=r, exclude=exclude)
             assert (result.match_count, result.matches) == (len(found), found[:limit] if limit else found)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 2**32),
+    loaded=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 15)), max_size=80),
+    changed=st.lists(
+        st.tuples(st.sampled_from(["set", "delete"]), st.integers(0, 60), st.integers(0, 15)), max_size=40
+    ),
+    limit=st.sampled_from([0, 1, 3, 100]),
+    max_distance=st.sampled_from([None, 1]),
+)
+def test_a_batch_of_searches_answers_each_as_a_linear_scan(
+    layout, seed, loaded, changed, limit, max_distance, overlay_search
+) -> None:
+    """search_many (one numpy pass over the base for a send's events) against the oracle, query by query."""
+    bands, layout_distance = layout
+    rng = random.Random(seed)
+    pool = clustered(rng, 16, layout_distance, centers=3)
+    index = MemoryIndex(BandLayout(bands, layout_distance))
+    oracle = Oracle(layout_distance)
+    for incident, which in loaded:
+        oracle.fps[f"i{incident}"] = pool[which]
+    index.load(oracle.fps.items())
+    for op, incident, which in changed:
+        if op == "set":
+            index.set(f"i{incident}", pool[which])
+            oracle.fps[f"i{incident}"] = pool[which]
+        else:
+            index.delete(f"i{incident}")
+            oracle.fps.pop(f"i{incident}", None)
+    queries = [(fp, rng.choice([None, "i0", "i1", "i2"])) for fp in pool]
+    queries += [(flip(pool[0], layout_distance, rng), None), (rng.getrandbits(64), "i3")]
+    rng.shuffle(queries)
+    r = layout_distance if max_distance is None else min(max_distance, layout_distance)
+    results = index.search_many(queries, max_distance=max_distance, limit=limit)
+    assert len(results) == len(queries)
+    for (fp, exclude), result in zip(queries, results, strict=True):
+        found = oracle.matches(fp, limit=r, exclude=exclude)
+        assert (result.match_count, result.matches) == (len(found), found[:limit] if limit else found)
+        single = index.search(fp, max_distance=max_distance, exclude=exclude, limit=limit)
+        assert result == single
 
 
 def test_the_numpy_base_gathers_every_candidate_of_many_probes() -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .bands import BandLayout
@@ -228,9 +228,18 @@ class SnapshotReader:
 
     def claim(self, incident_id: str, fp: int, cap: int) -> SnapshotClaim:
         """Search the copy for `fp` (its own ID excluded) and say what was found, for the apply call to validate."""
-        result = self.follower.index.search(fp, exclude=incident_id, limit=cap + CLAIM_EXTRA if cap else 0)
-        complete = len(result.matches) == result.match_count
-        return SnapshotClaim(self.follower.index.position, result.match_count, result.matches, complete)
+        return self.claims([(incident_id, fp)], cap)[0]
+
+    def claims(self, wanted: Sequence[tuple[str, int]], cap: int) -> list[SnapshotClaim]:
+        """`claim` for each (incident ID, fingerprint) of `wanted`: the events of one send, searched together."""
+        index = self.follower.index
+        results = index.search_many(
+            [(fp, incident_id) for incident_id, fp in wanted], limit=cap + CLAIM_EXTRA if cap else 0
+        )
+        return [
+            SnapshotClaim(index.position, result.match_count, result.matches, len(result.matches) == result.match_count)
+            for result in results
+        ]
 
     def describe(self) -> dict[str, Any]:
         index = self.follower.index

@@ -21,7 +21,7 @@ went stays in the arrays, marked empty, and is skipped.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +33,10 @@ __all__ = ["MemoryIndex", "SearchResult"]
 _DIRECT_WIDTH = 20
 """Bands at most this wide get a table of every value's first position (2^width + 1 entries a band): 16-bit bands,
 the default's, cost 0.5 MB a band. Wider bands are searched with two binary searches a band."""
+
+_SCAN_OVERLAY_UP_TO = 4096
+"""Rows made since the base up to which a search compares the query with each of them (one numpy pass for all the
+queries of a send) instead of probing the dicts of their bands (68 lookups a query with the default layout)."""
 
 _NUMPY_FROM = 384
 """Candidates from which numpy's gather and popcount beat a Python loop over them (measured on the Zipf workload)."""
@@ -84,6 +88,8 @@ class MemoryIndex:
             for offset, width, masks in zip(layout.offsets, layout.widths, layout.probe_masks, strict=True)
         ]
         self._tables: list[dict[int, list[int]]] = [table for *_, table in self._bands]
+        self._offsets = np.array(layout.offsets, dtype=np.uint64)
+        self._width_masks = np.array([(1 << width) - 1 for width in layout.widths], dtype=np.uint64)
         # the base (see the module's docstring): rows below _base_rows, per band (sorted values, rows in that order)
         self._base_rows = 0
         self._base: list[tuple[np.ndarray, np.ndarray]] = []
@@ -292,13 +298,93 @@ class MemoryIndex:
     def search(
         self, fp: int, *, max_distance: int | None = None, exclude: str | None = None, limit: int = 0
     ) -> SearchResult:
-        """Every incident within `max_distance` (default: the layout's) of `fp`, other than `exclude`.
+        """Every incident within `max_distance` (default, and at most: the layout's) of `fp`, other than `exclude`.
 
         Counts them all; lists the closest `limit` (0: all), sorted by distance, then ID in code point order
         (which is the byte order of their UTF-8, as Redis sorts).
         """
-        r = self.layout.max_distance if max_distance is None else max_distance
+        return self.search_many([(fp, exclude)], max_distance=max_distance, limit=limit)[0]
+
+    def search_many(
+        self, queries: Sequence[tuple[int, str | None]], *, max_distance: int | None = None, limit: int = 0
+    ) -> list[SearchResult]:
+        """`search` for each (fingerprint, excluded ID) of `queries`, the numpy base searched for all in one pass.
+
+        A worker searches the events of one send together: the base's gathers and popcounts then cost a few numpy
+        calls for the send instead of a few for each event (at a million incidents about half of a search's time
+        was those calls' own overhead, measured with benchmarks/snapshot_copy.py).
+        """
+        # the bands find everything within the layout's distance, not beyond: a larger one searches at the layout's
+        r = self.layout.max_distance if max_distance is None else min(max_distance, self.layout.max_distance)
         masks_of = self.layout.masks(r) if max_distance is not None else None
+        fps = [fp for fp, _ in queries]
+        base_hits = self._base_hits(fps, r) if self._base_rows and fps else None
+        scanned = self.overlay_rows if self.overlay_rows <= _SCAN_OVERLAY_UP_TO else 0
+        overlay_hits = self._overlay_scan(fps, r) if scanned and fps else None
+        results = []
+        for k, (fp, exclude) in enumerate(queries):
+            hits: dict[int, int]
+            if base_hits is not None:
+                hits, verified = base_hits[k]
+            else:
+                hits, verified = {}, 0
+            if overlay_hits is not None:
+                hits.update(overlay_hits[k])
+                verified += scanned
+            elif self.overlay_rows:
+                verified += self._overlay_hits(fp, r, masks_of, hits)
+            results.append(self._result(hits, verified, exclude, limit))
+        return results
+
+    def _base_hits(self, fps: list[int], r: int) -> list[tuple[dict[int, int], int]]:
+        """For each of `fps`: its base rows within `r` (row -> distance), and the base candidates verified."""
+        if self._direct is None:
+            out = []
+            for fp in fps:
+                base = self._base_candidates(fp, r)
+                distances = np.bitwise_count(self._fps[base] ^ np.uint64(fp))
+                near = distances <= r
+                out.append((dict(zip(base[near].tolist(), distances[near].tolist(), strict=True)), len(base)))
+            return out
+        starts_of, order, _ = self._direct
+        band_of, masks, first_slot = self._probe_slots(r)
+        if not len(band_of):
+            return [({}, 0) for _ in fps]
+        queries = np.array(fps, dtype=np.uint64)
+        values = ((queries[:, None] >> self._offsets) & self._width_masks).astype(np.int64)  # query x band
+        slots = (first_slot + (values[:, band_of] ^ masks)).ravel()  # query x probe, a query's probes together
+        starts, ends = starts_of[slots], starts_of[slots + 1]
+        rows = _gather(order, starts, ends)
+        per_query = (ends - starts).reshape(len(fps), -1).sum(axis=1)
+        of_query = np.repeat(np.arange(len(fps)), per_query)
+        distances = np.bitwise_count(self._fps[rows] ^ queries[of_query])
+        near = distances <= r
+        bounds = np.concatenate(([0], np.cumsum(np.bincount(of_query[near], minlength=len(fps))))).tolist()
+        near_rows, near_distances = rows[near].tolist(), distances[near].tolist()
+        # no np.unique: sorting costs more than verifying the few rows that several bands reach twice
+        return [
+            (dict(zip(near_rows[a:b], near_distances[a:b], strict=True)), count)
+            for a, b, count in zip(bounds, bounds[1:], per_query.tolist(), strict=False)
+        ]
+
+    def _overlay_scan(self, fps: list[int], r: int) -> list[dict[int, int]]:
+        """For each of `fps`: the rows made since the base within `r` (row -> distance), by comparing with each.
+
+        Exact whatever `r` (no bands involved). Rows freed since hold a stale fingerprint; `_result` skips them.
+        """
+        first = self._base_rows
+        queries = np.array(fps, dtype=np.uint64)
+        distances = np.bitwise_count(self._fps[first : len(self._members)][None, :] ^ queries[:, None])
+        which, rows = np.nonzero(distances <= r)
+        found: list[dict[int, int]] = [{} for _ in fps]
+        for k, row, distance in zip(
+            which.tolist(), (rows + first).tolist(), distances[which, rows].tolist(), strict=True
+        ):
+            found[k][row] = distance
+        return found
+
+    def _overlay_hits(self, fp: int, r: int, masks_of: list[tuple[int, ...]] | None, hits: dict[int, int]) -> int:
+        """Add the rows made since the base (in dicts) within `r` of `fp` to `hits`; returns the rows verified."""
         candidates: list[int] = []
         for band, (offset, width_mask, masks, table) in enumerate(self._bands):
             if masks_of is not None:
@@ -311,38 +397,33 @@ class MemoryIndex:
                 rows = get(value ^ mask)
                 if rows:
                     candidates += rows
-        hits: list[tuple[int, int]] = []
-        verified = 0
-        if self._base_rows:
-            base = self._base_candidates(fp, r)
-            if len(base):
-                # no np.unique: sorting costs more than verifying the few rows that several bands reach twice
-                distances = np.bitwise_count(self._fps[base] ^ np.uint64(fp))
-                near = distances <= r
-                hits = list(dict(zip(base[near].tolist(), distances[near].tolist(), strict=True)).items())
-                verified = len(base)
-        if candidates:
-            if len(candidates) < _NUMPY_FROM:
-                # a row reached through several bands is verified once; Python's int.bit_count beats numpy's call
-                # overhead on a few hundred candidates
-                fps = self._fp_list
-                unique = set(candidates)
-                hits += [(row, d) for row in unique if (d := (fps[row] ^ fp).bit_count()) <= r]
-                verified += len(unique)
-            else:
-                rows_array = np.asarray(candidates, dtype=np.intp)
-                distances = np.bitwise_count(self._fps[rows_array] ^ np.uint64(fp))
-                near = distances <= r
-                hits += list(dict(zip(rows_array[near].tolist(), distances[near].tolist(), strict=True)).items())
-                verified += len(rows_array)
+        if not candidates:
+            return 0
+        if len(candidates) < _NUMPY_FROM:
+            # a row reached through several bands is verified once; Python's int.bit_count beats numpy's call
+            # overhead on a few hundred candidates
+            fps = self._fp_list
+            unique = set(candidates)
+            for row in unique:
+                if (d := (fps[row] ^ fp).bit_count()) <= r:
+                    hits[row] = d
+            return len(unique)
+        rows_array = np.asarray(candidates, dtype=np.intp)
+        distances = np.bitwise_count(self._fps[rows_array] ^ np.uint64(fp))
+        near = distances <= r
+        hits.update(zip(rows_array[near].tolist(), distances[near].tolist(), strict=True))
+        return len(rows_array)
+
+    def _result(self, hits: dict[int, int], verified: int, exclude: str | None, limit: int) -> SearchResult:
+        """The incidents of the rows `hits` (row -> distance), `exclude` left out, counted and the closest listed."""
         if not hits:
             return SearchResult(0, [], verified)
         count = 0
         groups: list[tuple[int, list[str]]] = []
-        for row, distance in hits:
+        for row, distance in hits.items():
             members = self._members[row]
             if members is None:
-                continue  # a base row whose fingerprint went
+                continue  # a base row whose fingerprint went, or a freed row the scan compared
             if isinstance(members, str):
                 if members != exclude:
                     count += 1

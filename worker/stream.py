@@ -45,6 +45,7 @@ from .library import (
     FN_CLAIM,
     FN_READ_NEW,
     FN_READ_PENDING,
+    SnapshotClaim,
     StreamTarget,
     apply_batch,
     dead_letter_command,
@@ -578,10 +579,34 @@ class StreamWorker:
         replies: list[Any] = []
         for start in range(0, len(items), SNAPSHOT_SEND):
             self.snapshot.refresh()
+            send = items[start : start + SNAPSHOT_SEND]
+            claims = self._claims(send)
             replies += self._send_batched(
-                [self._command(item, expected) for item in items[start : start + SNAPSHOT_SEND]]
+                [self._command(item, expected, claim) for item, claim in zip(send, claims, strict=True)]
             )
         return replies
+
+    def _claims(self, items: list[_Item]) -> list[SnapshotClaim | None]:
+        """What the snapshot finds for each item that indexes a fingerprint (None for the others), searched together."""
+        assert self.snapshot is not None
+        searched = [
+            k
+            for k, item in enumerate(items)
+            if item.dead is None
+            and item.event is not None
+            and item.event.fingerprint is not None
+            and not item.full_search
+        ]
+        claims: list[SnapshotClaim | None] = [None] * len(items)
+        if searched:
+            wanted = []
+            for k in searched:
+                event = items[k].event
+                assert event is not None and event.fingerprint is not None
+                wanted.append((event.incident_id, event.fingerprint))
+            for k, claim in zip(searched, self.snapshot.claims(wanted, self.settings.max_matches), strict=True):
+                claims[k] = claim
+        return claims
 
     def _note_layout(self) -> None:
         """Log once each time the worker follows the index to another layout (a migration's start, switch or abort,
@@ -686,14 +711,12 @@ class StreamWorker:
         if items:
             self.log.warning("stopping while redis is out of memory; the entries stay pending", entries=len(items))
 
-    def _command(self, item: _Item, expected: Mapping[str, int | None]) -> Command:
+    def _command(self, item: _Item, expected: Mapping[str, int | None], claim: SnapshotClaim | None = None) -> Command:
+        """The call of one item: its dead letter, or its apply call (validating `claim` on the snapshot path)."""
         if item.dead is not None:
             return self._dead_command(item, *item.dead)
         event = item.event
         assert event is not None
-        claim = None
-        if self.snapshot is not None and event.fingerprint is not None and not item.full_search:
-            claim = self.snapshot.claim(event.incident_id, event.fingerprint, self.settings.max_matches)
         return self.index.apply_command(
             event.op,
             event.incident_id,
