@@ -37,6 +37,11 @@ def test_small_benchmark_measures_every_layout_and_the_baseline() -> None:
         assert layout["one_worker"]["fcall_usec_per_event"] > 0 and layout["one_worker"]["redis_cpu_usec_per_event"] > 0
         assert 0 < layout["latency_half_load"]["p50_ms"] <= layout["latency_half_load"]["p99_ms"]
     assert row["baseline"]["events"] == 150
+    # the snapshot copy's search alone, on the same events; and the bulk load's change log apart from the index
+    assert row["copy_search"]["queries"] == 150 and row["copy_search"]["queries_per_s"] > 0
+    for layout in row["layouts"].values():
+        assert 0 < layout["change_log_per_incident"] < layout["memory_per_incident"]
+        assert layout["change_log_bytes_per_entry"] >= 16  # at least the fingerprint it carries
     # the classic 8 exact bands verify more candidates than 4 bands probed at radius 1, on the same events
     assert (
         row["layouts"]["classic"]["one_worker"]["candidates_mean"]

@@ -44,7 +44,9 @@ from ..formats import IncidentEvent
 from ..index import FingerprintIndex
 from ..keys import IndexKeys
 from ..metrics import Metrics
+from ..readpath import SNAPSHOT_SEND
 from ..replies import group_info
+from ..snapshot import MemoryIndex
 from .workload import Workload
 
 __all__ = ["markdown", "run_benchmark"]
@@ -345,6 +347,19 @@ class Bench:
     def memory_per_incident(self, before: int, count: int) -> float:
         return round((int(self.client.info("memory")["used_memory"]) - before) / max(count, 1), 1)
 
+    def change_log_share(self, keys: IndexKeys, count: int) -> dict[str, float]:
+        """What the bulk load's entries in `{N}:changes` take of the memory per incident, and per entry.
+
+        The load writes one change-log entry per incident at once; in steady state the log holds only the changes
+        of the last `changes_keep` (a day by default), so the index's own share is the figure that grows with N.
+        """
+        used = int(self.client.memory_usage(keys.changes, samples=0) or 0)
+        entries = int(self.client.xlen(keys.changes))
+        return {
+            "change_log_per_incident": round(used / max(count, 1), 1),
+            "change_log_bytes_per_entry": round(used / max(entries, 1), 1),
+        }
+
 
 def _fingerprint_speed(events: _Events, bags: int = 2000, repeats: int = 5) -> dict[str, Any]:
     """Microseconds per bag of the straightforward loop and of the fast path; each the best of `repeats` rounds.
@@ -416,6 +431,29 @@ class _Baseline:
             "events_per_s": round(len(seen) / elapsed, 1),
             "candidates_mean": round(statistics.fmean(seen), 1) if seen else 0.0,
         }
+
+
+def _copy_search(fps: list[tuple[str, int]], items: list[tuple[str, dict[str, int]]]) -> dict[str, Any]:
+    """The snapshot path's search alone, in process: the worker's copy of `fps` (`MemoryIndex`, numpy), searched for
+    each of `items` the way a worker searches a send (SNAPSHOT_SEND at a time), nothing indexed. The bare search a
+    pipeline is measured against: no Redis, no stream, no fingerprinting (`items` are fingerprinted first)."""
+    copy = MemoryIndex(BandLayout(DEFAULT_BANDS, 7))
+    copy.load(fps)
+    queries = [(fingerprint(bag), incident_id) for incident_id, bag in items]
+    best = float("inf")
+    found = 0
+    for _ in range(3):
+        started = time.perf_counter()
+        found = 0
+        for start in range(0, len(queries), SNAPSHOT_SEND):
+            found += sum(r.match_count for r in copy.search_many(queries[start : start + SNAPSHOT_SEND], limit=116))
+        best = min(best, time.perf_counter() - started)
+    return {
+        "queries": len(queries),
+        "queries_per_s": round(len(queries) / max(best, 1e-9), 1),
+        "us_per_query": round(best * 1e6 / max(len(queries), 1), 1),
+        "matches_mean": round(found / max(len(queries), 1), 2),
+    }
 
 
 def run_header(client: redis.Redis) -> dict[str, Any]:
@@ -500,6 +538,7 @@ def run_benchmark(
                 "probes": layout.probes,
                 "preload_s": round(loaded, 1),
                 "memory_per_incident": bench.memory_per_incident(before, size),
+                **bench.change_log_share(IndexKeys("bench"), size),
             }
             one = bench.throughput("bench", bands, follow[:measure], 1)
             two = bench.throughput("bench", bands, follow[measure : 2 * measure], 2)
@@ -521,6 +560,8 @@ def run_benchmark(
         baseline = _Baseline()
         baseline.load(fps)
         row["baseline"] = baseline.throughput(follow[:measure], cap_s)
+        del baseline
+        row["copy_search"] = _copy_search(fps, follow[:measure])
         results["sizes"].append(row)
     results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     client.close()
@@ -528,6 +569,15 @@ def run_benchmark(
 
 
 # -- report ---------------------------------------------------------------------------------------------------
+
+
+def _bytes(layout: dict[str, Any]) -> str:
+    """Redis bytes per incident, and the bulk load's change-log share of it when measured."""
+    total = layout["memory_per_incident"]
+    log = layout.get("change_log_per_incident")
+    if log is None:
+        return f"{total}"
+    return f"{total} ({round(total - log, 1)} index + {log} change log)"
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -585,7 +635,7 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {name}: {r['bands']} bands, {r['probes']} probes | {one['events_per_s']:,}{capped} | "
                 f"{two['events_per_s']:,}{capped_two} | {lat['p50_ms']} / {lat['p99_ms']} | {one['candidates_mean']}, "
                 f"{one['candidates_p99']} | {one['fcall_usec_per_event']}, {one['redis_cpu_usec_per_event']} | "
-                f"{r['memory_per_incident']} |"
+                f"{_bytes(r)} |"
             )
         snap = row["layouts"].get("default", {}).get("snapshot")
         if snap is not None:
@@ -606,6 +656,12 @@ def markdown(results: dict[str, Any]) -> str:
             "| - | - | "
             f"{base['candidates_mean']}, - | - | - |"
         )
+        copy = row.get("copy_search")
+        if copy is not None:
+            out.append(
+                f"| in-process search alone (the snapshot copy, numpy, {SNAPSHOT_SEND} queries at a time) | "
+                f"{copy['queries_per_s']:,} queries/s ({copy['us_per_query']} us a query) | - | - | - | - | - |"
+            )
         ratios = []
         default_row = row["layouts"].get("default")
         default = default_row["one_worker"]["events_per_s"] if default_row else float("nan")
@@ -625,6 +681,12 @@ def markdown(results: dict[str, Any]) -> str:
             ratios.append(f"snapshot / default {snap['one_worker']['events_per_s'] / max(default, 1e-9):.2f}x")
             snap_rate = max(snap["one_worker"]["events_per_s"], 1e-9)
             ratios.append(f"snapshot two workers / one {snap['two_workers']['events_per_s'] / snap_rate:.2f}x")
+            if copy is not None:
+                best = max(snap["one_worker"]["events_per_s"], snap["two_workers"]["events_per_s"])
+                ratios.append(
+                    "in-process search / snapshot pipeline (best of 1 and 2 workers) "
+                    f"{copy['queries_per_s'] / best:.2f}x"
+                )
             for label, key in (("in the call", "fcall_usec_per_event"), ("CPU", "redis_cpu_usec_per_event")):
                 primary, snapped = default_row["one_worker"][key], snap["one_worker"][key]
                 ratios.append(f"Redis {label} per event snapshot / default {snapped / max(primary, 1e-9):.2f}x")
