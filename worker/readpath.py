@@ -98,16 +98,21 @@ class ChangeFollower:
         if not self.loaded:
             self.load()
             return 0
-        floor = self._floor()
         index = self.index
-        if floor is not None and entry_id_tuple(index.position) < entry_id_tuple(floor):
-            raise SnapshotLostError(
-                f"{self.keys.changes} was trimmed to {floor}, past this copy's position {index.position}"
-            )
         applied = 0
         while limit is None or applied < limit:
             count = self.batch if limit is None else min(self.batch, limit - applied)
-            entries = self.client.xrange(self.keys.changes, "(" + index.position, "+", count=count)
+            # One round trip: the entries, then the floor. Read after them, the floor proves they are whole: it is
+            # written before a trim, and a trim removes only entries below it, so a floor at or below the position
+            # means nothing after the position was gone when the entries were read.
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xrange(self.keys.changes, "(" + index.position, "+", count=count)
+            pipe.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
+            entries, floor = pipe.execute()
+            if floor is not None and entry_id_tuple(index.position) < entry_id_tuple(_text(floor)):
+                raise SnapshotLostError(
+                    f"{self.keys.changes} was trimmed to {_text(floor)}, past this copy's position {index.position}"
+                )
             if not entries:
                 break
             for entry_id, fields in entries:
