@@ -73,13 +73,15 @@ class ChangeFollower:
         pairs: dict[str, int] = {}  # HSCAN may return an incident twice
         while True:
             cursor, chunk = self.client.hscan(self.keys.fingerprints, cursor, count=self.batch)
+            # int() reads hex from bytes as from str; only IDs need decoding (as replies.text does)
             for incident_id, hex_fp in chunk.items():
-                text = _text(hex_fp)
-                if len(text) == 16:
-                    pairs[_text(incident_id)] = int(text, 16)
+                if len(hex_fp) == 16:
+                    if type(incident_id) is bytes:
+                        incident_id = incident_id.decode("utf-8", "surrogateescape")
+                    pairs[incident_id] = int(hex_fp, 16)
             if int(cursor) == 0:
                 break
-        index.load(pairs.items())
+        index.load(pairs)  # taken over, not copied
         del pairs
         self.index = index
         self.loaded = True

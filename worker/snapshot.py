@@ -121,29 +121,35 @@ class MemoryIndex:
         """Rows made since the base was built (searched through dicts)."""
         return len(self._members) - self._base_rows
 
-    def load(self, pairs: Iterable[tuple[str, int]]) -> None:
-        """Set every (incident ID, fingerprint) of `pairs` into an empty copy and build the numpy base of its rows."""
+    def load(self, pairs: Iterable[tuple[str, int]] | dict[str, int]) -> None:
+        """Set every (incident ID, fingerprint) of `pairs` into an empty copy and build the numpy base of its rows.
+
+        A dict is taken over as the copy's own (not copied: the caller lets go of it). The rows are made in numpy
+        (one row per distinct fingerprint, `np.unique`), not one incident at a time: a million in about a second.
+        """
         if self._fp_of:
             raise ValueError("load fills an empty copy; use set for changes")
-        fp_of = self._fp_of
-        row_of = self._row_of
-        members = self._members
-        fp_list = self._fp_list
-        for incident_id, fp in pairs:
-            fp_of[incident_id] = fp
-            row = row_of.get(fp)
-            if row is None:
-                row_of[fp] = len(members)
-                members.append(incident_id)
-                fp_list.append(fp)
-                continue
-            held = members[row]
-            if isinstance(held, str):
-                members[row] = sorted((held, incident_id))
-            else:
-                assert held is not None
-                bisect.insort(held, incident_id)
-        self._fps = np.array(fp_list, dtype=np.uint64) if fp_list else np.zeros(1024, dtype=np.uint64)
+        fp_of = pairs if isinstance(pairs, dict) else dict(pairs)  # an ID given twice: its last fingerprint
+        if not fp_of:
+            self._build_base()
+            return
+        ids = list(fp_of)
+        fps = np.fromiter(fp_of.values(), dtype=np.uint64, count=len(ids))
+        unique, first, inverse, counts = np.unique(fps, return_index=True, return_inverse=True, return_counts=True)
+        members: list[str | list[str] | None] = [ids[k] for k in first.tolist()]
+        if len(unique) < len(ids):  # twins: the IDs of a shared fingerprint, sorted, in its row
+            inverse = inverse.reshape(-1)
+            groups: dict[int, list[str]] = {}
+            for k in np.flatnonzero(counts[inverse] > 1).tolist():
+                groups.setdefault(int(inverse[k]), []).append(ids[k])
+            for row, group in groups.items():
+                members[row] = sorted(group)
+        fp_list = unique.tolist()
+        self._fp_of = fp_of
+        self._members = members
+        self._fp_list = fp_list
+        self._row_of = dict(zip(fp_list, range(len(fp_list)), strict=True))
+        self._fps = unique
         self._build_base()
 
     def compact(self) -> None:
@@ -180,6 +186,7 @@ class MemoryIndex:
                 base += len(order)
             first_slot = np.cumsum([0] + [(1 << w) + 1 for w in self.layout.widths[:-1]])
             self._direct = (np.concatenate(starts), np.concatenate(orders), first_slot)
+            self._base = []  # the sorted values are only read through binary searches: 16 bytes a row and band freed
 
     def _masks_for(self, r: int) -> list[np.ndarray]:
         arrays = self._mask_arrays.get(r)
