@@ -20,7 +20,8 @@ one word.
 `worker.text.TextRules` (weighting, head words, host names, one placeholder, ``key=`` words, the weight of plain
 words: 240 combinations) the one with the best mean of precision, recall and pure alerts at the default distance on
 the seven other systems, and measures it on the held-out one. ``--levers`` prints each lever alone against the
-product's rules.
+product's rules (and the pairs of `LEVER_PAIRS` together), then judges each by leave-one-system-out on its own: for
+each held-out system, the product's rules or the lever, whichever the seven others score better.
 
 Usage: python benchmarks/text_quality.py [LOGHUB_DIR] [--distances 3,5,7,9] [--leave-one-out] [--levers] [--json F]
 (LOGHUB_DIR defaults to ../shared/data/loghub beside the repository, then /work/shared/data/loghub.)
@@ -291,8 +292,12 @@ def leave_one_out(data: dict[str, Lines], r: int, progress: bool) -> dict[str, A
     }
 
 
-def levers_alone(data: dict[str, Lines], distances: Sequence[int]) -> dict[int, dict[str, tuple[float, float, float]]]:
-    """The product's rules with one lever changed at a time: the mean scores over the systems at each distance."""
+LEVER_PAIRS = (("user_key", "accounts"),)
+"""Levers also measured together (both on), where each alone answers only half of a question."""
+
+
+def lever_variants() -> dict[str, TextRules]:
+    """The product's rules, and the product's rules with one lever changed (or a pair of `LEVER_PAIRS`), by name."""
     variants = {"product": DEFAULT_RULES}
     for field in dataclasses.fields(TextRules):
         value = getattr(DEFAULT_RULES, field.name)
@@ -306,20 +311,64 @@ def levers_alone(data: dict[str, Lines], distances: Sequence[int]) -> dict[int, 
             for other in (1, 2, 3):
                 if other != value:
                     variants[f"{field.name}={other}"] = dataclasses.replace(DEFAULT_RULES, **{field.name: other})
+    for pair in LEVER_PAIRS:
+        changed = {name: not getattr(DEFAULT_RULES, name) for name in pair}
+        variants[", ".join(f"{name}={value}" for name, value in changed.items())] = dataclasses.replace(
+            DEFAULT_RULES, **changed
+        )
+    return variants
+
+
+def levers_alone(data: dict[str, Lines], distances: Sequence[int]) -> dict[str, Any]:
+    """The product's rules with one lever changed at a time: the mean scores over the systems at each distance
+    (``tables``), and each variant's scores per system at the default distance (``per_system``)."""
     tables: dict[int, dict[str, tuple[float, float, float]]] = {r: {} for r in distances}
-    for name, rules in variants.items():
+    per_system: dict[str, dict[str, tuple[float, float, float]]] = {}
+    for name, rules in lever_variants().items():
         tokenize = tokenizer(rules)
-        scores = [
-            fingerprint_scores(fingerprints_of(lines, tokenize), [t for _, t in lines], distances)
-            for lines in data.values()
-        ]
+        scores = {
+            system: fingerprint_scores(fingerprints_of(lines, tokenize), [t for _, t in lines], distances)
+            for system, lines in data.items()
+        }
         for r in distances:
             tables[r][name] = (
-                sum(s[r][0] for s in scores) / len(scores),
-                sum(s[r][1] for s in scores) / len(scores),
-                sum(s[r][2] for s in scores) / len(scores),
+                sum(s[r][0] for s in scores.values()) / len(scores),
+                sum(s[r][1] for s in scores.values()) / len(scores),
+                sum(s[r][2] for s in scores.values()) / len(scores),
             )
-    return tables
+        per_system[name] = {system: s[DEFAULT_DISTANCE] for system, s in scores.items()}
+    return {"tables": tables, "per_system": per_system}
+
+
+def levers_held_out(per_system: dict[str, dict[str, tuple[float, float, float]]]) -> dict[str, Any]:
+    """Each lever judged by leave-one-system-out: for each held-out system, the product's rules or the lever,
+    whichever has the better mean of P, R and A over the seven others, scored on the held-out one.
+
+    A lever that only one system wants is taken when that system is among the seven and left when it is held out, so
+    the held-out average rises above the product's only when the lever helps systems it was not chosen on.
+    """
+    product = per_system["product"]
+    systems = list(product)
+    result: dict[str, Any] = {}
+    for name, scores in per_system.items():
+        if name == "product":
+            continue
+        held: dict[str, tuple[float, float, float]] = {}
+        taken = 0
+        for system in systems:
+            others = [s for s in systems if s != system]
+            gain = sum(sum(scores[s]) - sum(product[s]) for s in others)
+            take = gain > 0
+            taken += take
+            held[system] = (scores if take else product)[system]
+        result[name] = {
+            "taken": taken,
+            "held_out": held,
+            "average": tuple(sum(v[k] for v in held.values()) / len(held) for k in range(3)),
+            "in_sample": tuple(sum(v[k] for v in scores.values()) / len(scores) for k in range(3)),
+        }
+    result["product"] = {"average": tuple(sum(v[k] for v in product.values()) / len(product) for k in range(3))}
+    return result
 
 
 def lost_and_merged(lines: Lines, tokenize: Tokenizer, r: int, top: int) -> dict[str, list[dict[str, Any]]]:
@@ -533,14 +582,27 @@ def main(argv: list[str] | None = None) -> int:
         print_lost_and_merged(report, DEFAULT_DISTANCE)
         output["lost_and_merged"] = report
     if args.levers:
-        tables = levers_alone(data, distances)
+        measured = levers_alone(data, distances)
+        tables = measured["tables"]
         print()
         print("each lever alone, mean over the systems, P R A in % at each distance:")
-        print(f"  {'rules':<28} " + "  ".join(f"{'r=' + str(r):^20}" for r in distances))
+        print(f"  {'rules':<34} " + "  ".join(f"{'r=' + str(r):^20}" for r in distances))
         for name in tables[DEFAULT_DISTANCE]:
-            print(f"  {name:<28} " + "  ".join(" ".join(_pct2(x) for x in tables[r][name]) for r in distances))
+            print(f"  {name:<34} " + "  ".join(" ".join(_pct2(x) for x in tables[r][name]) for r in distances))
+        held_out = levers_held_out(measured["per_system"])
+        print()
+        print(f"each lever by leave-one-system-out at r={DEFAULT_DISTANCE}: taken when it beats the product's rules")
+        print("on the seven others (mean of P, R, A); P R A in %, averaged over the eight held-out systems:")
+        product_average = " ".join(_pct2(x) for x in held_out["product"]["average"])
+        print(f"  {'product':<34} {product_average}")
+        for name, row in held_out.items():
+            if name != "product":
+                cells = " ".join(_pct2(x) for x in row["average"])
+                print(f"  {name:<34} {cells}  taken for {row['taken']} of {len(row['held_out'])}")
         output["levers"] = tables[DEFAULT_DISTANCE]
         output["levers_by_distance"] = {str(r): table for r, table in tables.items()}
+        output["levers_per_system"] = measured["per_system"]
+        output["levers_held_out"] = held_out
     if args.leave_one_out:
         loo = leave_one_out(data, DEFAULT_DISTANCE, progress=sys.stderr.isatty())
         print()

@@ -17,7 +17,17 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from worker.fingerprint import MAX_WEIGHT, distance, fingerprint, fingerprint_reference, format_fingerprint
-from worker.text import DEFAULT_RULES, PLACEHOLDER, TOKENIZER_VERSION, TextRules, features_from_text, tokenizer, words
+from worker.text import (
+    ACCOUNT_NAMES,
+    DEFAULT_RULES,
+    PLACEHOLDER,
+    TOKENIZER_VERSION,
+    TextRules,
+    _words_function,
+    features_from_text,
+    tokenizer,
+    words,
+)
 
 _LOGHUB_PLACES = [
     Path(os.environ.get("LOGHUB_DIR", "/nonexistent")),
@@ -197,6 +207,44 @@ def test_a_path_or_url_is_one_variable_up_to_the_next_space(text: str, expected:
 )
 def test_the_word_after_user_is_a_value(text: str, expected: list[str]) -> None:
     assert words(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("rhost=1.2.3.4  user=mysql", ["rhost=", V, "user", V]),
+        ("rhost=1.2.3.4 user= x=1", ["rhost=", V, "user", "x=", V]),  # an empty value: the next key is no value
+        ("invalid user user=root", ["invalid", "user", "user", V]),
+        ("ruser= rhost=a.example.com", ["ruser=", "rhost=", V]),  # another key: unchanged
+    ],
+)
+def test_the_user_key_lever_masks_the_value_after_user_equals(text: str, expected: list[str]) -> None:
+    assert words(text, TextRules(user_key=True)) == expected
+
+
+def test_the_user_key_lever_keeps_a_line_with_the_key_apart_from_the_line_without() -> None:
+    bag = tokenizer(TextRules(user_key=True))
+    assert bag("tty=ssh rhost=1.2.3.4 user=ftp") == bag("tty=ssh rhost=5.6.7.8 user=root")
+    assert bag("tty=ssh rhost=1.2.3.4 user=ftp")["user"] == 3  # the key weighs as a word
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Failed password for root from 1.2.3.4", ["failed", "password", "for", V, "from", V]),
+        ("for (mysql): ok", ["for", V, "ok"]),
+        ("rooted tree", ["rooted", "tree"]),
+    ],
+)
+def test_the_accounts_lever_masks_well_known_account_names(text: str, expected: list[str]) -> None:
+    assert words(text, TextRules(accounts=True)) == expected
+    assert {"root", "nobody", "ftp"} <= ACCOUNT_NAMES
+
+
+def test_the_product_keeps_account_names_and_the_value_after_user_equals() -> None:
+    """Leave-one-system-out did not take `accounts` or `user_key` (BENCHMARKS.md): the product keeps both words."""
+    assert words("Failed password for root from 1.2.3.4") == ["failed", "password", "for", "root", "from", V]
+    assert features_from_text("x user=root") == {"x": 3, "user=": 1, "root": 3}
 
 
 @pytest.mark.parametrize(
@@ -421,6 +469,32 @@ def test_log_like_text_gives_a_valid_bag_or_a_value_error(text: str) -> None:
     _assert_valid_bag_or_refused(text)
 
 
+number_like_text = st.lists(
+    st.tuples(
+        st.sampled_from(["", "(", "[", "-", '"', "'", "/", "<", "=", "user ", "jul ", "x"]),
+        st.from_regex(r"[0-9٣]{1,4}([.:]{1,2}[0-9]{1,3}){0,4}", fullmatch=True),
+        st.sampled_from(["", ")", "],", ".", ":", "=", ";", ">", "kb", " kb", "x"]),
+    ),
+    max_size=6,
+).map(lambda parts: " ".join(before + number + after for before, number, after in parts))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(log_like_text, number_like_text, st.text(max_size=60)))
+def test_the_shortcuts_give_the_words_of_the_general_path(text: str) -> None:
+    """Numbers, keys and punctuation-only chunks take shortcuts; they must give what the general path gives."""
+    for rules in (DEFAULT_RULES, TextRules(user_key=True, accounts=True), TextRules(key_value=True)):
+        assert words(text, rules) == _words_function(rules, fast=False)(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["1.2.3.4:80 5= -5 [1.2] (3:4), 1..2 1::2 ::1 12:30:45.123 1.2.", "uid=0 euid=0 tty=ssh = , user 1.2.3.4 5 kb"],
+)
+def test_the_shortcuts_on_pinned_lines(text: str) -> None:
+    assert words(text) == _words_function(DEFAULT_RULES, fast=False)(text)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(log_like_text, st.text(max_size=60)))
 def test_tokenizing_the_words_again_changes_nothing(text: str) -> None:
@@ -434,12 +508,12 @@ def test_tokenizing_the_words_again_changes_nothing(text: str) -> None:
     st.sampled_from(["count", "binary"]),
     st.integers(1, 3),
     st.integers(0, 3),
-    st.lists(st.booleans(), min_size=8, max_size=8),
+    st.lists(st.booleans(), min_size=10, max_size=10),
 )
 def test_every_lever_combination_gives_bags_the_fingerprint_accepts(
     text: str, weights: str, word_weight: int, head: int, switches: list[bool]
 ) -> None:
-    one, hosts, paths, tail, user, key_value, key_words, units = switches
+    one, hosts, paths, tail, user, key_value, key_words, units, user_key, accounts = switches
     rules = TextRules(
         weights=weights,  # type: ignore[arg-type]
         word_weight=word_weight,
@@ -452,8 +526,11 @@ def test_every_lever_combination_gives_bags_the_fingerprint_accepts(
         key_value=key_value,
         key_words=key_words,
         units=units,
+        user_key=user_key,
+        accounts=accounts,
     )
     tokens = words(text, rules)
+    assert tokens == _words_function(rules, fast=False)(text)
     if not tokens:
         return
     bag = tokenizer(rules)(text)

@@ -130,3 +130,34 @@ def test_lost_and_merged_names_the_templates_and_a_pair_of_lines() -> None:
     assert [(row["template"], row["lost"], row["pairs"]) for row in found["lost"]] == [("A", 1, 1)]
     assert found["lost"][0]["distance"] > 7 and found["lost"][0]["lines"] == [lines[0][0], lines[1][0]]
     assert [(row["templates"], row["pairs"], row["distance"]) for row in found["merged"]] == [(["B", "C"], 1, 0)]
+
+
+def test_a_lever_is_judged_on_the_systems_it_was_not_chosen_on() -> None:
+    """A lever that helps one system and hurts another is taken only where the hurt one is held out."""
+    product = {"a": (1.0, 0.7, 1.0), "b": (1.0, 1.0, 1.0), "c": (1.0, 1.0, 1.0)}
+    lever = {"a": (1.0, 1.0, 1.0), "b": (1.0, 1.0, 1.0), "c": (0.5, 1.0, 1.0)}
+    helps = {"a": (1.0, 1.0, 1.0), "b": (1.0, 1.0, 1.0), "c": (1.0, 1.0, 1.0)}
+    judged = text_quality.levers_held_out({"product": product, "lever": lever, "helps": helps})
+    assert judged["lever"]["taken"] == 1  # with c held out, a's gain decides
+    assert judged["lever"]["held_out"] == {"a": product["a"], "b": product["b"], "c": lever["c"]}
+    assert judged["lever"]["average"] == pytest.approx((2.5 / 3, 2.7 / 3, 1.0))
+    assert judged["lever"]["in_sample"] == pytest.approx((2.5 / 3, 1.0, 1.0))
+    assert judged["helps"]["taken"] == 2  # not with a held out: no other system gains
+    assert judged["helps"]["average"] == pytest.approx((1.0, 2.7 / 3, 1.0))
+    assert judged["product"]["average"] == pytest.approx((1.0, 2.7 / 3, 1.0))
+
+
+def test_the_levers_table_measures_every_lever_and_the_pairs() -> None:
+    names = set(text_quality.lever_variants())
+    assert {"product", "user_key=True", "accounts=True", "user_key=True, accounts=True", "head=2"} <= names
+
+
+@pytest.mark.skipif(LOGHUB is None, reason="the Loghub samples are not on this machine")
+def test_the_speed_comparison_loads_another_version_and_prints_both(capsys: pytest.CaptureFixture[str]) -> None:
+    import text_speed
+
+    other = Path(__file__).resolve().parent.parent / "worker" / "text.py"  # this tree's, loaded as another module
+    assert text_speed.load_version(other, "text_version_test")("Disk full") == {"disk": 3, "full": 3}
+    assert text_speed.main([str(other), "--rounds", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "this tree" in printed and str(other) in printed and "whitespace split" in printed
