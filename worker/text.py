@@ -67,8 +67,8 @@ function. A line whose chunks all took those shortcuts gets its bag without look
 text (no surrogate possible) is not encoded to be checked. The shortcuts give exactly the words of the general path
 (the tests compare the two); a number or a word with a dot looks for a digit, or a top-level domain, before it
 tries the longer patterns. No cache: a line seen before costs what a new one does. Measured in one process,
-interleaved (`benchmarks/text_speed.py`): about 0.65 of the time of version 3 as first released for a 70-character
-line (a fifth of version 2's), 0.85 to 0.9 of it over the Loghub sample lines (BENCHMARKS.md).
+interleaved (`benchmarks/text_speed.py`): about 0.55 of the time of version 3 as first released for a 70-character
+line (a fifth of version 2's), 0.75 to 0.85 of it over the Loghub sample lines (BENCHMARKS.md).
 
 Text that yields no word (empty, blank, punctuation only) raises `ValueError`: it has no fingerprint. So does text
 holding a lone surrogate, which has no UTF-8 form and so no token hash.
