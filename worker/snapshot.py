@@ -390,7 +390,7 @@ class MemoryIndex:
             found[k][row] = distance
         return found
 
-    def _overlay_hits(self, fp: int, r: int, masks_of: list[tuple[int, ...]] | None, hits: dict[int, int]) -> int:
+    def _overlay_hits(self, fp: int, r: int, masks_of: Sequence[tuple[int, ...]] | None, hits: dict[int, int]) -> int:
         """Add the rows made since the base (in dicts) within `r` of `fp` to `hits`; returns the rows verified."""
         candidates: list[int] = []
         for band, (offset, width_mask, masks, table) in enumerate(self._bands):
