@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import worker.snapshot
-from tests.oracle import Oracle, clustered, flip
+from tests.oracle import Oracle, assert_postings_match, clustered, flip
 from worker.bands import BandLayout
 from worker.snapshot import MemoryIndex
 
@@ -355,6 +355,9 @@ def test_a_validated_stale_snapshot_finds_exactly_what_a_full_search_finds(
     assert result.status == "indexed"
     assert result.match_count == len(expected)
     assert result.matches == (expected[:cap] if cap else expected)
+    # indexed under the right representative: its twins' group, or its own postings (the pool has exact twins)
+    oracle.fps[new_id] = fp
+    assert_postings_match(redis_client, "v", 4, oracle.fps)
     # and the change log says what the copy needs to follow
     follower.catch_up()
     assert follower.index.get(new_id) == fp
@@ -442,6 +445,8 @@ def test_a_batch_validated_against_one_stale_snapshot_equals_the_events_one_by_o
         oracle.fps[incident_id] = fp
     assert {k: index.get(k) for k in oracle.fps} == oracle.fps
     assert len(index) == len(oracle.fps)
+    # one representative per fingerprint and a group for each shared one, whoever held it when (copy, log, batch)
+    assert_postings_match(redis_client, "v", 4, oracle.fps)
     # the copy follows the batch's changes like any others
     follower.catch_up()
     assert dict(follower.index.items()) == oracle.fps
@@ -463,3 +468,45 @@ def test_an_error_in_one_call_of_a_batch_leaves_the_others_alone(redis_client) -
     # a2 (fingerprint 2) is within 7 of a1 (1), indexed by the first call of the batch, after the copy's position
     assert (second.status, second.matches) == ("indexed", [("a1", 2)])
     assert index.get("bad") is None
+
+
+# -- who holds the new fingerprint: read from the copy and the changes after it, or from the postings ------------
+
+
+@pytest.mark.parametrize("where", ["copy", "log", "batch", "nowhere"])
+def test_the_new_fingerprint_joins_whoever_holds_it_whether_the_copy_log_or_batch_knows(redis_client, where) -> None:
+    """The apply step skips reading the postings only when neither the copy nor a later change has an incident of
+    the new fingerprint (see surely_unheld in index.lua): each place a holder can come from makes a twin group."""
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.open()
+    index.add_fingerprint("far", 0xFFFF_0000_FFFF_0000)
+    if where == "copy":
+        index.add_fingerprint("holder", 0x1234)
+    follower = ChangeFollower(redis_client, index.keys, index.layout)
+    follower.load()
+    if where == "log":
+        index.add_fingerprint("holder", 0x1234)
+        index.upsert_fingerprint("moved", 0x1234)  # held after the position, then no longer
+        index.upsert_fingerprint("moved", 0x9999_0000)
+    commands = []
+    if where == "batch":
+        commands.append(
+            fcall(
+                FN_APPLY, *index.apply_call("add", "holder", 0x1234, snapshot=_claim(follower, 0x1234, "holder", 0, 0))
+            )
+        )
+    claim = _claim(follower, 0x1234, "new", 0, 0)
+    commands.append(fcall(FN_APPLY, *index.apply_call("add", "new", 0x1234, snapshot=claim)))
+    [replies] = execute(redis_client, [apply_batch(commands)])
+    result = parse_apply(replies[-1])
+    assert result.status == "indexed"
+    fps = {"far": 0xFFFF_0000_FFFF_0000, "new": 0x1234}
+    if where != "nowhere":
+        fps["holder"] = 0x1234
+        assert (result.match_count, result.matches) == (1, [("holder", 0)])
+        assert index.twin_group(0x1234)[0] == 2
+    else:
+        assert result.match_count == 0
+    if where == "log":
+        fps["moved"] = 0x9999_0000
+    assert_postings_match(redis_client, "v", 4, fps)

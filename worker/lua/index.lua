@@ -353,6 +353,33 @@ local function changes_after(context, meta_key, changes_key, position)
   return view
 end
 
+-- Whether no incident holds the fingerprint `fp` now, judged without reading the postings, from what the snapshot
+-- path has at hand: the claim of a copy of the index at a position of {N}:changes (its match count `count` and its
+-- closest matches `listed`, flat id, d, ... closest first) and `view`, every change after that position
+-- (changes_after; this FCALL's earlier calls included). True only when that is certain; false means "read the
+-- postings" (representative_of), never "someone holds it".
+--
+-- Why true is certain. Take any incident x other than `self_id`, the caller's own (which does not hold `fp` at this
+-- point: an add of a new ID holds nothing, an upsert took its old fingerprint out, and one already holding `fp`
+-- answered `repeat`).
+-- * x has no change after the position: its value in {N}:fp is the one it had at the position (every write of
+--   {N}:fp logs a change, but for verify's repair of a mis-spelt value into its lowercase form, which keeps its
+--   number), and the copy, exact at the position, holds that number for x. Had it been `fp`, the copy's search,
+--   which leaves out only `self_id` and finds every incident within the distance, would have counted x at distance
+--   0 and listed it first, matches being listed closest first. So when it counted none, or listed a closest match
+--   further than 0, x does not hold `fp`.
+-- * x changed after the position: its value now is its latest change's, view.latest[x], compared below.
+-- So no incident holds `fp`: none of its posting sets holds an incident of it, and it has no twin group (a group
+-- exists only while two or more incidents share its fingerprint), which is what representative_of would find.
+local function surely_unheld(view, fp, self_id, count, listed)
+  if count ~= 0 and not (#listed >= 2 and tonumber(listed[2]) > 0) then return false end
+  local latest = view.latest
+  for _, x in ipairs(view.order) do
+    if latest[x] == fp and x ~= self_id then return false end
+  end
+  return true
+end
+
 -- Append one change to {N}:changes, and note it in the view of this FCALL's calls (when they have one).
 local function log_change(context, changes_key, op, id, fp, prev)
   redis.call('XADD', changes_key, '*', op, id, 'fp', fp, 'prev', prev)
@@ -580,10 +607,11 @@ local function apply(keys, args, context)
 
   -- A snapshot's claim is validated before anything is written: `unvalidated` must change nothing.
   local position = args[16] or ''
-  local verified, matched, flat, twin
+  local verified, matched, flat, twin, listed
   if position ~= '' then
+    listed = slice(args, 21, #args)
     verified, matched, flat = validate_snapshot(context, meta_key, changes_key, fp, limit, id, cap, position,
-                                                tonumber(args[17]), slice(args, 21, #args), args[18] == '1')
+                                                tonumber(args[17]), listed, args[18] == '1')
     if not verified then return {'unvalidated', 0, 0, ''} end
   end
 
@@ -596,7 +624,9 @@ local function apply(keys, args, context)
     for i = FIRST + n_new + n_old, LAST_PROBE do probes[#probes + 1] = keys[i] end
     local twin_prefix = string.sub(new_group, 1, -17)
     verified, matched, flat, twin = find_matches(fp_key, twin_prefix, probes, fp, limit, cap)
-  else
+  elseif not surely_unheld(changes_after(context, meta_key, changes_key, position), fp, id, tonumber(args[17]),
+                           listed) then
+    -- (the common case, a fingerprint nobody holds, needs no read: see surely_unheld)
     twin = representative_of(fp_key, new_group, fp, slice(keys, FIRST, FIRST - 1 + n_new))
   end
 
