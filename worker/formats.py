@@ -205,7 +205,7 @@ class IncidentEvent(BaseModel):
         event: IncidentEvent = handler(data)
         if event.op != "delete" and event.features is None and event.text is None:
             raise _error("missing_field", f"op {event.op} needs features (a bag) or text; the entry has neither")
-        event._fingerprint = fp
+        event.__pydantic_private__["_fingerprint"] = fp  # type: ignore[index]  # as the property reads it
         return event
 
     @classmethod
