@@ -33,10 +33,10 @@ import redis  # noqa: E402 (after the sys.path line)
 
 from worker import library  # noqa: E402
 from worker.bands import BandLayout  # noqa: E402
-from worker.fingerprint import fingerprint  # noqa: E402
-from worker.index import FingerprintIndex  # noqa: E402
 from worker.devtools.redis_server import RedisServer  # noqa: E402
 from worker.devtools.workload import Workload  # noqa: E402
+from worker.fingerprint import fingerprint  # noqa: E402
+from worker.index import FingerprintIndex  # noqa: E402
 
 # keys[1] = {N}:meta, keys[2] = {N}:fp, keys[3..] = the probe keys (as the product's neighbours function gets them)
 PROFILE_LIBRARY = r"""#!lua name=incident_profile

@@ -4,7 +4,7 @@
 the snapshot path, on the benchmark's seeded Zipf workload, both ways a copy holds its rows:
 
 * ``base``: `MemoryIndex.load` (what a worker does at start: every row in the numpy base, a CSR of the band
-  postings searched with one gather per query);
+  postings searched with one gather per query, or per send of queries: `search_many`, as a worker searches);
 * ``dicts``: `MemoryIndex.set` one incident at a time (the rows a copy makes while it follows the change log, in
   Python dicts of band value -> rows; before the numpy base, a loaded copy was all dicts).
 
@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without ins
 from worker.bands import BandLayout  # noqa: E402
 from worker.devtools.workload import Workload  # noqa: E402
 from worker.fingerprint import fingerprint  # noqa: E402
+from worker.readpath import SNAPSHOT_SEND  # noqa: E402
 from worker.snapshot import MemoryIndex  # noqa: E402
 
 
@@ -53,8 +54,11 @@ def main() -> None:
     pairs = [(incident_id, fingerprint(bag)) for incident_id, bag in workload.take(args.size)]
     queries = [fingerprint(bag) for _, bag in workload.take(args.queries)]
     print(f"N = {args.size:,}, {args.queries:,} queries, load average {os.getloadavg()[0]:.2f}")
-    print("| copy | build s (us/incident) | search us/query | candidates/query | bytes/incident (tracemalloc) |")
-    print("|---|---|---|---|---|")
+    print(
+        f"| copy | build s (us/incident) | search us/query | us/query, {SNAPSHOT_SEND} at a time | candidates/query "
+        "| bytes/incident (tracemalloc) |"
+    )
+    print("|---|---|---|---|---|---|")
     for how in ("base", "dicts"):
         gc.collect()
         started = time.perf_counter()
@@ -67,6 +71,10 @@ def main() -> None:
         for fp in queries:
             candidates.append(index.search(fp, limit=116).candidates)
         searched = (time.perf_counter() - started) / len(queries)
+        started = time.perf_counter()
+        for start in range(0, len(queries), SNAPSHOT_SEND):
+            index.search_many([(fp, None) for fp in queries[start : start + SNAPSHOT_SEND]], limit=116)
+        batched = (time.perf_counter() - started) / len(queries)
         del index
         gc.unfreeze()
         gc.collect()
@@ -77,7 +85,7 @@ def main() -> None:
         tracemalloc.stop()
         del index
         print(
-            f"| {how} | {built:.1f} ({built / args.size * 1e6:.1f}) | {searched * 1e6:.0f} | "
+            f"| {how} | {built:.1f} ({built / args.size * 1e6:.1f}) | {searched * 1e6:.0f} | {batched * 1e6:.0f} | "
             f"{statistics.fmean(candidates):.0f} | {held / len(small):.0f} (at N = {len(small):,}) |"
         )
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
