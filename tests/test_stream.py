@@ -562,3 +562,66 @@ def test_a_worker_follows_a_migration_mid_run_and_says_so(redis_client: redis.Re
     followed = [c for c in worker.log.info.call_args_list if c.args == ("following the index's layout",)]
     assert len(followed) == 1, worker.log.info.call_args_list
     assert "bands=3" in followed[0].kwargs["layout"] and "bands=4" in followed[0].kwargs["layout_before"]
+
+
+# -- read_new: several entries an XREADGROUP, the same entries as one at a time ---------------------------------
+
+from hypothesis import HealthCheck, given  # noqa: E402
+from hypothesis import settings as hypothesis_settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from worker.library import FN_READ_NEW  # noqa: E402
+
+
+def _carried(fields: list[bytes], limit: int, prefix: int) -> int:
+    """The bytes an entry adds to a read_new reply: all of it when within `limit`, else its fields' prefixes."""
+    total = sum(len(part) for part in fields)
+    if total <= limit:
+        return total
+    return sum(min(len(part), prefix) for part in fields[: 2 * 1000])
+
+
+@hypothesis_settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    sizes=st.lists(st.integers(1, 3000), min_size=0, max_size=30),
+    count=st.integers(1, 12),
+    budget=st.integers(1, 20_000),
+    limit=st.integers(50, 3000),
+    prefix=st.integers(1, 3),
+)
+def test_read_new_takes_the_entries_one_at_a_time_would_and_keeps_to_the_budget(
+    redis_client: redis.Redis, sizes: list[int], count: int, budget: int, limit: int, prefix: int
+) -> None:
+    """read_new takes several entries an XREADGROUP when the bytes left would hold that many of the largest kind;
+    each reply holds exactly the entries an XREADGROUP COUNT 1 loop would (until `count`, or until the entries so far
+    carry `budget` bytes), each over `limit` as a summary of prefixes."""
+    redis_client.flushall()
+    redis_client.xgroup_create(EVENTS, GROUP, id="0", mkstream=True)
+    entries = []
+    for n, size in enumerate(sizes):
+        fields = [b"incident_id", f"e{n}".encode(), b"features", b"x" * size]
+        entry_id = redis_client.execute_command("XADD", EVENTS, "*", *fields)
+        entries.append((entry_id.decode() if isinstance(entry_id, bytes) else entry_id, fields))
+    # the one-at-a-time loop, in Python
+    expected: list[list[str]] = []
+    left = list(entries)
+    while left:
+        taken, room = [], budget
+        while left and len(taken) < count and room > 0:
+            entry_id, fields = left.pop(0)
+            taken.append(entry_id)
+            room -= _carried(fields, limit, prefix)
+        expected.append(taken)
+    got: list[list[str]] = []
+    while True:
+        reply = redis_client.fcall(FN_READ_NEW, 1, EVENTS, GROUP, "w1", count, budget, limit, prefix)
+        items = reply[1:]
+        if not items:
+            break
+        got.append([item[0].decode() if isinstance(item[0], bytes) else item[0] for item in items])
+        for item in items:
+            kind = item[2].decode() if isinstance(item[2], bytes) else item[2]
+            fields = dict(entries)[got[-1][items.index(item)]]
+            assert kind == ("f" if sum(len(part) for part in fields) <= limit else "o")
+    assert got == expected
+    assert pending_count(redis_client) == len(entries)  # each delivered once, to this consumer
