@@ -510,3 +510,63 @@ def test_the_new_fingerprint_joins_whoever_holds_it_whether_the_copy_log_or_batc
     if where == "log":
         fps["moved"] = 0x9999_0000
     assert_postings_match(redis_client, "v", 4, fps)
+
+
+# -- what a batch reads once for all its calls: pending entries and stored fingerprints --------------------------
+
+from worker.library import StreamTarget  # noqa: E402
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@pytest.mark.parametrize("others", [0, 3, 200])
+def test_a_batch_knows_which_entries_are_pending_and_what_its_own_calls_changed(redis_client, others) -> None:
+    """The calls of one apply_batch share one XPENDING and one HMGET (see prefetch in index.lua): an entry another
+    consumer finished before the batch is not pending, an entry a call of the batch acknowledged is not pending to a
+    later call, and a later call of the same incident sees what the earlier one stored; `others` entries of another
+    consumer pending between them (more than the one XPENDING asks for, at 200) change nothing."""
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.open()
+    stream = StreamTarget("{v}:events", "{v}:alerts", "{v}:dead", "g")
+    redis_client.xgroup_create(stream.events_stream, "g", id="0", mkstream=True)
+
+    def entry(consumer: str) -> str:
+        redis_client.xadd(stream.events_stream, {"x": "1"})
+        [[_, [(entry_id, _)]]] = redis_client.xreadgroup("g", consumer, {stream.events_stream: ">"}, count=1)
+        return _text(entry_id)
+
+    mine = []
+    for n in range(5):
+        mine.append(entry("w1"))
+        for _ in range(others if n == 1 else 0):
+            entry("w2")
+    redis_client.xack(stream.events_stream, "g", mine[2])  # another consumer finished it
+    follower = ChangeFollower(redis_client, index.keys, index.layout)
+    follower.load()
+
+    def call(op, incident_id, fp, entry_id, expected):
+        claim = None if fp is None else _claim(follower, fp, incident_id, 0, 0)
+        keys, args = index.apply_call(
+            op, incident_id, fp, expected=expected, stream=stream, entry_id=entry_id, snapshot=claim
+        )
+        return fcall(FN_APPLY, keys, args)
+
+    commands = [
+        call("add", "a", 0x10, mine[0], "*"),
+        call("upsert", "a", 0x30, mine[1], 0x10),  # sees the add just before it
+        call("add", "b", 0x70, mine[2], "*"),  # acknowledged before the batch
+        call("upsert", "a", 0x31, mine[1], 0x30),  # its entry was acknowledged by the second call
+        call("delete", "a", None, mine[3], 0x30),
+        call("add", "a", 0x11, mine[4], "*"),  # the delete just before it took a out
+    ]
+    [replies] = execute(redis_client, [apply_batch(commands)])
+    statuses = [_text(reply[0]) for reply in replies]
+    assert statuses == ["indexed", "indexed", "not_pending", "not_pending", "deleted", "indexed"]
+    assert index.get("a") == 0x11 and index.get("b") is None
+    pending = {
+        _text(row["message_id"]) for row in redis_client.xpending_range(stream.events_stream, "g", "-", "+", 1000)
+    }
+    assert not pending & set(mine) and len(pending) == others
+    assert_postings_match(redis_client, "v", 4)

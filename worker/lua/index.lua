@@ -480,6 +480,36 @@ local function is_pending(events_key, group, entry_id)
   return #pending > 0
 end
 
+-- What the calls of one apply_batch each read first, read for all of them at once (see prefetch below) and kept in
+-- their `context`: `pending[entry ID]` true for an entry known to be pending in `pending_stream`'s `pending_group`,
+-- and `stored[ID]` the value {N}:fp (`stored_key`) holds for an incident (false: none). Only the batch's own calls
+-- change either while it runs (an entry leaves the pending list only when acknowledged, {N}:fp changes only by
+-- HSET and HDEL, and no other command runs meanwhile), and each notes its change as it makes it. A call that finds
+-- nothing here reads for itself, as a call of its own does.
+local function entry_pending(context, events_key, group, entry_id)
+  if context.pending and context.pending[entry_id] and context.pending_stream == events_key and
+     context.pending_group == group then
+    return true
+  end
+  return is_pending(events_key, group, entry_id)
+end
+
+local function acked(context, entry_id)
+  if context.pending then context.pending[entry_id] = nil end
+end
+
+local function stored_fp(context, fp_key, id)
+  if context.stored_key == fp_key then
+    local value = context.stored[id]
+    if value ~= nil then return value end
+  end
+  return redis.call('HGET', fp_key, id)
+end
+
+local function stored_now(context, fp_key, id, value)
+  if context.stored_key == fp_key then context.stored[id] = value end
+end
+
 local function slice(list, first, last)
   local out = {}
   for i = first, last do out[#out + 1] = list[i] end
@@ -565,17 +595,20 @@ local function apply(keys, args, context)
         recorded .. ', not ' .. tokenizer .. '; run workers of that version, or use a new namespace')
     end
   end
-  if streaming and not is_pending(events_key, group, entry_id) then
+  if streaming and not entry_pending(context, events_key, group, entry_id) then
     return {'not_pending', 0, 0, ''}
   end
 
-  local old = redis.call('HGET', fp_key, id)
+  local old = stored_fp(context, fp_key, id)
   if expected ~= '*' and (old or '-') ~= expected then
     return {'stale', 0, 0, ''}
   end
 
   local function ack()
-    if streaming then redis.call('XACK', events_key, group, entry_id) end
+    if streaming then
+      redis.call('XACK', events_key, group, entry_id)
+      acked(context, entry_id)
+    end
   end
 
   if op == 'delete' then
@@ -585,6 +618,7 @@ local function apply(keys, args, context)
     end
     unindex(id, old_group, concat(slice(keys, FIRST + n_new, FIRST - 1 + n_new + n_old), target_old))
     redis.call('HDEL', fp_key, id)
+    stored_now(context, fp_key, id, false)
     redis.call('ZREM', expiry_key, id)
     log_change(context, changes_key, op, id, '', old)
     ack()
@@ -632,6 +666,7 @@ local function apply(keys, args, context)
 
   index_one(id, twin, new_group, concat(slice(keys, FIRST, FIRST - 1 + n_new), target_new))
   redis.call('HSET', fp_key, id, fp)
+  stored_now(context, fp_key, id, fp)
   touch()
   log_change(context, changes_key, op, id, fp, old or '')
 
@@ -667,10 +702,53 @@ end
 --
 -- Returns one reply per call, in order: what apply returns, or the error it met (as an error reply in the array;
 -- the calls after it still run, as separate calls would).
+-- Fill `context` with what the calls of a batch read first (see entry_pending): whether their entries are pending,
+-- from one XPENDING of the range of entry IDs they span (an entry not among its rows, not pending or past the rows
+-- asked for when other consumers' entries share the range, is asked about again by its call), and their incidents'
+-- stored fingerprints, with one HMGET.
+-- Only when every call names the same {N}:fp, events stream and group; on any error it leaves `context` as it was
+-- (each call then meets that error itself, as separate calls would).
+local function prefetch(context, keys, args, n)
+  local fp_key, events_key, group = nil, nil, nil
+  local ids, entries = {}, {}
+  local k, a = 0, 1 + 2 * n
+  for i = 1, n do
+    local nk, na = tonumber(args[2 * i]), tonumber(args[2 * i + 1])
+    if nk < 8 or na < 10 then return end
+    local f, e, g = keys[k + 2], keys[k + 4], args[a + 9]
+    if i == 1 then fp_key, events_key, group = f, e, g end
+    if f ~= fp_key or e ~= events_key or g ~= group then return end
+    ids[i], entries[i] = args[a + 2], args[a + 10]
+    k, a = k + nk, a + na
+  end
+  local ok, stored = pcall(redis.call, 'HMGET', fp_key, unpack(ids))
+  if not ok or type(stored) ~= 'table' then return end
+  local known = {}
+  for i = 1, n do known[ids[i]] = stored[i] end
+  context.stored_key, context.stored = fp_key, known
+  if group == '' then return end
+  local low, high = entries[1], entries[1]
+  local ranged = pcall(function()
+    for i = 2, n do
+      if id_less(entries[i], low) then low = entries[i] end
+      if id_less(high, entries[i]) then high = entries[i] end
+    end
+  end)
+  if not ranged then return end
+  local asked = 4 * n + 16
+  local rows
+  ok, rows = pcall(redis.call, 'XPENDING', events_key, group, low, high, asked)
+  if not ok or type(rows) ~= 'table' then return end
+  local pending = {}
+  for i = 1, #rows do pending[rows[i][1]] = true end
+  context.pending_stream, context.pending_group, context.pending = events_key, group, pending
+end
+
 local function apply_batch(keys, args)
   local n = tonumber(args[1])
   local context = {}
   local replies = {}
+  if n > 1 then prefetch(context, keys, args, n) end
   local k, a = 0, 1 + 2 * n
   for i = 1, n do
     local nk, na = tonumber(args[2 * i]), tonumber(args[2 * i + 1])
