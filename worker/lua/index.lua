@@ -487,6 +487,10 @@ end
 -- HSET and HDEL, and no other command runs meanwhile), and each notes its change as it makes it. A call that finds
 -- nothing here reads for itself, as a call of its own does.
 local function entry_pending(context, events_key, group, entry_id)
+  if context.acks and context.acked[entry_id] and context.pending_stream == events_key and
+     context.pending_group == group then
+    return false
+  end
   if context.pending and context.pending[entry_id] and context.pending_stream == events_key and
      context.pending_group == group then
     return true
@@ -494,8 +498,29 @@ local function entry_pending(context, events_key, group, entry_id)
   return is_pending(events_key, group, entry_id)
 end
 
-local function acked(context, entry_id)
+-- Acknowledge an entry. In an apply_batch whose calls share a stream and group (prefetch), the entries are
+-- acknowledged together, with one XACK after the last call (nothing outside the FCALL sees the difference), and
+-- meanwhile count as not pending to the later calls of the batch.
+local function ack_entry(context, events_key, group, entry_id)
+  if context.acks and context.pending_stream == events_key and context.pending_group == group then
+    if not context.acked[entry_id] then
+      context.acks[#context.acks + 1] = entry_id
+      context.acked[entry_id] = true
+    end
+  else
+    redis.call('XACK', events_key, group, entry_id)
+  end
   if context.pending then context.pending[entry_id] = nil end
+end
+
+local function flush_acks(context)
+  local acks = context.acks
+  if not acks or #acks == 0 then return end
+  for first = 1, #acks, CHUNK do
+    local last = first + CHUNK - 1
+    if last > #acks then last = #acks end
+    redis.call('XACK', context.pending_stream, context.pending_group, unpack(acks, first, last))
+  end
 end
 
 local function stored_fp(context, fp_key, id)
@@ -605,10 +630,7 @@ local function apply(keys, args, context)
   end
 
   local function ack()
-    if streaming then
-      redis.call('XACK', events_key, group, entry_id)
-      acked(context, entry_id)
-    end
+    if streaming then ack_entry(context, events_key, group, entry_id) end
   end
 
   if op == 'delete' then
@@ -742,6 +764,7 @@ local function prefetch(context, keys, args, n)
   local pending = {}
   for i = 1, #rows do pending[rows[i][1]] = true end
   context.pending_stream, context.pending_group, context.pending = events_key, group, pending
+  context.acks, context.acked = {}, {}
 end
 
 local function apply_batch(keys, args)
@@ -763,6 +786,7 @@ local function apply_batch(keys, args)
     replies[i] = reply
     k, a = k + nk, a + na
   end
+  flush_acks(context)
   return replies
 end
 
