@@ -3,13 +3,16 @@
 Pre-loads N incidents of the benchmark's seeded Zipf workload into a redis-server of its own, publishes M events,
 runs one `StreamWorker` (the code of `incident-worker run`) in this process until the stream is idle, and prints
 FCALL's time per event (every function call: reading entries and applying them; it includes the commands the
-functions run) and each command's share. Run it on two commits to compare what a change saves on the primary.
+functions run) and each command's share, then FCALL's time split by function (SLOWLOG at 0 us during the run: each
+call's own time; the median call is the steadier figure on a busy machine). Run it on two commits to compare what a
+change saves on the primary.
 
 Usage: python benchmarks/snapshot_calls.py [N] [M] [snapshot|primary]
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 import tempfile
 import time
@@ -56,19 +59,41 @@ def main() -> None:
             for incident_id, bag in workload.take(events):
                 pipe.xadd(settings.events_stream, IncidentEvent(incident_id=incident_id, features=bag).to_fields())
             pipe.execute()
+            client.config_set("slowlog-max-len", 1_000_000)
+            client.config_set("slowlog-log-slower-than", 0)
+            client.slowlog_reset()
             client.config_resetstat()
             started = time.perf_counter()
             worker.run(until_idle=True)
             elapsed = time.perf_counter() - started
             stats = client.info("commandstats")
+            client.config_set("slowlog-log-slower-than", 10_000)
+            calls = _function_calls(client.slowlog_get(1_000_000))
             print(f"{path}, N = {size:,}, {events:,} events: {events / elapsed:,.0f} events/s (one worker, in process)")
             for name, row in sorted(stats.items(), key=lambda kv: -kv[1]["usec"])[:12]:
                 print(
                     f"  {name.removeprefix('cmdstat_'):>12}: {row['calls'] / events:6.2f} calls/event, "
                     f"{row['usec'] / events:7.1f} us/event"
                 )
+            print("  FCALL by function (SLOWLOG):")
+            for name, durations in sorted(calls.items(), key=lambda kv: -sum(kv[1])):
+                print(
+                    f"  {name:>12}: {len(durations) / events:6.2f} calls/event, "
+                    f"{sum(durations) / events:7.1f} us/event, median call {statistics.median(durations):,.0f} us"
+                )
         finally:
             server.stop()
+
+
+def _function_calls(log: list[dict[str, object]]) -> dict[str, list[int]]:
+    """The duration of each FCALL in a SLOWLOG reply, by function (the library's versioned prefix left out)."""
+    calls: dict[str, list[int]] = {}
+    for row in log:
+        words = row["command"].split() if isinstance(row["command"], (bytes, str)) else []
+        if len(words) > 1 and words[0].upper() in (b"FCALL", "FCALL"):
+            name = words[1].decode() if isinstance(words[1], bytes) else words[1]
+            calls.setdefault(name.removeprefix(library.LIBRARY_NAME + "_"), []).append(int(row["duration"]))  # type: ignore[call-overload]
+    return calls
 
 
 if __name__ == "__main__":
