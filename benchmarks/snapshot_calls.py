@@ -63,13 +63,16 @@ def main() -> None:
             client.config_set("slowlog-log-slower-than", 0)
             client.slowlog_reset()
             client.config_resetstat()
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             worker.run(until_idle=True)
-            elapsed = time.perf_counter() - started
+            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
             stats = client.info("commandstats")
             client.config_set("slowlog-log-slower-than", 10_000)
             calls = _function_calls(client.slowlog_get(1_000_000))
-            print(f"{path}, N = {size:,}, {events:,} events: {events / elapsed:,.0f} events/s (one worker, in process)")
+            print(
+                f"{path}, N = {size:,}, {events:,} events: {events / elapsed:,.0f} events/s (one worker, in process), "
+                f"worker CPU {cpu * 1e6 / events:,.0f} us/event"
+            )
             for name, row in sorted(stats.items(), key=lambda kv: -kv[1]["usec"])[:12]:
                 print(
                     f"  {name.removeprefix('cmdstat_'):>12}: {row['calls'] / events:6.2f} calls/event, "
