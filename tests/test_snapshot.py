@@ -62,6 +62,32 @@ def test_search_equals_a_linear_scan_through_sets_deletes_and_twins(layout, seed
             assert (result.match_count, result.matches) == _expected(oracle, fp, exclude, limit)
 
 
+def _loaded_then_changed(
+    layout: BandLayout, pool: list[int], loaded: list[tuple[int, int]], ops: list[tuple[str, int, int]]
+) -> tuple[MemoryIndex, Oracle]:
+    """A copy loaded in one go (the numpy base) with `loaded` (incident, pool index), then changed by `ops` (set,
+    delete, compact: rows in dicts, base rows emptied, all moved into the base), beside the oracle of the same."""
+    index = MemoryIndex(layout)
+    oracle = Oracle(layout.max_distance)
+    for incident, which in loaded:
+        oracle.fps[f"i{incident}"] = pool[which]
+    index.load(oracle.fps.items())
+    assert index.base_rows == len(set(oracle.fps.values()))
+    for op, incident, which in ops:
+        incident_id = f"i{incident}"
+        if op == "set":
+            index.set(incident_id, pool[which])
+            oracle.fps[incident_id] = pool[which]
+        elif op == "delete":
+            index.delete(incident_id)
+            oracle.fps.pop(incident_id, None)
+        else:
+            index.compact()
+            assert index.overlay_rows == 0 and index.base_rows == index.distinct
+    assert dict(index.items()) == oracle.fps
+    return index, oracle
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     layout=st.sampled_from(LAYOUTS),
@@ -81,24 +107,7 @@ def test_the_numpy_base_and_the_rows_made_after_it_search_like_a_linear_scan(
     bands, layout_distance = layout
     rng = random.Random(seed)
     pool = clustered(rng, 12, layout_distance, centers=2)
-    index = MemoryIndex(BandLayout(bands, layout_distance))
-    oracle = Oracle(layout_distance)
-    for incident, which in loaded:
-        oracle.fps[f"i{incident}"] = pool[which]
-    index.load(oracle.fps.items())
-    assert index.base_rows == len(set(oracle.fps.values()))
-    for op, incident, which in ops:
-        incident_id = f"i{incident}"
-        if op == "set":
-            index.set(incident_id, pool[which])
-            oracle.fps[incident_id] = pool[which]
-        elif op == "delete":
-            index.delete(incident_id)
-            oracle.fps.pop(incident_id, None)
-        else:
-            index.compact()
-            assert index.overlay_rows == 0 and index.base_rows == index.distinct
-    assert dict(index.items()) == oracle.fps
+    index, oracle = _loaded_then_changed(BandLayout(bands, layout_distance), pool, loaded, ops)
     r = layout_distance if max_distance is None else min(max_distance, layout_distance)
     for fp in [*pool, flip(pool[0], layout_distance, rng), flip(pool[1], layout_distance + 1, rng)]:
         for exclude in (None, "i0", "i1"):
@@ -125,18 +134,7 @@ def test_a_batch_of_searches_answers_each_as_a_linear_scan(
     bands, layout_distance = layout
     rng = random.Random(seed)
     pool = clustered(rng, 16, layout_distance, centers=3)
-    index = MemoryIndex(BandLayout(bands, layout_distance))
-    oracle = Oracle(layout_distance)
-    for incident, which in loaded:
-        oracle.fps[f"i{incident}"] = pool[which]
-    index.load(oracle.fps.items())
-    for op, incident, which in changed:
-        if op == "set":
-            index.set(f"i{incident}", pool[which])
-            oracle.fps[f"i{incident}"] = pool[which]
-        else:
-            index.delete(f"i{incident}")
-            oracle.fps.pop(f"i{incident}", None)
+    index, oracle = _loaded_then_changed(BandLayout(bands, layout_distance), pool, loaded, changed)
     queries = [(fp, rng.choice([None, "i0", "i1", "i2"])) for fp in pool]
     queries += [(flip(pool[0], layout_distance, rng), None), (rng.getrandbits(64), "i3")]
     rng.shuffle(queries)

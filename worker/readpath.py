@@ -73,12 +73,9 @@ class ChangeFollower:
         pairs: dict[str, int] = {}  # HSCAN may return an incident twice
         while True:
             cursor, chunk = self.client.hscan(self.keys.fingerprints, cursor, count=self.batch)
-            # int() reads hex from bytes as from str; only IDs need decoding (as replies.text does)
             for incident_id, hex_fp in chunk.items():
                 if len(hex_fp) == 16:
-                    if type(incident_id) is bytes:
-                        incident_id = incident_id.decode("utf-8", "surrogateescape")
-                    pairs[incident_id] = int(hex_fp, 16)
+                    pairs[_text(incident_id)] = int(hex_fp, 16)  # int() reads hex from bytes as from str
             if int(cursor) == 0:
                 break
         index.load(pairs)  # taken over, not copied
@@ -111,9 +108,10 @@ class ChangeFollower:
             pipe.xrange(self.keys.changes, "(" + index.position, "+", count=count)
             pipe.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
             entries, floor = pipe.execute()
-            if floor is not None and entry_id_tuple(index.position) < entry_id_tuple(_text(floor)):
+            floor = None if floor is None else _text(floor)
+            if floor is not None and entry_id_tuple(index.position) < entry_id_tuple(floor):
                 raise SnapshotLostError(
-                    f"{self.keys.changes} was trimmed to {_text(floor)}, past this copy's position {index.position}"
+                    f"{self.keys.changes} was trimmed to {floor}, past this copy's position {index.position}"
                 )
             if not entries:
                 break
@@ -233,12 +231,9 @@ class SnapshotReader:
                 position=self.follower.index.position,
             )
 
-    def claim(self, incident_id: str, fp: int, cap: int) -> SnapshotClaim:
-        """Search the copy for `fp` (its own ID excluded) and say what was found, for the apply call to validate."""
-        return self.claims([(incident_id, fp)], cap)[0]
-
     def claims(self, wanted: Sequence[tuple[str, int]], cap: int) -> list[SnapshotClaim]:
-        """`claim` for each (incident ID, fingerprint) of `wanted`: the events of one send, searched together."""
+        """Search the copy for each (incident ID, fingerprint) of `wanted` (its own ID excluded), the events of one
+        send together, and say what was found, for the apply calls to validate."""
         index = self.follower.index
         results = index.search_many(
             [(fp, incident_id) for incident_id, fp in wanted], limit=cap + CLAIM_EXTRA if cap else 0

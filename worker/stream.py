@@ -589,23 +589,18 @@ class StreamWorker:
     def _claims(self, items: list[_Item]) -> list[SnapshotClaim | None]:
         """What the snapshot finds for each item that indexes a fingerprint (None for the others), searched together."""
         assert self.snapshot is not None
-        searched = [
-            k
+        wanted = {
+            k: (item.event.incident_id, item.event.fingerprint)
             for k, item in enumerate(items)
             if item.dead is None
             and item.event is not None
             and item.event.fingerprint is not None
             and not item.full_search
-        ]
+        }
+        found = self.snapshot.claims(list(wanted.values()), self.settings.max_matches) if wanted else []
         claims: list[SnapshotClaim | None] = [None] * len(items)
-        if searched:
-            wanted = []
-            for k in searched:
-                event = items[k].event
-                assert event is not None and event.fingerprint is not None
-                wanted.append((event.incident_id, event.fingerprint))
-            for k, claim in zip(searched, self.snapshot.claims(wanted, self.settings.max_matches), strict=True):
-                claims[k] = claim
+        for k, claim in zip(wanted, found, strict=True):
+            claims[k] = claim
         return claims
 
     def _note_layout(self) -> None:
