@@ -49,6 +49,15 @@ def _structlog_defaults() -> Iterator[None]:
     structlog.reset_defaults()
 
 
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test() -> Iterator[None]:
+    """Kill what a test started and left running (it failed before stopping its workers), before the next test."""
+    yield
+    from tests.streams import reap_spawned  # streams imports this module
+
+    reap_spawned()
+
+
 def require_redis_server() -> None:
     """Skip without redis-server; under CI=true, fail instead: the real-server tests must run there."""
     if redis_server_available():

@@ -113,15 +113,37 @@ def clean_env(**settings: Any) -> dict[str, str]:
     return env
 
 
+_SPAWNED: list[subprocess.Popen[bytes]] = []
+
+
+def spawn(command: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """subprocess.Popen, remembered until the test ends: a test that fails half-way leaves no worker running against
+    the suite's shared redis-server (one once did, and a later test on that server failed for it)."""
+    process: subprocess.Popen[bytes] = subprocess.Popen(command, **kwargs)
+    _SPAWNED.append(process)
+    return process
+
+
+def reap_spawned() -> list[int]:
+    """SIGKILL every process `spawn` started that still runs (the conftest does, after each test); returns their
+    PIDs."""
+    killed = []
+    while _SPAWNED:
+        process = _SPAWNED.pop()
+        if process.poll() is None:
+            process.kill()
+            killed.append(process.pid)
+        process.wait()
+    return killed
+
+
 def start_worker(url: str, *args: str, log: Path | None = None, **settings: Any) -> subprocess.Popen[bytes]:
     """`incident-worker run` as a child process, logging JSON lines to `log` (or discarding them)."""
     env = clean_env(redis_url=url, log_format="json", **settings)
     if log is None:
-        return subprocess.Popen(
-            [*worker_command(), "run", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        return spawn([*worker_command(), "run", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen([*worker_command(), "run", *args], env=env, stdout=out, stderr=out)
+        return spawn([*worker_command(), "run", *args], env=env, stdout=out, stderr=out)
 
 
 def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 10) -> int:

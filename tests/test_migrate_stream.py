@@ -33,6 +33,7 @@ from tests.streams import (
     pairs_within,
     pending_count,
     publish,
+    spawn,
     worker_command,
 )
 from worker.fingerprint import fingerprint
@@ -75,13 +76,13 @@ def _start_worker(url: str, log: Path, consumer: str, **settings: Any) -> subpro
         **settings,
     )
     with open(log, "ab") as out:
-        return subprocess.Popen([*worker_command(), "run"], env=env, stdout=out, stderr=out)
+        return spawn([*worker_command(), "run"], env=env, stdout=out, stderr=out)
 
 
 def _migrate(url: str, log: Path, *args: str) -> subprocess.Popen[bytes]:
     env = clean_env(redis_url=url)
     with open(log, "ab") as out:
-        return subprocess.Popen([*worker_command(), "migrate", *args], env=env, stdout=out, stderr=out)
+        return spawn([*worker_command(), "migrate", *args], env=env, stdout=out, stderr=out)
 
 
 def _drained(client: Any, published: int) -> bool:

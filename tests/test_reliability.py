@@ -34,9 +34,14 @@ from tests.streams import (
     assert_pairs_reported_once,
     clean_env,
     dead_letters,
+    fingerprints,
     pending_count,
+    publish,
+    spawn,
+    stop,
     worker_command,
 )
+from worker.devtools.workload import Workload
 from worker.fingerprint import fingerprint
 from worker.formats import REASONS
 
@@ -65,7 +70,7 @@ def fresh(tmp_path: Path) -> Iterator[RedisServer]:
 def start(url: str, log: Path, *args: str, preexec: Callable[[], None] | None = None, **settings: Any) -> Any:
     env = clean_env(redis_url=url, log_format="json", **{**SETTINGS, **settings})
     with open(log, "ab") as out:
-        return subprocess.Popen([*worker_command(), "run", *args], env=env, stdout=out, stderr=out, preexec_fn=preexec)
+        return spawn([*worker_command(), "run", *args], env=env, stdout=out, stderr=out, preexec_fn=preexec)
 
 
 def wait_all(processes: list[Any], timeout: float) -> list[int]:
@@ -326,6 +331,53 @@ def test_redis_sigkill_with_aof(tmp_path: Path) -> None:
             server.start()
 
         scenario(server, tmp_path, crash, seed=15)
+    finally:
+        server.stop()
+
+
+def test_redis_restarted_from_an_older_save_under_a_snapshot_worker(tmp_path: Path) -> None:
+    """Redis SIGKILLed and started again from a save older than what a running worker's copy holds: the events after
+    the save, and the incidents they indexed, are gone. The next events are twins of the lost incidents; the worker
+    must load its copy again (the change log no longer holds its position) and name no lost incident in an alert."""
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        client = server.client()
+        bags = [bag for _, bag in Workload(seed=31, near_duplicates=0.5).take(600)]
+        kept = [{"incident_id": f"a{n}", "features": bag} for n, bag in enumerate(bags[:200])]
+        lost = [{"incident_id": f"b{n}", "features": bag} for n, bag in enumerate(bags[200:400])]
+        new = [{"incident_id": f"c{n}", "features": bag} for n, bag in enumerate(bags[200:300] + bags[400:])]
+        log = tmp_path / "w.log"
+        process = start(server.url, log, consumer="w", read_path="snapshot")
+
+        def indexed(count: int) -> None:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                with contextlib.suppress(redis.RedisError):
+                    if client.hlen(FP) == count and pending_count(client) == 0:
+                        return
+                time.sleep(0.05)
+            raise AssertionError(f"{count} incidents were not indexed in time:\n{_tails([log])}")
+
+        publish(client, kept)
+        indexed(200)
+        client.save()  # dump.rdb: what the restart goes back to
+        publish(client, lost)
+        indexed(400)
+        server.kill()
+        server.start()  # from dump.rdb: 200 incidents, the lost events never published
+        client = server.client()
+        assert client.hlen(FP) == 200
+        publish(client, new)
+        indexed(500)
+        assert stop(process) == 0, _tails([log])
+        survivors = kept + new
+        stored = {k.decode(): int(v, 16) for k, v in client.hgetall(FP).items()}
+        assert stored == fingerprints(survivors)
+        assert_pairs_reported_once(stored, alerts(client))  # KeyError on an alert naming a lost incident
+        assert dead_letters(client) == []
+        loads = [line for line in log.read_text().splitlines() if '"snapshot loaded"' in line]
+        assert len(loads) == 2 and "no longer holds this copy's position" in loads[1], _tails([log])
     finally:
         server.stop()
 

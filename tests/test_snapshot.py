@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -265,6 +266,29 @@ def test_a_copy_loaded_from_a_log_trimmed_empty_starts_at_its_floor(redis_client
     assert dict(follower.index.items()) == {"x": 1, "y": 2}
 
 
+@pytest.mark.parametrize("how", ["deleted", "went-back"])
+def test_follower_refuses_a_log_that_no_longer_holds_its_position(redis_client, how) -> None:
+    """The index's keys deleted, or taken back to an earlier moment, then written again: the copy's position, an
+    entry it applied, is not in the log; its later entries (with later IDs) must not be applied over a copy that
+    holds incidents the index lost."""
+    keys = IndexKeys("snap")
+    _change(redis_client, keys, "add", "x", 1, None)
+    saved = {key: redis_client.dump(key) for key in (keys.changes, keys.fingerprints)}
+    follower = ChangeFollower(redis_client, keys, BandLayout(4, 7))
+    follower.load()
+    _change(redis_client, keys, "add", "lost", 2, None)
+    assert follower.catch_up() == 1
+    redis_client.delete(keys.changes, keys.fingerprints)
+    if how == "went-back":
+        for key, value in saved.items():
+            redis_client.restore(key, 0, value)
+    _change(redis_client, keys, "add", "z", 3, None)  # a later entry ID than the copy's position
+    with pytest.raises(SnapshotLostError, match="no longer holds this copy's position"):
+        follower.catch_up()
+    follower.load()
+    assert dict(follower.index.items()) == ({"x": 1, "z": 3} if how == "went-back" else {"z": 3})
+
+
 def test_follower_refuses_entries_without_fingerprints(redis_client) -> None:
     keys = IndexKeys("snap")
     follower = ChangeFollower(redis_client, keys, BandLayout(4, 7))
@@ -373,6 +397,29 @@ def test_a_snapshot_behind_a_trimmed_log_is_not_validated(redis_client) -> None:
     result = parse_apply(redis_client.fcall(FN_APPLY, len(keys), *keys, *args))
     assert result.status == "unvalidated"
     assert index.get("c") is None  # it changed nothing
+
+
+def test_a_snapshot_whose_position_the_log_no_longer_holds_is_not_validated(redis_client) -> None:
+    """A copy that followed a log since reset (or taken back to an older save): its claim names incidents the index
+    lost, and the log holds later entries that a lookup "after the position" would take for the copy's future."""
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.add_fingerprint("a", 1)
+    follower = ChangeFollower(redis_client, index.keys, index.layout)
+    follower.load()
+    index.add_fingerprint("lost", 3)
+    follower.catch_up()
+    claim = _claim(follower, 7, "c", 100, 0)
+    assert claim.listed == [("lost", 1), ("a", 2)]
+    redis_client.delete(index.keys.changes, index.keys.fingerprints, *redis_client.keys(f"{index.keys.tag}:band:*"))
+    time.sleep(0.002)  # (a log written again within the same millisecond may reuse an ID: the worker's check sees it)
+    index.add_fingerprint("far", (1 << 64) - 1)  # the new log's entries come after the copy's position
+    keys, args = index.apply_call("add", "c", 7, snapshot=claim, max_matches=100)
+    result = parse_apply(redis_client.fcall(FN_APPLY, len(keys), *keys, *args))
+    assert result.status == "unvalidated"  # not "indexed" with two matches the index no longer has
+    assert index.get("c") is None  # it changed nothing
+    keys, args = index.apply_call("add", "c", 7, max_matches=100)  # the full search the worker then sends
+    result = parse_apply(redis_client.fcall(FN_APPLY, len(keys), *keys, *args))
+    assert (result.status, result.match_count) == ("indexed", 0)
 
 
 # -- the batched form: one apply_batch call per send, every claim from the same stale copy ----------------------

@@ -129,6 +129,49 @@ def test_a_change_log_trimmed_under_a_reader_falls_back_to_the_full_search(clien
     assert pending_count(client) == 0
 
 
+def _rewind(client: redis.Redis, saved: dict[bytes, bytes], reset: bool) -> None:
+    """Take every key back to `saved` (DUMPs of an earlier moment), as a restart from an older save does; or, with
+    `reset`, delete every key, as a FLUSHALL or a deleted namespace does."""
+    client.flushdb()
+    if not reset:
+        for key, value in saved.items():
+            client.restore(key, 0, value)
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["went-back", "reset"])
+def test_a_copy_of_an_index_that_went_back_or_was_reset_names_no_lost_incident(
+    client: redis.Redis, reset: bool
+) -> None:
+    """The worker's copy holds incidents that the index lost (Redis restarted from an older save, or its keys were
+    deleted) while the worker ran. The new events are near duplicates of the lost incidents; no alert may name one,
+    and every pair of what the index holds is reported once, as if the lost events had never been."""
+    bags = [bag for _, bag in Workload(seed=21, near_duplicates=0.5).take(240)]
+    kept = [{"incident_id": f"a{n}", "features": bag} for n, bag in enumerate(bags[:80])]
+    lost = [{"incident_id": f"b{n}", "features": bag} for n, bag in enumerate(bags[80:160])]
+    # the new events: the lost ones' bags (exact twins) and the rest of the workload
+    new = [{"incident_id": f"c{n}", "features": bag} for n, bag in enumerate(bags[80:120] + bags[160:])]
+    w = worker(client, batch_size=16)
+    publish(client, kept)
+    w.run(until_idle=True)
+    saved = {key: client.dump(key) for key in client.scan_iter()}
+    publish(client, lost)
+    w.run(until_idle=True)
+    assert w.snapshot is not None and w.snapshot.reloads == 1
+    w.snapshot.refresh()  # (a copy is brought up to date before each send, not after)
+    assert len(w.snapshot.index) == 160
+    _rewind(client, saved, reset)
+    publish(client, new)
+    w.run(until_idle=True)
+    survivors = ([] if reset else kept) + new
+    stored = {k.decode(): int(v, 16) for k, v in client.hgetall(FP).items()}
+    assert stored == fingerprints(survivors)
+    assert_pairs_reported_once(fingerprints(survivors), alerts(client))
+    assert w.snapshot.reloads == 2  # the worker saw that its copy followed another log, and loaded it again
+    w.snapshot.refresh()
+    assert dict(w.snapshot.index.items()) == stored
+    assert pending_count(client) == 0
+
+
 def test_storm_of_twins_on_the_snapshot_path_counts_every_twin(client: redis.Redis) -> None:
     publish(client, [{"incident_id": f"s{n:04d}", "features": DOCK} for n in range(300)])
     w = worker(client, batch_size=50, max_matches=10)

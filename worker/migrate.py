@@ -165,7 +165,9 @@ class Migrator:
         if status is None:
             target_layout = BandLayout(bands, index.layout.max_distance if max_distance is None else max_distance)
             if layout_tag(target_layout.bands, target_layout.max_distance) == base_tag(index.layout_tag):
-                raise CommandError(f"the index already uses {target_layout.description}: nothing to migrate")
+                # Success, not an error: a migrator killed after its last step but before it exited is run again
+                # (as the docs say to), and a retried job must not fail for a move that is done.
+                return f"the index already uses {target_layout.description}: nothing to do"
             status = self._start(index, target_layout)
         else:
             distance = max_distance if max_distance is not None else _layout_of(status.target)[0].max_distance

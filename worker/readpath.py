@@ -57,6 +57,8 @@ class ChangeFollower:
         self.index = MemoryIndex(layout)
         self.loaded = False
         self.load_seconds = 0.0
+        # the fields of the entry at the copy's position (None when the position is no entry: '0-0' or the floor)
+        self._at_position: Any = None
 
     def load(self) -> None:
         """Read every fingerprint and replay the changes made meanwhile."""
@@ -67,8 +69,9 @@ class ChangeFollower:
         floor = self._floor()
         last = self.client.xrevrange(self.keys.changes, "+", "-", count=1)
         index.position = _text(last[0][0]) if last else "0-0"
+        at_position = last[0][1] if last else None
         if floor is not None and entry_id_tuple(index.position) < entry_id_tuple(floor):
-            index.position = floor
+            index.position, at_position = floor, None
         cursor = 0
         pairs: dict[str, int] = {}  # HSCAN may return an incident twice
         while True:
@@ -81,6 +84,7 @@ class ChangeFollower:
         index.load(pairs)  # taken over, not copied
         del pairs
         self.index = index
+        self._at_position = at_position
         self.loaded = True
         self.catch_up()
         self.load_seconds = time.monotonic() - started
@@ -104,24 +108,50 @@ class ChangeFollower:
             # One round trip: the entries, then the floor. Read after them, the floor proves they are whole: it is
             # written before a trim, and a trim removes only entries below it, so a floor at or below the position
             # means nothing after the position was gone when the entries were read.
+            # The position's own entry comes first (the XRANGE starts at it): the proof that the log is still the
+            # one this copy followed (see _check_position).
+            position = index.position
             pipe = self.client.pipeline(transaction=False)
-            pipe.xrange(self.keys.changes, "(" + index.position, "+", count=count)
+            pipe.xrange(self.keys.changes, position, "+", count=count + 1)
             pipe.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
             entries, floor = pipe.execute()
             floor = None if floor is None else _text(floor)
-            if floor is not None and entry_id_tuple(index.position) < entry_id_tuple(floor):
+            if floor is not None and entry_id_tuple(position) < entry_id_tuple(floor):
                 raise SnapshotLostError(
-                    f"{self.keys.changes} was trimmed to {floor}, past this copy's position {index.position}"
+                    f"{self.keys.changes} was trimmed to {floor}, past this copy's position {position}"
                 )
+            if entries and _text(entries[0][0]) == position and entries[0][1] == self._at_position:
+                entries = entries[1:]
+            else:
+                self._check_position(position, floor)
             if not entries:
                 break
             for entry_id, fields in entries:
                 self._apply(fields)
                 index.position = _text(entry_id)
+            self._at_position = entries[-1][1]
             applied += len(entries)
             if len(entries) < count:
                 break
         return applied
+
+    def _check_position(self, position: str, floor: str | None) -> None:
+        """The log does not hold the entry at the copy's position, as the copy applied it: fine when there is none
+        to hold ('0-0', or the trim floor the copy started from when the log was trimmed empty); otherwise the log
+        was reset or went back.
+
+        A position is an entry the copy applied, and trimming keeps every entry at or above the floor (which the
+        caller checked), so a log without it is another log: the namespace's keys were deleted (FLUSHALL, a reset),
+        or Redis went back in time (a restart from an older save, a failover to a replica that had not caught up).
+        The copy may then hold incidents the index has lost, and its searches would name them. (The entry's fields
+        are compared too: a log written again within the same millisecond can reuse an entry ID.)
+        """
+        if position in ("0-0", floor) and self._at_position is None:
+            return
+        raise SnapshotLostError(
+            f"{self.keys.changes} no longer holds this copy's position {position}: the index was reset, or Redis went "
+            "back to an older state (a restart from an older save, a failover to a replica that lagged)"
+        )
 
     def _apply(self, fields: Mapping[Any, Any]) -> None:
         op_id: tuple[str, str] | None = None

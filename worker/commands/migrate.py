@@ -64,7 +64,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
   incident-worker migrate --abort                      # before the switch only
 """,
         exits="""
-  0  moved (or aborted)
+  0  moved (or aborted), or the index already uses that layout (nothing to do)
   1  Redis failed, or another move is under way (the message says which)
   2  bad usage, or a layout that cannot be used
 """,

@@ -329,16 +329,29 @@ end
 
 -- `context` is what the calls of one FCALL share: the view of the changes after `context.position` in
 -- `context.key`, or false when those cannot be had (trimmed past the position, too many, or of an older format
--- without fingerprints). Read from the log the first time a call asks for that position.
+-- without fingerprints, or the log no longer holds the position's own entry). Read from the log the first time a
+-- call asks for that position.
+--
+-- The position's own entry is read too, as the proof that this log is the one the copy followed: a copy's position
+-- is an entry it applied (or '0-0', or the trim floor when the log was trimmed empty), and trimming keeps every
+-- entry at or above the floor. A log without it was reset (the namespace deleted, FLUSHALL) or went back in time (a
+-- restart from an older save, a failover to a replica that lagged), and the copy may hold incidents the index no
+-- longer has: its claim is not validated, and its worker loads the copy again (readpath.py does the same check).
 local function changes_after(context, meta_key, changes_key, position)
   if context.key == changes_key and context.position == position then return context.view end
   local view = false
   local floor = meta_of(context, meta_key).changes_trimmed_to
   if not (floor and id_less(position, floor)) then
-    local changes = redis.call('XRANGE', changes_key, '(' .. position, '+', 'COUNT', MAX_VALIDATED_CHANGES + 1)
-    if #changes <= MAX_VALIDATED_CHANGES then
+    local changes = redis.call('XRANGE', changes_key, position, '+', 'COUNT', MAX_VALIDATED_CHANGES + 2)
+    local first = 1
+    if changes[1] and changes[1][1] == position then
+      first = 2
+    elseif position ~= '0-0' and position ~= floor then
+      first = nil
+    end
+    if first and #changes - first + 1 <= MAX_VALIDATED_CHANGES then
       view = {count = 0, first_prev = {}, latest = {}, order = {}}
-      for i = 1, #changes do
+      for i = first, #changes do
         local f = changes[i][2]
         -- <op> <id> fp <new hex or ''> prev <old hex or ''>
         if f[3] ~= 'fp' or f[5] ~= 'prev' then
