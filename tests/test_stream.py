@@ -625,3 +625,101 @@ def test_read_new_takes_the_entries_one_at_a_time_would_and_keeps_to_the_budget(
             assert kind == ("f" if sum(len(part) for part in fields) <= limit else "o")
     assert got == expected
     assert pending_count(redis_client) == len(entries)  # each delivered once, to this consumer
+
+
+# -- the validated event of an entry as read: the shortcut against pydantic's full validation -------------------------
+
+from hypothesis import HealthCheck, given  # noqa: E402
+from hypothesis import settings as hypothesis_settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from pydantic import ValidationError  # noqa: E402
+
+from tests.hostile import LIMITS, corpus  # noqa: E402
+from worker.formats import EventLimits, IncidentEvent, event_error  # noqa: E402
+
+
+def _outcome(fields: dict[Any, Any], limits: EventLimits) -> Any:
+    """What from_fields makes of an entry: the event with its fields set and fingerprint, or the dead letter's reason,
+    detail and every error."""
+    try:
+        event = IncidentEvent.from_fields(fields, limits)
+    except ValidationError as error:
+        return ("error", event_error(error), error.errors(include_url=False, include_context=False))
+    return ("event", event, event.model_fields_set, event.fingerprint)
+
+
+def _assert_shortcut_matches_full_validation(fields: dict[Any, Any], limits: EventLimits) -> None:
+    fast = _outcome(fields, limits)
+    original = IncidentEvent._valid_as_read
+    IncidentEvent._valid_as_read = classmethod(lambda cls, data, limits: None)  # type: ignore[assignment,method-assign]
+    try:
+        full = _outcome(fields, limits)
+    finally:
+        IncidentEvent._valid_as_read = original  # type: ignore[method-assign]
+    assert fast == full
+
+
+def _as_read(fields: dict[str, Any]) -> dict[bytes, bytes]:
+    """An entry's fields as the stream gives them: bytes, a features dict as JSON."""
+    return {
+        (k.encode() if isinstance(k, str) else k): (
+            json.dumps(v, ensure_ascii=False) if isinstance(v, dict) else v
+        ).encode("utf-8", "surrogatepass")
+        if not isinstance(v, bytes)
+        else v
+        for k, v in fields.items()
+    }
+
+
+def test_an_event_as_read_validates_like_pydantic_on_the_hostile_corpus() -> None:
+    limits = EventLimits(**LIMITS)
+    entries = corpus(7, valid=300, hostile_every=1)
+    assert sum(not entry.valid for entry in entries) > 100
+    for entry in entries:
+        _assert_shortcut_matches_full_validation(_as_read(entry.fields), limits)
+        _assert_shortcut_matches_full_validation(entry.fields, limits)  # fields given as text and objects
+
+
+_values = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(["add", "upsert", "delete", "", "null", "{}", "[]", '"x"', "1", "{bad", "Disk full", "a\ud800"]),
+    st.dictionaries(
+        st.text(max_size=4),
+        st.one_of(st.integers(-2, 2**54), st.booleans(), st.floats(allow_nan=False), st.text(max_size=3)),
+        max_size=4,
+    ).map(lambda bag: json.dumps(bag, ensure_ascii=False)),
+    st.binary(max_size=6),
+)
+_fields = st.fixed_dictionaries(
+    {"incident_id": st.one_of(st.text(min_size=1, max_size=12), st.text(min_size=250, max_size=260), _values)},
+    optional={
+        "op": st.one_of(st.sampled_from(["add", "upsert", "delete"]), _values),
+        "features": st.one_of(
+            st.dictionaries(st.text(max_size=4), st.integers(1, 2**53), min_size=1, max_size=5).map(
+                lambda bag: json.dumps(bag, ensure_ascii=False)
+            ),
+            _values,
+        ),
+        "text": st.one_of(st.text(max_size=30), _values),
+        "other": _values,
+    },
+)
+
+_bags = st.dictionaries(st.text(max_size=4), st.integers(1, 2**53), min_size=1, max_size=6).map(
+    lambda bag: json.dumps(bag, ensure_ascii=False)
+)
+_near_valid = st.tuples(
+    st.text(min_size=1, max_size=12),
+    st.sampled_from([None, "add", "upsert", "delete"]),
+    st.one_of(st.tuples(st.just("features"), _bags), st.tuples(st.just("text"), st.text(max_size=30)), st.none()),
+).map(
+    lambda t: {"incident_id": t[0]} | ({"op": t[1]} if t[1] else {}) | (dict([t[2]]) if t[2] else {})  # type: ignore[arg-type]
+)
+
+
+@hypothesis_settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fields=st.one_of(_fields, _near_valid), max_tokens=st.integers(1, 6))
+def test_an_event_as_read_validates_like_pydantic_on_any_fields(fields: dict[str, Any], max_tokens: int) -> None:
+    limits = EventLimits(max_tokens=max_tokens, max_token_length=3, max_entry_bytes=200)
+    _assert_shortcut_matches_full_validation(fields, limits)
+    _assert_shortcut_matches_full_validation(_as_read(fields), limits)

@@ -11,7 +11,7 @@ import json
 import re
 import socket
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import (
     BaseModel,
@@ -119,6 +119,10 @@ def _error(kind: str, message: str) -> PydanticCustomError:
 def decode_fields(raw: Mapping[Any, Any]) -> dict[str, str]:
     """A stream entry's fields as text; bytes that are not UTF-8 keep their value through surrogate escapes."""
     return {_text(k): _text(v) for k, v in raw.items()}
+
+
+_OPS = ("add", "upsert", "delete")
+_FIELDS = ("incident_id", "op", "features", "text")
 
 
 class IncidentEvent(BaseModel):
@@ -233,7 +237,57 @@ class IncidentEvent(BaseModel):
                 raise ValidationError.from_exception_data(
                     cls.__name__, [_custom("missing_field", f"{required} is required")]
                 )
+        event = cls._valid_as_read(data, limits)
+        if event is not None:
+            return event
         return cls.model_validate(data, context={"limits": limits})
+
+    @classmethod
+    def _valid_as_read(cls, data: dict[str, Any], limits: EventLimits) -> IncidentEvent | None:
+        """The event of `data` when it is a valid entry as the stream gives it (every value a str), checked by the
+        rules `model_validate` applies, without pydantic's second pass over the bag; None for anything else (which
+        `model_validate` then reports as ever: an entry this returns None for is validated in full).
+
+        Equal to `model_validate`'s event, fields set and fingerprint included (tests/test_stream.py compares them on
+        valid and hostile entries). About 10 us an event of pydantic's own work saved.
+        """
+        incident_id = data["incident_id"]
+        op = data.get("op", "add")
+        features = data.get("features")
+        text = data.get("text")
+        if type(incident_id) is not str or not 1 <= len(incident_id) <= MAX_INCIDENT_ID_LENGTH:
+            return None
+        if type(op) is not str or op not in _OPS:
+            return None
+        bag: Any = None
+        try:
+            if features is not None:
+                if type(features) is not str or text is not None:
+                    return None
+                bag = json.loads(features)
+                if type(bag) is not dict:
+                    return None
+            elif text is not None:
+                if type(text) is not str:
+                    return None
+                bag = features_from_text(text)
+            elif op != "delete":
+                return None
+            fp = None
+            if bag is not None:
+                _check_limits(bag, limits)
+                fp = fingerprint(bag)  # every token a str and every weight an int in range, or it raises
+        except (ValueError, RecursionError, PydanticCustomError):  # JSON, text, limits, bag: reported in full
+            return None
+        event = cls.model_construct(
+            {name for name in _FIELDS if name in data},
+            incident_id=incident_id,
+            op=cast(Op, op),  # one of _OPS
+            features=bag if features is not None else None,
+            text=text,
+        )
+        event.__pydantic_private__["_fingerprint"] = fp  # type: ignore[index]  # as the property reads it
+        return event
 
     def to_fields(self) -> dict[str, str]:
         """The stream entry a producer appends for this event."""
