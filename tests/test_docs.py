@@ -6,6 +6,7 @@ and so does a row the code no longer has.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import re
@@ -50,7 +51,7 @@ def _code_keys() -> dict[str, str]:
     for name, member in inspect.getmembers(type(keys)):
         if name.startswith("_") or name in {"tag", "namespace", "owns", "postings_prefix", "postings_pattern"}:
             continue  # (the last two build what a generation's posting keys start with, and a SCAN pattern of them)
-        if isinstance(member, property):
+        if isinstance(member, property | functools.cached_property):  # the constant names are made once
             value = getattr(keys, name)
         elif inspect.isfunction(member):
             parameters = list(inspect.signature(member).parameters.values())[1:]

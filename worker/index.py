@@ -167,6 +167,11 @@ class FingerprintIndex:
         self.generation = generation
         self.layout_tag = layout_tag(layout.bands, layout.max_distance, generation)
         self._band_keys = self.keys.band_keys(layout, generation)
+        # each band's key builder beside its bits, for posting_keys (the apply call of every event asks for them)
+        self._band_bits = [
+            (band, offset, (1 << width) - 1)
+            for band, offset, width in zip(self._band_keys, layout.offsets, layout.widths, strict=True)
+        ]
 
     @classmethod
     def stored(cls, redis: RedisClient, namespace: str = DEFAULT_NAMESPACE) -> FingerprintIndex | None:
@@ -381,7 +386,7 @@ class FingerprintIndex:
 
     def posting_keys(self, fp: int) -> list[str]:
         """The posting keys of a fingerprint, band 0 first."""
-        return [band.key(value) for band, value in zip(self._band_keys, self.layout.values(fp), strict=True)]
+        return [band.key((fp >> offset) & mask) for band, offset, mask in self._band_bits]
 
     def probe_keys(self, fp: int, max_distance: int | None = None) -> tuple[list[str], int, list[str]]:
         """The fingerprint's posting keys, how many of them (band 0 first) a query probes, and its other probe keys.

@@ -39,24 +39,24 @@ def validate_namespace(namespace: str) -> str:
 
 @dataclass(frozen=True)
 class IndexKeys:
-    """The key names of one index namespace N."""
+    """The key names of one index namespace N (each name made once: the apply call of every event names several)."""
 
     namespace: str = DEFAULT_NAMESPACE
 
     def __post_init__(self) -> None:
         validate_namespace(self.namespace)
 
-    @property
+    @functools.cached_property
     def tag(self) -> str:
         """`{N}`: the hash tag every key of the index starts with."""
         return "{" + self.namespace + "}"
 
-    @property
+    @functools.cached_property
     def meta(self) -> str:
         """Hash: the layout the index was built with; a worker with another layout refuses to start."""
         return f"{self.tag}:meta"
 
-    @property
+    @functools.cached_property
     def fingerprints(self) -> str:
         """Hash: incident ID -> 16 hex digits. The source of truth: postings can be rebuilt from it."""
         return f"{self.tag}:fp"
@@ -88,7 +88,7 @@ class IndexKeys:
             )
         ]
 
-    @property
+    @functools.cached_property
     def twin_prefix(self) -> str:
         """`{N}:twins:`; the twin group of a fingerprint appends its 16 lowercase hex digits."""
         return f"{self.tag}:twins:"
@@ -97,22 +97,22 @@ class IndexKeys:
         """Sorted set (all scores 0, so in byte order): every incident with this exact fingerprint, its
         representative in the posting sets included. Exists only while two or more incidents share it (twin groups,
         docs/contract.md#what-lives-in-redis)."""
-        return f"{self.tag}:twins:{fingerprint_hex}"
+        return self.twin_prefix + fingerprint_hex
 
-    @property
+    @functools.cached_property
     def migration(self) -> str:
         """Hash: a move to another layout under way (`incident-worker migrate`): its state, source and target
         layout, the target's generation, the cursor of its current pass and its progress. Absent otherwise."""
         return f"{self.tag}:migration"
 
-    @property
+    @functools.cached_property
     def changes(self) -> str:
         """Stream: one entry per index change, `<op> <incident ID> fp <new> prev <old>`; its entry ID is the time
         of the change. Snapshot readers follow it; the workers trim it to `changes_keep`. Retention does not read it
         (it reads `expiry`), so how long it is kept does not depend on the retention window."""
         return f"{self.tag}:changes"
 
-    @property
+    @functools.cached_property
     def expiry(self) -> str:
         """Sorted set, only while a retention window is on: incident ID -> time of its last add or upsert (ms of the
         server's clock). The retention pass reads the oldest from it, so its cost follows what expires."""
@@ -122,17 +122,17 @@ class IndexKeys:
         """String with a TTL: the worker that runs `job` (one at a time); it lapses when that worker dies."""
         return f"{self.tag}:lease:{job}"
 
-    @property
+    @functools.cached_property
     def events_stream(self) -> str:
         """Stream: incoming incident events (the default; configurable)."""
         return f"{self.tag}:events"
 
-    @property
+    @functools.cached_property
     def alerts_stream(self) -> str:
         """Stream: near-duplicate alerts (the default; configurable)."""
         return f"{self.tag}:alerts"
 
-    @property
+    @functools.cached_property
     def dead_stream(self) -> str:
         """Stream: entries that could not be processed, with the reason (the default; configurable)."""
         return f"{self.tag}:dead"
