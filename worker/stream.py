@@ -21,6 +21,7 @@ One loop, one thread:
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections import deque
@@ -157,6 +158,7 @@ class StreamWorker:
         self._idle_wait = 0.0
         self._tokenizer = str(TOKENIZER_VERSION)
         self._layout_seen: tuple[str, str] | None = None
+        self._outcomes: dict[str, int] = {}  # of the replies handled since the last _count_outcomes
 
     # -- control ----------------------------------------------------------------------------------------------
 
@@ -651,20 +653,23 @@ class StreamWorker:
         held: list[_Item] = []
         again: list[_Item] = []
         later: ResponseError | None = None
-        for item, reply in zip(items, replies, strict=True):
-            if isinstance(reply, OutOfMemoryError):
-                held.append(item)
-            elif isinstance(reply, ResponseError) and waits_out(reply):
-                later = later or reply  # nothing of this call happened; the entry stays pending, uncounted
-            elif isinstance(reply, ResponseError):
-                if self.index.handle_error(reply) and retry:
-                    again.append(item)
+        try:
+            for item, reply in zip(items, replies, strict=True):
+                if isinstance(reply, OutOfMemoryError):
+                    held.append(item)
+                elif isinstance(reply, ResponseError) and waits_out(reply):
+                    later = later or reply  # nothing of this call happened; the entry stays pending, uncounted
+                elif isinstance(reply, ResponseError):
+                    if self.index.handle_error(reply) and retry:
+                        again.append(item)
+                    else:
+                        self._failed(item, reply)
+                elif isinstance(reply, Exception):
+                    raise reply
                 else:
-                    self._failed(item, reply)
-            elif isinstance(reply, Exception):
-                raise reply
-            else:
-                self._handle(item, reply)
+                    self._handle(item, reply)
+        finally:
+            self._count_outcomes()
         if later is not None:
             raise later  # the run loop waits it out, then finishes the entries from the pending list
         return held, again
@@ -749,7 +754,6 @@ class StreamWorker:
         event = item.event
         assert event is not None
         result = parse_apply(reply)
-        where = {"entry_id": item.entry_id, "incident_id": event.incident_id}  # bound only when a line is written
         if result.status == "stale":
             self._retry_stale(item)
             return
@@ -769,14 +773,20 @@ class StreamWorker:
             else:
                 self._dead_lettered(item, reply)
             return
+        outcomes = self._outcomes  # counted in /metrics at the end of the batch (_count_outcomes)
         if result.status == "not_pending":
-            self.log.debug("entry already processed by another consumer", **where)
+            if self._logs_debug():
+                self.log.debug(
+                    "entry already processed by another consumer",
+                    entry_id=item.entry_id,
+                    incident_id=event.incident_id,
+                )
             self.stats.count("not_pending")
-            self.metrics.events.labels("not_pending").inc()
+            outcomes["not_pending"] = outcomes.get("not_pending", 0) + 1
             return
         self.stats.processed += 1
         self.stats.count(result.status)
-        self.metrics.events.labels(result.status).inc()
+        outcomes[result.status] = outcomes.get(result.status, 0) + 1
         self.metrics.candidates.observe(result.candidates)
         self.metrics.end_to_end_seconds.observe(max(0.0, time.time() - entry_time_ms(item.entry_id) / 1000))
         if result.alert_id:
@@ -784,15 +794,33 @@ class StreamWorker:
             self.metrics.alerts.inc()
             self.log.info(
                 "alert",
-                **where,
+                entry_id=item.entry_id,
+                incident_id=event.incident_id,
                 op=event.op,
                 fingerprint=format_fingerprint(event.fingerprint or 0),
                 match_count=result.match_count,
                 closest=[f"{i}@{d}" for i, d in result.matches[:5]],
                 alert_entry=result.alert_id,
             )
-        else:
-            self.log.debug(result.status, **where, op=event.op, candidates=result.candidates)
+        elif self._logs_debug():  # the line's arguments are built only when it is written
+            self.log.debug(
+                result.status,
+                entry_id=item.entry_id,
+                incident_id=event.incident_id,
+                op=event.op,
+                candidates=result.candidates,
+            )
+
+    def _logs_debug(self) -> bool:
+        """Whether the worker's logger writes debug lines (structlog's filtering loggers say so; others: assume)."""
+        enabled = getattr(self.log, "is_enabled_for", None)
+        return enabled is None or bool(enabled(logging.DEBUG))
+
+    def _count_outcomes(self) -> None:
+        """Add the outcomes `_handle` counted to /metrics: one increment a status and batch, not one an event."""
+        for status, count in self._outcomes.items():
+            self.metrics.events.labels(status).inc(count)
+        self._outcomes.clear()
 
     def _retry_stale(self, item: _Item) -> None:
         """An upsert or delete raced with another consumer changing the same incident: read again, apply again."""
