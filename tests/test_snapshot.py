@@ -615,3 +615,98 @@ def test_a_batch_knows_which_entries_are_pending_and_what_its_own_calls_changed(
     }
     assert not pending & set(mine) and len(pending) == others
     assert_postings_match(redis_client, "v", 4)
+
+
+# -- the batch's calls read in place, and validation's shortcuts, against calls of their own ---------------------
+
+
+def _namespace_dump(redis_client, tag: str) -> dict[str, object]:
+    """Every key of a namespace but its meta, by name with the tag left out: its value, and for a stream the fields
+    of its entries in order (their IDs are times)."""
+    dump: dict[str, object] = {}
+    for key in redis_client.scan_iter(match=f"{{{tag}}}:*", count=1000):
+        name = _text(key).removeprefix(f"{{{tag}}}")
+        kind = _text(redis_client.type(key))
+        if name == ":meta":
+            continue
+        if kind == "set":
+            dump[name] = sorted(_text(member) for member in redis_client.smembers(key))
+        elif kind == "hash":
+            dump[name] = {_text(k): _text(v) for k, v in redis_client.hgetall(key).items()}
+        elif kind == "zset":
+            dump[name] = [(_text(member), score) for member, score in redis_client.zrange(key, 0, -1, withscores=True)]
+        elif kind == "stream":
+            dump[name] = [{_text(k): _text(v) for k, v in fields.items()} for _, fields in redis_client.xrange(key)]
+        else:
+            dump[name] = kind
+    return dump
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**32),
+    before=st.lists(st.tuples(_OPS, st.integers(0, 30), st.integers(0, 9)), max_size=40),
+    after=st.lists(st.tuples(_OPS, st.integers(0, 30), st.integers(0, 9)), max_size=15),
+    batch=st.lists(
+        st.tuples(st.sampled_from(["add", "add", "upsert", "delete"]), st.integers(0, 40), st.integers(0, 9)),
+        min_size=1,
+        max_size=12,
+    ),
+    cap=st.sampled_from([0, 1, 2, 5]),
+    extra=st.sampled_from([0, 2]),
+    shuffle=st.booleans(),
+    short=st.booleans(),
+)
+def test_a_batch_read_in_place_answers_and_writes_as_its_calls_one_by_one(
+    redis_client, seed, before, after, batch, cap, extra, shuffle, short
+) -> None:
+    """apply_batch reads each call's keys and arguments in place (apply_at; a call shorter than the usual 20
+    arguments is copied out first), and the validation leaves a claim's list as it is when it is in order already,
+    reads the last 8 digits of a change only when the first 8 are within the distance, and finds a later holder of
+    the new fingerprint while it reads the changes. Each of these has a general form: the same changes, one call
+    each in a twin namespace, whose claims list their matches in order. Replies and every key written are the same,
+    with the same incident in a batch more than once (stale and repeat), deletes with their last two (empty)
+    arguments left out (`short`), and, with `shuffle`, each claim's list in reverse order but for its first pair
+    (the closest, which says whether the copy holds the new fingerprint) and the last of an incomplete list (its
+    bound)."""
+    redis_client.flushall()
+    rng = random.Random(seed)
+    pool = clustered(rng, 10, 7, centers=2)
+    sides = {}
+    for tag in ("v", "w"):
+        index = FingerprintIndex(redis_client, tag, bands=4, max_distance=7)
+        index.open()
+        oracle = Oracle(7)
+        _run_ops(index, oracle, pool, before)
+        follower = ChangeFollower(redis_client, index.keys, index.layout)
+        follower.load()
+        _run_ops(index, oracle, pool, after)
+        sides[tag] = (index, follower)
+    events = []
+    for kind, n, which in batch:
+        incident_id = f"i{n}"
+        fp = None if kind == "delete" else flip(pool[which], rng.randint(0, 3), rng)
+        stored = sides["v"][0].get(incident_id)  # before the batch: a later call of the same incident is stale
+        expected = "*" if kind == "add" else stored
+        events.append((kind, incident_id, fp, expected))
+    calls: dict[str, list] = {"v": [], "w": []}
+    for tag, (index, follower) in sides.items():
+        for kind, incident_id, fp, expected in events:
+            claim = None if fp is None else _claim(follower, fp, incident_id, cap, extra)
+            if claim is not None and tag == "v" and shuffle and len(claim.listed) > 2:
+                first, *rest = claim.listed
+                rest = rest[::-1] if claim.complete else [*rest[-2::-1], rest[-1]]
+                claim = SnapshotClaim(claim.position, claim.count, [first, *rest], claim.complete)
+            keys, args = index.apply_call(kind, incident_id, fp, expected=expected, max_matches=cap, snapshot=claim)
+            if short and kind == "delete":
+                assert args[18:] == ["", 0]
+                args = args[:18]
+            calls[tag].append((keys, args))
+    [batched] = execute(redis_client, [apply_batch([fcall(FN_APPLY, keys, args) for keys, args in calls["v"]])])
+    alone = execute(redis_client, [fcall(FN_APPLY, keys, args) for keys, args in calls["w"]])
+
+    def outcome(reply):
+        return ("error", str(reply).replace("{w}", "{v}")) if isinstance(reply, Exception) else parse_apply(reply)
+
+    assert [outcome(reply) for reply in batched] == [outcome(reply) for reply in alone]
+    assert _namespace_dump(redis_client, "v") == _namespace_dump(redis_client, "w")

@@ -95,6 +95,37 @@ local function id_order()
   return bytes_less
 end
 
+local function plain_less(a, b) return a < b end
+
+-- The ID order of this FCALL (see id_order), a function in any case, found once for the calls of a batch.
+local function id_less_of(context)
+  local less = context.id_less
+  if not less then
+    less = id_order() or plain_less
+    context.id_less = less
+  end
+  return less
+end
+
+-- Whether the match (ad, aid) comes before (bd, bid): by distance, then by ID in `less`'s order.
+local function pair_before(less, ad, aid, bd, bid)
+  if ad ~= bd then return ad < bd end
+  return less(aid, bid)
+end
+
+-- Sort the first n of `list`, each {distance, ID}, by pair_before. Already in order (the claim's list, which the
+-- worker sorted the same way, with nothing added) they are left as they are, after n - 1 comparisons: two pairs
+-- neither of which comes first are the same pair, so any sort would give this order too.
+local function sort_pairs(list, n, less)
+  for i = 2, n do
+    local a, b = list[i - 1], list[i]
+    if pair_before(less, b[1], b[2], a[1], a[2]) then
+      table.sort(list, function(x, y) return pair_before(less, x[1], x[2], y[1], y[2]) end)
+      return
+    end
+  end
+end
+
 -- Moving to another layout (docs/contract.md, "Moving to another layout"): while {N}:meta's `building` names the
 -- layout being built, every change is written to that layout's postings too. A call made without knowing of it (or
 -- still writing one that was switched to or aborted) is refused, changing nothing; its worker reads the meta again.
@@ -284,30 +315,21 @@ local function representative_of(fp_key, group, fp, postings)
   return nil
 end
 
--- The distance from `query` to any stored fingerprint, as a function (the per-digit tables of find_matches, the
--- sixteen digits read with one string.byte).
-local function distance_from(query)
-  local byte = string.byte
-  local T1, T2, T3, T4, T5, T6, T7, T8, T9, T10, T11, T12, T13, T14, T15, T16 = digit_rows(query)
-  return function(h)
-    if #h ~= 16 then return 64 end
-    local c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 = byte(h, 1, 16)
-    return T1[c1] + T2[c2] + T3[c3] + T4[c4] + T5[c5] + T6[c6] + T7[c7] + T8[c8] +
-           T9[c9] + T10[c10] + T11[c11] + T12[c12] + T13[c13] + T14[c14] + T15[c15] + T16[c16]
-  end
-end
-
 -- Entry IDs compare as (milliseconds, sequence); their strings do not (10-0 < 9-0 as text).
 local function parse_id(id)
   local dash = string.find(id, '-', 1, true)
   return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
 end
 
+local function parsed_less(am, as, bm, bs)
+  if am ~= bm then return am < bm end
+  return as < bs
+end
+
 local function id_less(a, b)
   local am, as = parse_id(a)
   local bm, bs = parse_id(b)
-  if am ~= bm then return am < bm end
-  return as < bs
+  return parsed_less(am, as, bm, bs)
 end
 
 -- A snapshot whose position is more changes behind than this is not validated: the full search is cheaper.
@@ -368,9 +390,9 @@ end
 
 -- Whether no incident holds the fingerprint `fp` now, judged without reading the postings, from what the snapshot
 -- path has at hand: the claim of a copy of the index at a position of {N}:changes (its match count `count` and its
--- closest matches `listed`, flat id, d, ... closest first) and `view`, every change after that position
--- (changes_after; this FCALL's earlier calls included). True only when that is certain; false means "read the
--- postings" (representative_of), never "someone holds it".
+-- closest matches `listed`, flat id, d, ... closest first) and every change after that position (changes_after;
+-- this FCALL's earlier calls included), read by validate_snapshot: `held`, see below. True only when that is
+-- certain; false means "read the postings" (representative_of), never "someone holds it".
 --
 -- Why true is certain. Take any incident x other than `self_id`, the caller's own (which does not hold `fp` at this
 -- point: an add of a new ID holds nothing, an upsert took its old fingerprint out, and one already holding `fp`
@@ -381,16 +403,15 @@ end
 --   which leaves out only `self_id` and finds every incident within the distance, would have counted x at distance
 --   0 and listed it first, matches being listed closest first. So when it counted none, or listed a closest match
 --   further than 0, x does not hold `fp`.
--- * x changed after the position: its value now is its latest change's, view.latest[x], compared below.
+-- * x changed after the position: its value now is its latest change's, view.latest[x], compared with `fp` by
+--   validate_snapshot as it reads the changes for the distances: `held` is whether any such x holds `fp`.
 -- So no incident holds `fp`: none of its posting sets holds an incident of it, and it has no twin group (a group
 -- exists only while two or more incidents share its fingerprint), which is what representative_of would find.
-local function surely_unheld(view, fp, self_id, count, listed)
-  if count ~= 0 and not (#listed >= 2 and tonumber(listed[2]) > 0) then return false end
-  local latest = view.latest
-  for _, x in ipairs(view.order) do
-    if latest[x] == fp and x ~= self_id then return false end
-  end
-  return true
+--
+-- `listed` is read in place: args[lo + 1 .. lo + n] of the call.
+local function surely_unheld(held, count, listed, lo, n)
+  if count ~= 0 and not (n >= 2 and tonumber(listed[lo + 2]) > 0) then return false end
+  return not held
 end
 
 -- Append one change to {N}:changes, and note it in the view of this FCALL's calls (when they have one).
@@ -401,66 +422,100 @@ end
 
 -- Snapshot reads (docs/contract.md, "Snapshot reads"). A worker searched its own copy of the index as it stood at
 -- `position` in {N}:changes and counted `count` matches other than `self_id`, the closest listed in `listed`
--- (flat id, d, ... sorted by distance then ID; all of them when `complete`). Every change after that position is
--- re-checked against the new fingerprint: an incident the copy counted (its fingerprint before its first later
--- change was within `limit`) and one that counts now (its latest fingerprint is) adjust the count and the list.
+-- (flat id, d, ... sorted by distance then ID; all of them when `complete`), here args[lo + 1 .. lo + n_listed] of
+-- the call's arguments (read in place, not copied). Every change after that position is re-checked against the new
+-- fingerprint: an incident the copy counted (its fingerprint before its first later change was within `limit`) and
+-- one that counts now (its latest fingerprint is) adjust the count and the list.
 --
--- Returns changes_checked, matched, flat (at most `cap` pairs when cap > 0); or nil when the copy cannot be
--- validated (its changes were trimmed, are too many, or lack fingerprints, or what it listed no longer covers the
--- cap): the caller then answers `unvalidated` and the worker sends the full search.
+-- Returns changes_checked, matched, flat (at most `cap` pairs when cap > 0), and `held`: whether an incident other
+-- than `self_id` holds `query` by its latest change after the position (see surely_unheld); or nil when the copy
+-- cannot be validated (its changes were trimmed, are too many, or lack fingerprints, or what it listed no longer
+-- covers the cap): the caller then answers `unvalidated` and the worker sends the full search.
+--
+-- Each change costs table reads and additions only: the distance is summed from the per-digit rows of `query`
+-- (find_matches's), and only within the limit after the first 8 digits are the other 8 read (the sum only grows,
+-- so one past the limit there is past it in the end; its exact value is never used).
 local function validate_snapshot(context, meta_key, changes_key, query, limit, self_id, cap, position, count, listed,
-                                 complete)
+                                 lo, n_listed, complete)
   local view = changes_after(context, meta_key, changes_key, position)
   if not view or view.count > MAX_VALIDATED_CHANGES then return nil end
   local first_prev, latest, order = view.first_prev, view.latest, view.order
 
-  local distance = distance_from(query)
-  local order_ids = id_order()
-  local function before(ad, aid, bd, bid)
-    if ad ~= bd then return ad < bd end
-    if order_ids then return order_ids(aid, bid) end
-    return aid < bid
-  end
+  local byte = string.byte
+  local T1, T2, T3, T4, T5, T6, T7, T8, T9, T10, T11, T12, T13, T14, T15, T16 = digit_rows(query)
+  -- (a query that is not 16 hex digits has rows missing: then every digit is read, and the sum fails as it always did)
+  local halves = T9 and T10 and T11 and T12 and T13 and T14 and T15 and T16 and true
 
-  local kept = {}
-  local n_listed = #listed / 2
-  local additions = {}
-  for _, id in ipairs(order) do
+  local held = false
+  local additions, n_additions = nil, 0
+  for j = 1, #order do
+    local id = order[j]
     if id ~= self_id then
       local was, now = first_prev[id], latest[id]
-      local was_in = was ~= '' and distance(was) <= limit
-      local d = now ~= '' and distance(now) or 64
-      if was_in then count = count - 1 end
+      if was ~= '' then
+        local d = 64
+        if #was == 16 then
+          local c1, c2, c3, c4, c5, c6, c7, c8 = byte(was, 1, 8)
+          d = T1[c1] + T2[c2] + T3[c3] + T4[c4] + T5[c5] + T6[c6] + T7[c7] + T8[c8]
+          if d <= limit or not halves then
+            local c9, c10, c11, c12, c13, c14, c15, c16 = byte(was, 9, 16)
+            d = d + T9[c9] + T10[c10] + T11[c11] + T12[c12] + T13[c13] + T14[c14] + T15[c15] + T16[c16]
+          end
+        end
+        if d <= limit then count = count - 1 end
+      end
+      if now == query then held = true end
+      local d = 64
+      if now ~= '' and #now == 16 then
+        local c1, c2, c3, c4, c5, c6, c7, c8 = byte(now, 1, 8)
+        d = T1[c1] + T2[c2] + T3[c3] + T4[c4] + T5[c5] + T6[c6] + T7[c7] + T8[c8]
+        if d <= limit or not halves then
+          local c9, c10, c11, c12, c13, c14, c15, c16 = byte(now, 9, 16)
+          d = d + T9[c9] + T10[c10] + T11[c11] + T12[c12] + T13[c13] + T14[c14] + T15[c15] + T16[c16]
+        end
+      end
       if d <= limit then
         count = count + 1
-        additions[#additions + 1] = {d, id}
+        n_additions = n_additions + 1
+        if n_additions == 1 then additions = {} end
+        additions[n_additions] = {d, id}
       end
     end
   end
-  for i = 1, #listed, 2 do
-    local id = listed[i]
-    if first_prev[id] == nil then kept[#kept + 1] = {tonumber(listed[i + 1]), id} end
+
+  local kept, n_kept = {}, 0
+  for i = 1, n_listed, 2 do
+    local id = listed[lo + i]
+    if first_prev[id] == nil then
+      n_kept = n_kept + 1
+      kept[n_kept] = {tonumber(i < n_listed and listed[lo + i + 1] or nil), id}
+    end
   end
 
   -- the copy listed every match, or only those up to its last listed one: past that, nothing is known
-  local bound = nil
+  local less = id_less_of(context)
+  local bound_d, bound_id = nil, nil
   if not complete then
     if n_listed == 0 then return nil end
-    bound = {tonumber(listed[#listed]), listed[#listed - 1]}
+    bound_d, bound_id = tonumber(listed[lo + n_listed]), n_listed >= 2 and listed[lo + n_listed - 1] or nil
   end
-  for _, pair in ipairs(additions) do
-    if not bound or not before(bound[1], bound[2], pair[1], pair[2]) then kept[#kept + 1] = pair end
+  for i = 1, n_additions do
+    local pair = additions[i]
+    if complete or not pair_before(less, bound_d, bound_id, pair[1], pair[2]) then
+      n_kept = n_kept + 1
+      kept[n_kept] = pair
+    end
   end
-  table.sort(kept, function(a, b) return before(a[1], a[2], b[1], b[2]) end)
+  if n_kept > 1 then sort_pairs(kept, n_kept, less) end
   local want = count
   if cap > 0 and cap < want then want = cap end
-  if #kept < want then return nil end
+  if n_kept < want then return nil end
   local flat = {}
   for i = 1, want do
     flat[2 * i - 1] = kept[i][2]
     flat[2 * i] = kept[i][1]
   end
-  return view.count, count, flat
+  return view.count, count, flat, held
 end
 
 -- The server's clock in milliseconds: the same clock as the stream entry IDs.
@@ -480,12 +535,19 @@ local function retention_on(meta_key)
   return retention_window(redis.call('HGET', meta_key, 'retention_ms'))
 end
 
+-- The alert's `matches`: [{"incident_id":"<id>","distance":<d>},...], in pieces joined once (no string per match).
 local function matches_json(flat)
-  local parts = {}
+  local parts, n = {'['}, 1
   for i = 1, #flat, 2 do
-    parts[#parts + 1] = '{"incident_id":' .. json_string(flat[i]) .. ',"distance":' .. flat[i + 1] .. '}'
+    parts[n + 1] = i == 1 and '{"incident_id":' or ',{"incident_id":'
+    parts[n + 2] = json_string(flat[i])
+    parts[n + 3] = ',"distance":'
+    parts[n + 4] = flat[i + 1]
+    parts[n + 5] = '}'
+    n = n + 5
   end
-  return '[' .. table.concat(parts, ',') .. ']'
+  parts[n + 1] = ']'
+  return table.concat(parts)
 end
 
 local function is_pending(events_key, group, entry_id)
@@ -554,9 +616,17 @@ local function slice(list, first, last)
   return out
 end
 
-local function concat(a, b)
-  for i = 1, #b do a[#a + 1] = b[i] end
-  return a
+-- Append to `out` the keys of a call numbered first .. last that it has (1 .. nk), keys[ko + i] for its key i: the
+-- keys of a call of apply_batch are read in place, in the FCALL's keys (ko = the keys of the calls before it), not
+-- copied to a table of their own first; what slice gives from a table of the call's keys alone.
+local function call_keys(out, keys, ko, nk, first, last)
+  for i = first, last do
+    if i >= 1 and i <= nk then
+      local key = keys[ko + i]
+      if key ~= nil then out[#out + 1] = key end
+    end
+  end
+  return out
 end
 
 -- Add, upsert or delete one incident; in stream mode also publish its alert and acknowledge its entry.
@@ -599,30 +669,31 @@ end
 -- deleted and absent acknowledge the entry; duplicate, stale, not_pending and unvalidated change nothing.
 -- candidates_verified counts the representatives read, never their twins (on the snapshot path: the changes
 -- validated).
-local function apply(keys, args, context)
-  context = context or {}
-  local meta_key, fp_key, changes_key, events_key, alerts_key = keys[1], keys[2], keys[3], keys[4], keys[5]
-  local new_group, old_group, expiry_key = keys[6], keys[7], keys[8]
-  local op, id, fp, expected = args[1], args[2], args[3], args[4]
-  local limit, n_new, n_old = tonumber(args[6]), tonumber(args[7]), tonumber(args[8])
-  local group, entry_id = args[9], args[10]
-  local alerts_maxlen, cap = tonumber(args[11]), tonumber(args[12])
+--
+-- apply_at runs the call whose keys are keys[ko + 1 .. ko + nk] and arguments args[ao + 1 .. ao + na] (apply_batch's
+-- calls, in place); apply, a call of its own, is apply_at with all of them.
+local function apply_at(keys, ko, nk, args, ao, na, context)
+  local meta_key, fp_key, changes_key = keys[ko + 1], keys[ko + 2], keys[ko + 3]
+  local events_key, alerts_key = keys[ko + 4], keys[ko + 5]
+  local new_group, old_group, expiry_key = keys[ko + 6], keys[ko + 7], keys[ko + 8]
+  local op, id, fp, expected = args[ao + 1], args[ao + 2], args[ao + 3], args[ao + 4]
+  local limit, n_new, n_old = tonumber(args[ao + 6]), tonumber(args[ao + 7]), tonumber(args[ao + 8])
+  local group, entry_id = args[ao + 9], args[ao + 10]
+  local alerts_maxlen, cap = tonumber(args[ao + 11]), tonumber(args[ao + 12])
   local streaming = group ~= ''
   local FIRST = 9
 
   local meta = meta_of(context, meta_key)
-  local refused = layout_refusal(meta_key, meta.layout, args[5])
+  local refused = layout_refusal(meta_key, meta.layout, args[ao + 5])
   if refused then return refused end
   -- a migration's target layout, written beside the current one (see check_building)
-  refused = building_refusal(meta_key, meta.building, args[19] or '')
+  refused = building_refusal(meta_key, meta.building, args[ao + 19] or '')
   if refused then return refused end
-  local n_target = tonumber(args[20]) or 0
+  local n_target = tonumber(args[ao + 20]) or 0
   local t_new = n_new > 0 and n_target or 0
   local t_old = n_old > 0 and n_target or 0
-  local LAST_PROBE = #keys - t_new - t_old
-  local target_new = slice(keys, LAST_PROBE + 1, LAST_PROBE + t_new)
-  local target_old = slice(keys, LAST_PROBE + t_new + 1, #keys)
-  local tokenizer = args[15] or ''
+  local LAST_PROBE = nk - t_new - t_old
+  local tokenizer = args[ao + 15] or ''
   if tokenizer ~= '' then
     local recorded = meta.tokenizer
     if not recorded then
@@ -642,32 +713,25 @@ local function apply(keys, args, context)
     return {'stale', 0, 0, ''}
   end
 
-  local function ack()
-    if streaming then ack_entry(context, events_key, group, entry_id) end
-  end
-
   if op == 'delete' then
     if not old then
-      ack()
+      if streaming then ack_entry(context, events_key, group, entry_id) end
       return {'absent', 0, 0, ''}
     end
-    unindex(id, old_group, concat(slice(keys, FIRST + n_new, FIRST - 1 + n_new + n_old), target_old))
+    unindex(id, old_group, call_keys(call_keys({}, keys, ko, nk, FIRST + n_new, FIRST - 1 + n_new + n_old),
+                                     keys, ko, nk, LAST_PROBE + t_new + 1, nk))
     redis.call('HDEL', fp_key, id)
     stored_now(context, fp_key, id, false)
     redis.call('ZREM', expiry_key, id)
     log_change(context, changes_key, op, id, '', old)
-    ack()
+    if streaming then ack_entry(context, events_key, group, entry_id) end
     return {'deleted', 0, 0, ''}
   end
 
   -- an add or upsert, a repeat of the stored fingerprint included, starts the incident's retention window again
-  local function touch()
-    if retention_window(meta.retention_ms) then redis.call('ZADD', expiry_key, now_ms(), id) end
-  end
-
   if old == fp then
-    touch()
-    ack()
+    if retention_window(meta.retention_ms) then redis.call('ZADD', expiry_key, now_ms(), id) end
+    if streaming then ack_entry(context, events_key, group, entry_id) end
     return {'repeat', 0, 0, ''}
   end
   if old and op == 'add' then
@@ -675,34 +739,38 @@ local function apply(keys, args, context)
   end
 
   -- A snapshot's claim is validated before anything is written: `unvalidated` must change nothing.
-  local position = args[16] or ''
-  local verified, matched, flat, twin, listed
+  local position = args[ao + 16] or ''
+  local verified, matched, flat, twin, held
+  local n_listed = na > 20 and na - 20 or 0
   if position ~= '' then
-    listed = slice(args, 21, #args)
-    verified, matched, flat = validate_snapshot(context, meta_key, changes_key, fp, limit, id, cap, position,
-                                                tonumber(args[17]), listed, args[18] == '1')
+    verified, matched, flat, held = validate_snapshot(context, meta_key, changes_key, fp, limit, id, cap, position,
+                                                      tonumber(args[ao + 17]), args, ao + 20, n_listed,
+                                                      args[ao + 18] == '1')
     if not verified then return {'unvalidated', 0, 0, ''} end
   end
 
   -- Nothing refuses from here on. An upsert takes its old self out first: it never matches itself, and a
   -- representative leaving hands its postings to a twin, which then matches like any other incident.
-  if old then unindex(id, old_group, concat(slice(keys, FIRST + n_new, FIRST - 1 + n_new + n_old), target_old)) end
-
-  if position == '' then
-    local probes = slice(keys, FIRST, FIRST - 1 + (tonumber(args[13]) or n_new))
-    for i = FIRST + n_new + n_old, LAST_PROBE do probes[#probes + 1] = keys[i] end
-    local twin_prefix = string.sub(new_group, 1, -17)
-    verified, matched, flat, twin = find_matches(fp_key, twin_prefix, probes, fp, limit, cap)
-  elseif not surely_unheld(changes_after(context, meta_key, changes_key, position), fp, id, tonumber(args[17]),
-                           listed) then
-    -- (the common case, a fingerprint nobody holds, needs no read: see surely_unheld)
-    twin = representative_of(fp_key, new_group, fp, slice(keys, FIRST, FIRST - 1 + n_new))
+  if old then
+    unindex(id, old_group, call_keys(call_keys({}, keys, ko, nk, FIRST + n_new, FIRST - 1 + n_new + n_old),
+                                     keys, ko, nk, LAST_PROBE + t_new + 1, nk))
   end
 
-  index_one(id, twin, new_group, concat(slice(keys, FIRST, FIRST - 1 + n_new), target_new))
+  if position == '' then
+    local probes = call_keys({}, keys, ko, nk, FIRST, FIRST - 1 + (tonumber(args[ao + 13]) or n_new))
+    call_keys(probes, keys, ko, nk, FIRST + n_new + n_old, LAST_PROBE)
+    local twin_prefix = string.sub(new_group, 1, -17)
+    verified, matched, flat, twin = find_matches(fp_key, twin_prefix, probes, fp, limit, cap)
+  elseif not surely_unheld(held, tonumber(args[ao + 17]), args, ao + 20, n_listed) then
+    -- (the common case, a fingerprint nobody holds, needs no read: see surely_unheld)
+    twin = representative_of(fp_key, new_group, fp, call_keys({}, keys, ko, nk, FIRST, FIRST - 1 + n_new))
+  end
+
+  index_one(id, twin, new_group, call_keys(call_keys({}, keys, ko, nk, FIRST, FIRST - 1 + n_new),
+                                           keys, ko, nk, LAST_PROBE + 1, LAST_PROBE + t_new))
   redis.call('HSET', fp_key, id, fp)
   stored_now(context, fp_key, id, fp)
-  touch()
+  if retention_window(meta.retention_ms) then redis.call('ZADD', expiry_key, now_ms(), id) end
   log_change(context, changes_key, op, id, fp, old or '')
 
   local alert_id = ''
@@ -710,9 +778,10 @@ local function apply(keys, args, context)
     if matched > 0 then
       local fields = {'incident_id', id, 'fingerprint', fp, 'matches', matches_json(flat),
                       'match_count', matched, 'max_distance', limit, 'source_entry', entry_id, 'op', op}
-      if (args[14] or '') ~= '' then
+      local text = args[ao + 14] or ''
+      if text ~= '' then
         fields[#fields + 1] = 'text'
-        fields[#fields + 1] = args[14]
+        fields[#fields + 1] = text
       end
       if alerts_maxlen > 0 then
         alert_id = redis.call('XADD', alerts_key, 'MAXLEN', '~', alerts_maxlen, '*', unpack(fields))
@@ -720,11 +789,15 @@ local function apply(keys, args, context)
         alert_id = redis.call('XADD', alerts_key, '*', unpack(fields))
       end
     end
-    ack()
+    ack_entry(context, events_key, group, entry_id)
   end
   local reply = {'indexed', matched, verified, alert_id}
   for i = 1, #flat do reply[4 + i] = flat[i] end
   return reply
+end
+
+local function apply(keys, args)
+  return apply_at(keys, 0, #keys, args, 0, #args, {})
 end
 
 -- Several apply calls in one FCALL, run in order, each exactly as the apply function runs it; for the snapshot path,
@@ -762,11 +835,15 @@ local function prefetch(context, keys, args, n)
   for i = 1, n do known[ids[i]] = stored[i] end
   context.stored_key, context.stored = fp_key, known
   if group == '' then return end
+  -- (as id_less compares them, each ID parsed once)
   local low, high = entries[1], entries[1]
   local ranged = pcall(function()
+    local low_ms, low_seq = parse_id(low)
+    local high_ms, high_seq = low_ms, low_seq
     for i = 2, n do
-      if id_less(entries[i], low) then low = entries[i] end
-      if id_less(high, entries[i]) then high = entries[i] end
+      local ms, seq = parse_id(entries[i])
+      if parsed_less(ms, seq, low_ms, low_seq) then low, low_ms, low_seq = entries[i], ms, seq end
+      if parsed_less(high_ms, high_seq, ms, seq) then high, high_ms, high_seq = entries[i], ms, seq end
     end
   end)
   if not ranged then return end
@@ -785,10 +862,18 @@ local function apply_batch(keys, args)
   local context = {}
   local replies = {}
   if n > 1 then prefetch(context, keys, args, n) end
+  local n_keys, n_args = #keys, #args
   local k, a = 0, 1 + 2 * n
   for i = 1, n do
     local nk, na = tonumber(args[2 * i]), tonumber(args[2 * i + 1])
-    local ok, reply = pcall(apply, slice(keys, k + 1, k + nk), slice(args, a + 1, a + na), context)
+    local ok, reply
+    if nk >= 8 and na >= 20 and nk % 1 == 0 and na % 1 == 0 and k + nk <= n_keys and a + na <= n_args then
+      -- the call's keys and arguments read in place (every one it reads is its own: see apply_at, call_keys)
+      ok, reply = pcall(apply_at, keys, k, nk, args, a, na, context)
+    else
+      local call_keys_of, call_args_of = slice(keys, k + 1, k + nk), slice(args, a + 1, a + na)
+      ok, reply = pcall(apply_at, call_keys_of, 0, #call_keys_of, call_args_of, 0, #call_args_of, context)
+    end
     if not ok then
       if type(reply) == 'table' and reply.err then
         reply = {err = reply.err}
