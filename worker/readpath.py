@@ -154,20 +154,20 @@ class ChangeFollower:
         )
 
     def _apply(self, fields: Mapping[Any, Any]) -> None:
-        op_id: tuple[str, str] | None = None
-        fp: str | None = None
+        # names compared as read (bytes, or text from a decoding client): only the incident ID is decoded
+        incident_id: Any = None
+        fp: Any = None
         for name, value in fields.items():
-            key = _text(name)
-            if key == "fp":
-                fp = _text(value)
-            elif key != "prev" and op_id is None:
-                op_id = (key, _text(value))
-        if op_id is None or fp is None:
+            if name == b"fp" or name == "fp":
+                fp = value
+            elif incident_id is None and name != b"prev" and name != "prev":
+                incident_id = value  # the op's field: <op> <incident ID>
+        if incident_id is None or fp is None:
             raise SnapshotLostError("a change-log entry without its fingerprint (written by an older version)")
         if fp:
-            self.index.set(op_id[1], int(fp, 16))
+            self.index.set(_text(incident_id), int(fp, 16))  # int() reads hex from bytes as from str
         else:
-            self.index.delete(op_id[1])
+            self.index.delete(_text(incident_id))
 
 
 READ_PATHS = ("auto", "primary", "snapshot")

@@ -362,10 +362,11 @@ class MemoryIndex:
         starts, ends = starts_of[slots], starts_of[slots + 1]
         candidates = _gather(fps_in_order, starts, ends)
         per_query = (ends - starts).reshape(len(fps), -1).sum(axis=1)
-        of_query = np.repeat(np.arange(len(fps)), per_query)
-        distances = np.bitwise_count(candidates ^ queries[of_query])
+        distances = np.bitwise_count(candidates ^ np.repeat(queries, per_query))  # a query's candidates together
         near = distances <= r
-        bounds = np.concatenate(([0], np.cumsum(np.bincount(of_query[near], minlength=len(fps))))).tolist()
+        # where each query's near candidates end: the near ones counted up to the end of its candidates
+        near_before = np.concatenate(([0], np.cumsum(near)))
+        bounds = [0, *near_before[np.cumsum(per_query)].tolist()]
         near_fps, near_distances = candidates[near].tolist(), distances[near].tolist()
         # A base fingerprint no incident holds any more has no row (its base row is empty, and skipped anyway); one
         # held again since has a row made after the base, which the search of those rows finds too.
