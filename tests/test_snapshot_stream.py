@@ -156,9 +156,11 @@ def test_a_copy_of_an_index_that_went_back_or_was_reset_names_no_lost_incident(
     saved = {key: client.dump(key) for key in client.scan_iter()}
     publish(client, lost)
     w.run(until_idle=True)
-    assert w.snapshot is not None and w.snapshot.reloads == 1
+    assert w.snapshot is not None
     w.snapshot.refresh()  # (a copy is brought up to date before each send, not after)
     assert len(w.snapshot.index) == 160
+    # (a copy of an empty log, at '0-0', may also be loaded again when the upkeep first records a trim floor)
+    loads = w.snapshot.reloads
     _rewind(client, saved, reset)
     publish(client, new)
     w.run(until_idle=True)
@@ -166,7 +168,7 @@ def test_a_copy_of_an_index_that_went_back_or_was_reset_names_no_lost_incident(
     stored = {k.decode(): int(v, 16) for k, v in client.hgetall(FP).items()}
     assert stored == fingerprints(survivors)
     assert_pairs_reported_once(fingerprints(survivors), alerts(client))
-    assert w.snapshot.reloads == 2  # the worker saw that its copy followed another log, and loaded it again
+    assert w.snapshot.reloads > loads  # the worker saw that its copy followed another log, and loaded it again
     w.snapshot.refresh()
     assert dict(w.snapshot.index.items()) == stored
     assert pending_count(client) == 0
