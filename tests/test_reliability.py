@@ -335,6 +335,10 @@ def test_redis_sigkill_with_aof(tmp_path: Path) -> None:
         server.stop()
 
 
+def _snapshot_loads(log: Path) -> list[str]:
+    return [line for line in log.read_text().splitlines() if '"snapshot loaded"' in line]
+
+
 def test_redis_restarted_from_an_older_save_under_a_snapshot_worker(tmp_path: Path) -> None:
     """Redis SIGKILLed and started again from a save older than what a running worker's copy holds: the events after
     the save, and the incidents they indexed, are gone. The next events are twins of the lost incidents; the worker
@@ -364,6 +368,7 @@ def test_redis_restarted_from_an_older_save_under_a_snapshot_worker(tmp_path: Pa
         client.save()  # dump.rdb: what the restart goes back to
         publish(client, lost)
         indexed(400)
+        loaded_before = _snapshot_loads(log)
         server.kill()
         server.start()  # from dump.rdb: 200 incidents, the lost events never published
         client = server.client()
@@ -376,8 +381,10 @@ def test_redis_restarted_from_an_older_save_under_a_snapshot_worker(tmp_path: Pa
         assert stored == fingerprints(survivors)
         assert_pairs_reported_once(stored, alerts(client))  # KeyError on an alert naming a lost incident
         assert dead_letters(client) == []
-        loads = [line for line in log.read_text().splitlines() if '"snapshot loaded"' in line]
-        assert len(loads) == 2 and "no longer holds this copy's position" in loads[1], _tails([log])
+        # loaded again for the restart (a copy of the empty log at '0-0' may also have been loaded again at the first
+        # trim floor the upkeep wrote, before it: a timing the test does not control)
+        reasons = _snapshot_loads(log)[len(loaded_before) :]
+        assert any("no longer holds this copy's position" in line for line in reasons), _tails([log])
     finally:
         server.stop()
 
