@@ -30,18 +30,11 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without installing the package
 
-import redis  # noqa: E402
+from snapshot_calls import function_calls, loaded_worker, publish  # noqa: E402  (beside this script)
 
 from worker import library  # noqa: E402
-from worker.connection import connect  # noqa: E402
 from worker.devtools.redis_server import RedisServer  # noqa: E402
-from worker.devtools.workload import Workload  # noqa: E402
-from worker.fingerprint import fingerprint  # noqa: E402
-from worker.formats import IncidentEvent  # noqa: E402
-from worker.index import FingerprintIndex  # noqa: E402
 from worker.logs import configure_logging  # noqa: E402
-from worker.settings import Settings  # noqa: E402
-from worker.stream import StreamWorker  # noqa: E402
 
 INNER = ("fcall", "fcall_ro")
 
@@ -76,28 +69,13 @@ def main() -> None:
         server = RedisServer(Path(directory))
         server.start()
         try:
-            client = redis.Redis.from_url(server.url)
-            library.load(client)
-            workload = Workload(seed=1)
-            index = FingerprintIndex(client, "bench", bands=4)
-            index.open()
-            index.bulk_load([(i, fingerprint(bag)) for i, bag in workload.take(options.size)])
-            settings = Settings(
-                redis_url=server.url, namespace="bench", read_path="snapshot", batch_size=100, alerts_maxlen=10_000
-            )
-            worker = StreamWorker(connect(settings), settings)
-            worker.setup()
+            client, workload, settings, worker = loaded_worker(server, options.size, "snapshot")
             client.config_set("slowlog-max-len", 1_000_000)
             for round_number in range(options.rounds):
                 order = list(sources) if round_number % 2 == 0 else list(reversed(sources))
                 for version in order:
                     client.function_load(sources[version], replace=True)
-                    pipe = client.pipeline(transaction=False)
-                    for incident_id, bag in workload.take(options.events):
-                        pipe.xadd(
-                            settings.events_stream, IncidentEvent(incident_id=incident_id, features=bag).to_fields()
-                        )
-                    pipe.execute()
+                    publish(client, settings, workload, options.events)
                     client.config_set("slowlog-log-slower-than", 0)
                     client.slowlog_reset()
                     client.config_resetstat()
@@ -106,7 +84,7 @@ def main() -> None:
                     elapsed = time.perf_counter() - started
                     stats = client.info("commandstats")
                     client.config_set("slowlog-log-slower-than", 10_000)
-                    calls = _function_calls(client.slowlog_get(1_000_000))
+                    calls = function_calls(client.slowlog_get(1_000_000))
                     client.slowlog_reset()
                     batch = calls.get("apply_batch", [0])
                     commands = sum(
@@ -144,17 +122,6 @@ def main() -> None:
             f"{med['batch_median']:,.0f} us ({med['batch_median'] / base['batch_median']:.2f}x), "
             f"{statistics.median(r['commands'] for r in rows):.2f} commands/event"
         )
-
-
-def _function_calls(log: list[dict[str, object]]) -> dict[str, list[int]]:
-    """The duration of each FCALL in a SLOWLOG reply, by function (the library's versioned prefix left out)."""
-    calls: dict[str, list[int]] = {}
-    for row in log:
-        words = row["command"].split() if isinstance(row["command"], (bytes, str)) else []
-        if len(words) > 1 and words[0].upper() in (b"FCALL", "FCALL"):
-            name = words[1].decode() if isinstance(words[1], bytes) else words[1]
-            calls.setdefault(name.removeprefix(library.LIBRARY_NAME + "_"), []).append(int(row["duration"]))  # type: ignore[call-overload]
-    return calls
 
 
 if __name__ == "__main__":

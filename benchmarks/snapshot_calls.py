@@ -35,6 +35,29 @@ from worker.settings import Settings  # noqa: E402
 from worker.stream import StreamWorker  # noqa: E402
 
 
+def loaded_worker(server: RedisServer, size: int, path: str) -> tuple[redis.Redis, Workload, Settings, StreamWorker]:
+    """`server` with the library and `size` incidents of the seeded Zipf workload bulk-loaded into namespace
+    "bench", and a `StreamWorker` on `path`, set up; the workload goes on with the events that follow."""
+    client = redis.Redis.from_url(server.url)
+    library.load(client)
+    workload = Workload(seed=1)
+    index = FingerprintIndex(client, "bench", bands=4)
+    index.open()
+    index.bulk_load([(i, fingerprint(bag)) for i, bag in workload.take(size)])
+    settings = Settings(redis_url=server.url, namespace="bench", read_path=path, batch_size=100, alerts_maxlen=10_000)
+    worker = StreamWorker(connect(settings), settings)
+    worker.setup()
+    return client, workload, settings, worker
+
+
+def publish(client: redis.Redis, settings: Settings, workload: Workload, events: int) -> None:
+    """XADD the workload's next `events` events to the worker's stream."""
+    pipe = client.pipeline(transaction=False)
+    for incident_id, bag in workload.take(events):
+        pipe.xadd(settings.events_stream, IncidentEvent(incident_id=incident_id, features=bag).to_fields())
+    pipe.execute()
+
+
 def main() -> None:
     size = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
     events = int(sys.argv[2]) if len(sys.argv) > 2 else 3000
@@ -44,21 +67,8 @@ def main() -> None:
         server = RedisServer(Path(directory))
         server.start()
         try:
-            client = redis.Redis.from_url(server.url)
-            library.load(client)
-            workload = Workload(seed=1)
-            index = FingerprintIndex(client, "bench", bands=4)
-            index.open()
-            index.bulk_load([(i, fingerprint(bag)) for i, bag in workload.take(size)])
-            settings = Settings(
-                redis_url=server.url, namespace="bench", read_path=path, batch_size=100, alerts_maxlen=10_000
-            )
-            worker = StreamWorker(connect(settings), settings)
-            worker.setup()
-            pipe = client.pipeline(transaction=False)
-            for incident_id, bag in workload.take(events):
-                pipe.xadd(settings.events_stream, IncidentEvent(incident_id=incident_id, features=bag).to_fields())
-            pipe.execute()
+            client, workload, settings, worker = loaded_worker(server, size, path)
+            publish(client, settings, workload, events)
             client.config_set("slowlog-max-len", 1_000_000)
             client.config_set("slowlog-log-slower-than", 0)
             client.slowlog_reset()
@@ -68,7 +78,7 @@ def main() -> None:
             elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
             stats = client.info("commandstats")
             client.config_set("slowlog-log-slower-than", 10_000)
-            calls = _function_calls(client.slowlog_get(1_000_000))
+            calls = function_calls(client.slowlog_get(1_000_000))
             print(
                 f"{path}, N = {size:,}, {events:,} events: {events / elapsed:,.0f} events/s (one worker, in process), "
                 f"worker CPU {cpu * 1e6 / events:,.0f} us/event"
@@ -88,7 +98,7 @@ def main() -> None:
             server.stop()
 
 
-def _function_calls(log: list[dict[str, object]]) -> dict[str, list[int]]:
+def function_calls(log: list[dict[str, object]]) -> dict[str, list[int]]:
     """The duration of each FCALL in a SLOWLOG reply, by function (the library's versioned prefix left out)."""
     calls: dict[str, list[int]] = {}
     for row in log:

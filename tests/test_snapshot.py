@@ -341,15 +341,27 @@ def _run_ops(index: FingerprintIndex, oracle: Oracle, pool: list[int], ops) -> N
             oracle.delete(incident_id)
 
 
+def _changes(max_size: int):
+    """Changes made to the index before or after a snapshot: (operation, incident number, fingerprint number)."""
+    change = st.tuples(st.sampled_from(["add", "upsert", "delete"]), st.integers(0, 30), st.integers(0, 9))
+    return st.lists(change, max_size=max_size)
+
+
+def _batch(unique_ids: bool):
+    """One batch of events for the atomic step; with unique_ids, no incident twice in the batch."""
+    return st.lists(
+        st.tuples(st.sampled_from(["add", "add", "upsert", "delete"]), st.integers(0, 40), st.integers(0, 9)),
+        min_size=1,
+        max_size=12,
+        unique_by=(lambda event: event[1]) if unique_ids else None,
+    )
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 2**32),
-    before=st.lists(
-        st.tuples(st.sampled_from(["add", "upsert", "delete"]), st.integers(0, 30), st.integers(0, 9)), max_size=40
-    ),
-    after=st.lists(
-        st.tuples(st.sampled_from(["add", "upsert", "delete"]), st.integers(0, 30), st.integers(0, 9)), max_size=25
-    ),
+    before=_changes(max_size=40),
+    after=_changes(max_size=25),
     cap=st.sampled_from([0, 1, 2, 5]),
     extra=st.sampled_from([0, 2]),
     query=st.integers(0, 9),
@@ -427,20 +439,13 @@ def test_a_snapshot_whose_position_the_log_no_longer_holds_is_not_validated(redi
 from worker.library import FN_APPLY_BATCH, apply_batch, fcall  # noqa: E402
 from worker.transport import execute  # noqa: E402
 
-_OPS = st.sampled_from(["add", "upsert", "delete"])
-
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 2**32),
-    before=st.lists(st.tuples(_OPS, st.integers(0, 30), st.integers(0, 9)), max_size=40),
-    after=st.lists(st.tuples(_OPS, st.integers(0, 30), st.integers(0, 9)), max_size=15),
-    batch=st.lists(
-        st.tuples(st.sampled_from(["add", "add", "upsert", "delete"]), st.integers(0, 40), st.integers(0, 9)),
-        min_size=1,
-        max_size=12,
-        unique_by=lambda event: event[1],
-    ),
+    before=_changes(max_size=40),
+    after=_changes(max_size=15),
+    batch=_batch(unique_ids=True),
     cap=st.sampled_from([0, 1, 2, 5]),
     extra=st.sampled_from([0, 2]),
     stale=st.booleans(),
@@ -645,13 +650,9 @@ def _namespace_dump(redis_client, tag: str) -> dict[str, object]:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 2**32),
-    before=st.lists(st.tuples(_OPS, st.integers(0, 30), st.integers(0, 9)), max_size=40),
-    after=st.lists(st.tuples(_OPS, st.integers(0, 30), st.integers(0, 9)), max_size=15),
-    batch=st.lists(
-        st.tuples(st.sampled_from(["add", "add", "upsert", "delete"]), st.integers(0, 40), st.integers(0, 9)),
-        min_size=1,
-        max_size=12,
-    ),
+    before=_changes(max_size=40),
+    after=_changes(max_size=15),
+    batch=_batch(unique_ids=False),
     cap=st.sampled_from([0, 1, 2, 5]),
     extra=st.sampled_from([0, 2]),
     shuffle=st.booleans(),

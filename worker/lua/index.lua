@@ -452,28 +452,22 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
     local id = order[j]
     if id ~= self_id then
       local was, now = first_prev[id], latest[id]
-      if was ~= '' then
-        local d = 64
-        if #was == 16 then
-          local c1, c2, c3, c4, c5, c6, c7, c8 = byte(was, 1, 8)
-          d = T1[c1] + T2[c2] + T3[c3] + T4[c4] + T5[c5] + T6[c6] + T7[c7] + T8[c8]
-          if d <= limit or not halves then
-            local c9, c10, c11, c12, c13, c14, c15, c16 = byte(was, 9, 16)
-            d = d + T9[c9] + T10[c10] + T11[c11] + T12[c12] + T13[c13] + T14[c14] + T15[c15] + T16[c16]
+      -- the distances of `was` and `now` ('' for none: 64), one sum written once (no function call a change)
+      local d_was, d = 64, 64
+      for k = 1, 2 do
+        local h = k == 1 and was or now
+        if #h == 16 then
+          local c1, c2, c3, c4, c5, c6, c7, c8 = byte(h, 1, 8)
+          local e = T1[c1] + T2[c2] + T3[c3] + T4[c4] + T5[c5] + T6[c6] + T7[c7] + T8[c8]
+          if e <= limit or not halves then
+            local c9, c10, c11, c12, c13, c14, c15, c16 = byte(h, 9, 16)
+            e = e + T9[c9] + T10[c10] + T11[c11] + T12[c12] + T13[c13] + T14[c14] + T15[c15] + T16[c16]
           end
+          if k == 1 then d_was = e else d = e end
         end
-        if d <= limit then count = count - 1 end
       end
+      if d_was <= limit then count = count - 1 end
       if now == query then held = true end
-      local d = 64
-      if now ~= '' and #now == 16 then
-        local c1, c2, c3, c4, c5, c6, c7, c8 = byte(now, 1, 8)
-        d = T1[c1] + T2[c2] + T3[c3] + T4[c4] + T5[c5] + T6[c6] + T7[c7] + T8[c8]
-        if d <= limit or not halves then
-          local c9, c10, c11, c12, c13, c14, c15, c16 = byte(now, 9, 16)
-          d = d + T9[c9] + T10[c10] + T11[c11] + T12[c12] + T13[c13] + T14[c14] + T15[c15] + T16[c16]
-        end
-      end
       if d <= limit then
         count = count + 1
         n_additions = n_additions + 1
