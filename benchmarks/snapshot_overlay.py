@@ -1,9 +1,9 @@
-"""How a worker's copy slows as it gains rows after its numpy base, and what a rebuild (`compact`) costs.
+"""How a worker's copy searches as it follows changes after its load, and what the tiers of those changes cost.
 
-A copy loaded at start holds its rows in the numpy base; the rows it makes while it follows the change log sit in
-Python dicts (searched by probing their bands once there are more than 4,096), until `compact` rebuilds the base,
-which `SnapshotReader.refresh` does once they outnumber the base (worker/readpath.py, COMPACT_FROM). This loads N
-random fingerprints, adds rows in steps, and times `search_many` (sends of 16, best of 3) at each step, then
+A copy loaded at start holds its rows in one numpy tier; the rows it makes while it follows the change log go to a
+short tail (compared one by one), sealed into a tier every 2,048 rows, tiers merged as a binary counter
+(worker/snapshot.py). This loads N random fingerprints, adds new ones in steps, and times `search_many` (sends of
+16, best of 3) at each step, and what the changes themselves cost (sets, seals and merges, per change); then
 `compact`. No Redis. Random fingerprints: a query's candidates are the layout's expectation, so only the trend
 matters here; the benchmark's Zipf workload has more.
 
@@ -28,7 +28,7 @@ from worker.snapshot import MemoryIndex  # noqa: E402
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1_000_000)
-    parser.add_argument("--steps", default="0,4000,8000,16000,32000,64000,128000,256000")
+    parser.add_argument("--steps", default="0,4000,16000,64000,128000,256000,512000,1000000")
     parser.add_argument("--queries", type=int, default=1600)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
@@ -48,12 +48,23 @@ def main() -> None:
             best = min(best, (time.perf_counter() - started) / len(queries) * 1e6)
         return best
 
-    added = 0
+    added = previous = 0
     for step in (int(s) for s in args.steps.split(",")):
+        started = time.perf_counter()
+        slowest = 0.0
         while added < step:
+            one = time.perf_counter()
             index.set(f"n{added}", rng.getrandbits(64))
+            slowest = max(slowest, time.perf_counter() - one)
             added += 1
-        print(f"rows after the base {index.overlay_rows:>9,}: {us_per_query():7.1f} us a query", flush=True)
+        spent = time.perf_counter() - started
+        per_change = f"{spent / max(1, step - previous) * 1e6:5.1f} us a change (slowest {slowest * 1e3:6.1f} ms)"
+        previous = step
+        print(
+            f"changes {added:>9,}: tiers {index.tiers:>2}, tail {index.overlay_rows:>5,}: {us_per_query():6.1f} us a"
+            f" query; {per_change}",
+            flush=True,
+        )
     started = time.perf_counter()
     index.compact()
     print(f"compact: {time.perf_counter() - started:.2f} s; then {us_per_query():.1f} us a query")

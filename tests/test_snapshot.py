@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 
@@ -17,13 +18,14 @@ from worker.snapshot import MemoryIndex
 LAYOUTS = [(4, 7), (3, 7), (8, 7), (5, 7), (2, 3), (1, 0), (6, 12)]
 
 
-@pytest.fixture(params=["scanned", "probed"])
-def overlay_search(request):
-    """Both ways of searching the rows made after the base: compared one by one, and through their bands' dicts."""
-    saved = worker.snapshot._SCAN_OVERLAY_UP_TO
-    worker.snapshot._SCAN_OVERLAY_UP_TO = saved if request.param == "scanned" else -1
+@pytest.fixture(params=[2048, 3, 1], ids=["tail", "tiers-of-3", "a-tier-a-row"])
+def seal_at(request):
+    """Rows made after the last tier: compared one by one (the tail), or sealed into tiers every few rows, or after
+    every row (so that merges of tiers, and tiers holding emptied rows, come up in every example)."""
+    saved = worker.snapshot._SEAL_AT
+    worker.snapshot._SEAL_AT = request.param
     yield request.param
-    worker.snapshot._SCAN_OVERLAY_UP_TO = saved
+    worker.snapshot._SEAL_AT = saved
 
 
 def _expected(oracle: Oracle, fp: int, exclude: str | None, limit: int) -> tuple[int, list[tuple[str, int]]]:
@@ -41,7 +43,7 @@ def _expected(oracle: Oracle, fp: int, exclude: str | None, limit: int) -> tuple
     ),
     limit=st.sampled_from([0, 1, 3, 100]),
 )
-def test_search_equals_a_linear_scan_through_sets_deletes_and_twins(layout, seed, ops, limit, overlay_search) -> None:
+def test_search_equals_a_linear_scan_through_sets_deletes_and_twins(layout, seed, ops, limit, seal_at) -> None:
     bands, max_distance = layout
     rng = random.Random(seed)
     # few distinct fingerprints, so that twins (storms) and near pairs are common
@@ -66,8 +68,9 @@ def test_search_equals_a_linear_scan_through_sets_deletes_and_twins(layout, seed
 def _loaded_then_changed(
     layout: BandLayout, pool: list[int], loaded: list[tuple[int, int]], ops: list[tuple[str, int, int]]
 ) -> tuple[MemoryIndex, Oracle]:
-    """A copy loaded in one go (the numpy base) with `loaded` (incident, pool index), then changed by `ops` (set,
-    delete, compact: rows in dicts, base rows emptied, all moved into the base), beside the oracle of the same."""
+    """A copy loaded in one go (one numpy tier) with `loaded` (incident, pool index), then changed by `ops` (set,
+    delete, compact: rows in the tail or new tiers, tier rows emptied, all numbered anew in one tier), beside the
+    oracle of the same."""
     index = MemoryIndex(layout)
     oracle = Oracle(layout.max_distance)
     for incident, which in loaded:
@@ -102,9 +105,10 @@ def _loaded_then_changed(
     max_distance=st.sampled_from([None, 0, 2]),
 )
 def test_the_numpy_base_and_the_rows_made_after_it_search_like_a_linear_scan(
-    layout, seed, loaded, ops, limit, max_distance, overlay_search
+    layout, seed, loaded, ops, limit, max_distance, seal_at
 ) -> None:
-    """A copy loaded in one go (the numpy base), then changed (rows in dicts, base rows emptied) and compacted."""
+    """A copy loaded in one go (one numpy tier), then changed (rows in the tail and in tiers, rows emptied) and
+    compacted."""
     bands, layout_distance = layout
     rng = random.Random(seed)
     pool = clustered(rng, 12, layout_distance, centers=2)
@@ -129,7 +133,7 @@ def test_the_numpy_base_and_the_rows_made_after_it_search_like_a_linear_scan(
     max_distance=st.sampled_from([None, 1]),
 )
 def test_a_batch_of_searches_answers_each_as_a_linear_scan(
-    layout, seed, loaded, changed, limit, max_distance, overlay_search
+    layout, seed, loaded, changed, limit, max_distance, seal_at
 ) -> None:
     """search_many (one numpy pass over the base for a send's events) against the oracle, query by query."""
     bands, layout_distance = layout
@@ -185,8 +189,79 @@ def test_deleting_every_twin_frees_the_row_and_its_postings() -> None:
     index.delete("a")
     index.delete("b")
     assert len(index) == 0 and index.distinct == 0
-    assert all(not table for table in index._tables)
     assert index.search(1).match_count == 0
+    assert index.overlay_rows == 2  # the rows of 1 and 2, both free
+    index.set("c", 3)
+    index.set("d", 4)
+    index.set("e", 5)
+    assert index.overlay_rows == 3  # two taken again, one new
+    assert index.search(4, max_distance=1).matches == [("d", 0), ("e", 1)]
+
+
+def _assert_tiers_hold_their_shape(index: MemoryIndex) -> None:
+    """The tiers cover rows 0.. in order, each strictly larger than the next (a binary counter: at most log2 of the
+    rows of them), and `empty_rows` counts exactly the tiers' rows no incident holds."""
+    tiers = index._tiers
+    assert [t.first for t in tiers] == [0, *[t.end for t in tiers]][: len(tiers)]
+    assert index.base_rows == (tiers[-1].end if tiers else 0)
+    assert all(a.size > b.size for a, b in itertools.pairwise(tiers))
+    assert all(t.size <= t.end - t.first for t in tiers)
+    assert len(tiers) <= max(1, index.base_rows).bit_length()
+    assert index.empty_rows == sum(1 for row in range(index.base_rows) if index._members[row] is None)
+    assert index.overlay_rows < worker.snapshot._SEAL_AT
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 2**32),
+    loaded=st.integers(0, 30),
+    rounds=st.lists(
+        st.lists(
+            st.tuples(st.sampled_from(["set", "set", "delete"]), st.integers(0, 60), st.integers(0, 40)), max_size=30
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    seal=st.sampled_from([1, 2, 5]),
+)
+def test_tiers_sealed_and_merged_while_the_copy_changes_search_like_a_linear_scan(
+    layout, seed, loaded, rounds, seal
+) -> None:
+    """Rows sealed into tiers every few changes and merged as they come (upserts and deletes emptying rows of older
+    tiers, fingerprints held again after their row went): after each round every query answers as the oracle, and
+    `compact` gives the empty rows back without changing an answer."""
+    bands, max_distance = layout
+    rng = random.Random(seed)
+    pool = clustered(rng, 41, max_distance, centers=4)
+    saved = worker.snapshot._SEAL_AT
+    worker.snapshot._SEAL_AT = seal
+    try:
+        index = MemoryIndex(BandLayout(bands, max_distance))
+        oracle = Oracle(max_distance)
+        oracle.fps.update((f"i{k}", pool[rng.randrange(41)]) for k in range(loaded))
+        index.load(dict(oracle.fps))
+        queries = [*pool[:8], flip(pool[0], max_distance, rng), flip(pool[1], max_distance + 1, rng)]
+        for ops in rounds:
+            for op, incident, which in ops:
+                if op == "set":
+                    index.set(f"i{incident}", pool[which])
+                    oracle.fps[f"i{incident}"] = pool[which]
+                else:
+                    index.delete(f"i{incident}")
+                    oracle.fps.pop(f"i{incident}", None)
+            _assert_tiers_hold_their_shape(index)
+            results = index.search_many([(fp, "i0") for fp in queries], limit=3)
+            for fp, result in zip(queries, results, strict=True):
+                found = oracle.matches(fp, exclude="i0")
+                assert (result.match_count, result.matches) == (len(found), found[:3])
+        index.compact()
+        assert index.empty_rows == 0 and index.tiers <= 1 and index.base_rows == index.distinct
+        for fp in queries:
+            found = oracle.matches(fp)
+            assert index.search(fp).matches == found
+    finally:
+        worker.snapshot._SEAL_AT = saved
 
 
 def test_ids_sort_in_utf8_byte_order_as_redis_sorts_them() -> None:

@@ -179,8 +179,9 @@ SNAPSHOT_SEND = 16
 changes after the copy's position, the earlier calls of its send included: ~8 changes an event on average here."""
 
 COMPACT_FROM = 50_000
-"""Rows the copy gains after its numpy base was built (searched through dicts, slower) before it builds the base
-again; and at least as many as the base holds, so the rebuilds (~1 s at a million rows) amortize."""
+"""Empty rows (fingerprints that went: upserts and deletes) the copy holds before it numbers its rows anew to give
+their memory back (`MemoryIndex.compact`); and at least as many as it holds live rows, so the rebuilds (about 2 s at
+a million rows, the worker's pause) amortize. Searches do not slow with empty rows: merges of tiers leave them out."""
 
 CLAIM_EXTRA = 16
 """Matches listed beyond the alert cap, so that a few of them deleted after the snapshot still leave the cap covered."""
@@ -209,7 +210,7 @@ class SnapshotReader:
         holds, incident IDs and fingerprints at a position of the change log, does not depend on the layout."""
         old = self.follower.index
         index = MemoryIndex(layout)
-        index.load(old.items())  # the numpy base in one go (set one by one: ~5x slower, and dicts)
+        index.load(old.items())  # one numpy tier in one go (set one by one: several times slower)
         index.position = old.position
         self.follower.layout = layout
         self.follower.index = index
@@ -226,7 +227,7 @@ class SnapshotReader:
             self._load(str(lost))
             return
         index = self.follower.index
-        if index.overlay_rows > max(index.base_rows, COMPACT_FROM):
+        if index.empty_rows > max(index.distinct, COMPACT_FROM):
             started = time.monotonic()
             index.compact()
             self._freeze()

@@ -11,11 +11,15 @@ Pure Python and numpy, no Redis: the multi-index hashing of the bands (the same 
 recall argument holds) over rows of distinct fingerprints; incidents that share one exact fingerprint (a storm) share
 one row, so a storm costs one candidate, not one per twin.
 
-The rows come in two parts. The *base*, built in one go by `load` (and again by `compact`), is numpy only: per band,
-the rows' fingerprints sorted by their band value, with where each value starts (a CSR of the postings), so a search
-reads its candidates and verifies them in a few array operations, whatever their number. Rows made after it
-(changes the copy follows) sit in Python dicts of band value -> rows, cheap to change. A base row whose fingerprint
-went stays in the arrays, marked empty, and is skipped.
+The rows sit in numpy *tiers*, and the newest few in a short tail. A tier holds a contiguous range of rows: per band,
+their fingerprints sorted by band value, with where each value starts (a CSR of the postings), so a search reads its
+candidates and verifies them in a few array operations, whatever their number. `load` (and `compact`) build one tier
+of every row. Rows made after it (changes the copy follows) go to the tail, which a search compares one by one in one
+numpy pass; at `_SEAL_AT` rows the tail becomes a tier of its own, and a tier no larger than the one after it is
+merged with it (a binary counter: every row is rebuilt about log2(changes / _SEAL_AT) times, and a copy holds that
+many tiers at most). So a copy that follows a million changes searches as fast as one just loaded, give or take a
+few numpy calls a tier. A tier's row whose fingerprint went stays in it, marked empty, and is skipped; merges and
+`compact` leave those out.
 """
 
 from __future__ import annotations
@@ -31,30 +35,45 @@ from .bands import BandLayout
 __all__ = ["MemoryIndex", "SearchResult"]
 
 _DIRECT_WIDTH = 20
-"""Bands at most this wide get a table of every value's first position (2^width + 1 entries a band): 16-bit bands,
-the default's, cost 0.5 MB a band. Wider bands are searched with two binary searches a band."""
+"""Bands at most this wide get, in each tier, a table of every value's first position (2^width + 1 entries a band):
+16-bit bands, the default's, cost 0.5 MB a band and tier. Wider bands are searched with two binary searches a band."""
 
-_SCAN_OVERLAY_UP_TO = 4096
-"""Rows made since the base up to which a search compares the query with each of them (one numpy pass for all the
-queries of a send) instead of probing the dicts of their bands (68 lookups a query with the default layout)."""
-
-_NUMPY_FROM = 384
-"""Candidates from which numpy's gather and popcount beat a Python loop over them (measured on the Zipf workload)."""
+_SEAL_AT = 2048
+"""Rows in the tail (made after the last tier, compared one by one with each query) at which they become a tier."""
 
 
 def _gather(order: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """order[starts[0]:ends[0]], order[starts[1]:ends[1]], ... as one array, without a Python loop."""
     counts = ends - starts
-    nonempty = counts > 0
-    if not nonempty.any():
+    offsets = np.cumsum(counts)
+    if not len(offsets) or not offsets[-1]:
         return order[:0]
-    starts, ends, counts = starts[nonempty], ends[nonempty], counts[nonempty]
-    # positions: each range's start, then +1 within it; at a range's first element, the jump from the previous end
-    steps = np.ones(int(counts.sum()), dtype=np.int64)
-    first = np.cumsum(counts) - counts
-    steps[0] = starts[0]
-    steps[first[1:]] = starts[1:] - ends[:-1] + 1
-    return order[np.cumsum(steps)]
+    # the k-th element of range i is at starts[i] + k, and at position offsets[i] - counts[i] + k of the result
+    return order[np.repeat(starts - offsets + counts, counts) + np.arange(int(offsets[-1]))]
+
+
+def _value_dtype(width: int) -> type[np.unsignedinteger]:
+    """The narrowest unsigned type of a band's values: numpy sorts 8- and 16-bit keys by radix, in linear time."""
+    return np.uint8 if width <= 8 else np.uint16 if width <= 16 else np.uint32 if width <= 32 else np.uint64
+
+
+@dataclass(frozen=True)
+class _Tier:
+    """Rows first..end of the copy in numpy (those live when it was built: `size` of them).
+
+    With the direct table (bands at most _DIRECT_WIDTH wide): `starts`, every band's every value's first position
+    in the copy's arena, where the tier's part (`at`, `length` long) holds the fingerprints themselves, band after
+    band, per band in the order of their band value; a hit finds its row through the copy's `_row_of`. Otherwise
+    `sorted_bands`: per band, the values sorted and the rows in that order.
+    """
+
+    first: int
+    end: int
+    size: int
+    at: int
+    length: int
+    starts: np.ndarray | None
+    sorted_bands: list[tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
@@ -82,19 +101,18 @@ class MemoryIndex:
         # each row's fingerprint twice: a list for Python's fast path, an array for numpy's
         self._fp_list: list[int] = []
         self._fps = np.zeros(1024, dtype=np.uint64)
-        self._free: list[int] = []
-        self._bands: list[tuple[int, int, tuple[int, ...], dict[int, list[int]]]] = [
-            (offset, (1 << width) - 1, masks, {})
-            for offset, width, masks in zip(layout.offsets, layout.widths, layout.probe_masks, strict=True)
-        ]
-        self._tables: list[dict[int, list[int]]] = [table for *_, table in self._bands]
+        self._free: list[int] = []  # rows of the tail whose fingerprint went, to be used again
+        self._empty = 0  # rows of the tiers whose fingerprint went
         self._offsets = np.array(layout.offsets, dtype=np.uint64)
         self._width_masks = np.array([(1 << width) - 1 for width in layout.widths], dtype=np.uint64)
-        # the base (see the module's docstring): rows below _base_rows, per band (sorted values, rows in that order)
-        self._base_rows = 0
-        self._base: list[tuple[np.ndarray, np.ndarray]] = []
+        self._direct = max(layout.widths) <= _DIRECT_WIDTH
+        # where each band's table starts in a tier's `starts`
+        self._first_slot = np.cumsum([0] + [(1 << w) + 1 for w in layout.widths[:-1]]).astype(np.int64)
+        self._tiers: list[_Tier] = []
+        # the direct tiers' fingerprints, tier after tier (the oldest first): all tiers are searched with one gather
+        self._arena = np.zeros(0, dtype=np.uint64)
+        self._sealed = 0  # rows below are in the tiers; rows from here on are the tail
         self._mask_arrays: dict[int, list[np.ndarray]] = {}
-        self._direct: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._slots: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def __len__(self) -> int:
@@ -113,16 +131,25 @@ class MemoryIndex:
 
     @property
     def base_rows(self) -> int:
-        """Rows in the numpy base (the others are in dicts)."""
-        return self._base_rows
+        """Rows in the numpy tiers (the others are the tail)."""
+        return self._sealed
 
     @property
     def overlay_rows(self) -> int:
-        """Rows made since the base was built (searched through dicts)."""
-        return len(self._members) - self._base_rows
+        """Rows in the tail: made after the last tier, compared one by one with each query."""
+        return len(self._members) - self._sealed
+
+    @property
+    def tiers(self) -> int:
+        return len(self._tiers)
+
+    @property
+    def empty_rows(self) -> int:
+        """Rows of the tiers whose fingerprint no incident holds any more (memory that `compact` gives back)."""
+        return self._empty
 
     def load(self, pairs: Iterable[tuple[str, int]] | dict[str, int]) -> None:
-        """Set every (incident ID, fingerprint) of `pairs` into an empty copy and build the numpy base of its rows.
+        """Set every (incident ID, fingerprint) of `pairs` into an empty copy, its rows in one numpy tier.
 
         A dict is taken over as the copy's own (not copied: the caller lets go of it). The rows are made in numpy
         (one row per distinct fingerprint, `np.unique`), not one incident at a time: a million in about a second.
@@ -131,7 +158,6 @@ class MemoryIndex:
             raise ValueError("load fills an empty copy; use set for changes")
         fp_of = pairs if isinstance(pairs, dict) else dict(pairs)  # an ID given twice: its last fingerprint
         if not fp_of:
-            self._build_base()
             return
         ids = list(fp_of)
         fps = np.fromiter(fp_of.values(), dtype=np.uint64, count=len(ids))
@@ -150,10 +176,12 @@ class MemoryIndex:
         self._fp_list = fp_list
         self._row_of = dict(zip(fp_list, range(len(fp_list)), strict=True))
         self._fps = unique
-        self._build_base()
+        self._arena = np.zeros(0, dtype=np.uint64)
+        self._tiers = [self._build_tier(0, len(fp_list), at=0, every_row_live=True)]
+        self._sealed = len(fp_list)
 
     def compact(self) -> None:
-        """Move every row into the numpy base (rows made since the last build are searched slower, in dicts)."""
+        """Number the rows anew without the empty ones, in one tier (gives back the memory of rows that went)."""
         live = [row for row, held in enumerate(self._members) if held is not None]
         members = [self._members[row] for row in live]
         fp_list = [self._fp_list[row] for row in live]
@@ -161,73 +189,84 @@ class MemoryIndex:
         self._fp_list = fp_list
         self._row_of = {fp: row for row, fp in enumerate(fp_list)}
         self._free = []
+        self._empty = 0
         self._fps = np.array(fp_list, dtype=np.uint64) if fp_list else np.zeros(1024, dtype=np.uint64)
-        for table in self._tables:
-            table.clear()
-        self._build_base()
+        self._arena = np.zeros(0, dtype=np.uint64)
+        self._tiers = [self._build_tier(0, len(fp_list), at=0, every_row_live=True)] if fp_list else []
+        self._sealed = len(fp_list)
 
-    def _build_base(self) -> None:
-        rows = len(self._fp_list)
-        fps = self._fps[:rows]
-        self._base = []
-        for offset, width_mask, _, _ in self._bands:
-            values = (fps >> np.uint64(offset)) & np.uint64(width_mask)
+    def _build_tier(self, first: int, end: int, *, at: int, every_row_live: bool = False) -> _Tier:
+        """A tier of the rows first..end that an incident holds, its fingerprints written to the arena from `at` on
+        (over the tiers it replaces, if any: merges replace the newest tiers, which are the arena's end)."""
+        if every_row_live:
+            rows = np.arange(first, end, dtype=np.int64)
+            fps = self._fps[first:end]
+        else:
+            live = np.fromiter((held is not None for held in self._members[first:end]), dtype=bool, count=end - first)
+            rows = np.flatnonzero(live).astype(np.int64) + first
+            fps = self._fps[rows]
+        if not self._direct:
+            sorted_bands = []
+            for offset, width_mask, width in zip(
+                self.layout.offsets, self._width_masks.tolist(), self.layout.widths, strict=True
+            ):
+                values = ((fps >> np.uint64(offset)) & np.uint64(width_mask)).astype(_value_dtype(width))
+                order = np.argsort(values, kind="stable")
+                sorted_bands.append((values[order], rows[order]))
+            return _Tier(first, end, len(rows), at, 0, None, sorted_bands)
+        # Every band's value -> its first position in one table, so that all probes of a query, over every band, are
+        # found with one gather (instead of two binary searches per band). The arena holds the fingerprints
+        # themselves in that order (not their rows): a probe's candidates are then read from one contiguous run of
+        # memory, not gathered row by row across the whole copy (about 0.6 of the search's time at a million); the
+        # few within the distance find their row through `_row_of`.
+        length = len(rows) * self.layout.bands
+        if len(self._arena) < at + length:  # grown by a quarter at least: a copy's growth copies it a few times
+            grown = np.zeros(max(at + length, len(self._arena) * 5 // 4), dtype=np.uint64)
+            grown[:at] = self._arena[:at]
+            self._arena = grown
+        starts = []
+        place = at
+        for offset, width_mask, width in zip(
+            self.layout.offsets, self._width_masks.tolist(), self.layout.widths, strict=True
+        ):
+            values = ((fps >> np.uint64(offset)) & np.uint64(width_mask)).astype(_value_dtype(width))
             order = np.argsort(values, kind="stable")
-            self._base.append((values[order], order.astype(np.int64)))
-        self._base_rows = rows
-        self._direct = None
-        if max(self.layout.widths) <= _DIRECT_WIDTH:
-            # every band's value -> its first position in one array, so that all probes of a query, over every band,
-            # are found with one gather (instead of two binary searches per band). Beside it the fingerprints
-            # themselves in that order (not their rows): a probe's candidates are then read from one contiguous run
-            # of memory, not gathered row by row across the whole copy (about 0.6 of the search's time at a
-            # million); the few within the distance find their row through `_row_of`.
-            starts, fps_in_order, base = [], [], 0
-            for (values, order), width in zip(self._base, self.layout.widths, strict=True):
-                starts.append(np.searchsorted(values, np.arange((1 << width) + 1, dtype=np.uint64)) + base)
-                fps_in_order.append(fps[order])
-                base += len(order)
-            first_slot = np.cumsum([0] + [(1 << w) + 1 for w in self.layout.widths[:-1]])
-            self._direct = (np.concatenate(starts), np.concatenate(fps_in_order), first_slot)
-            self._base = []  # the sorted values are only read through binary searches: 16 bytes a row and band freed
+            counts = np.bincount(values, minlength=1 << width)
+            starts.append(np.concatenate(([0], np.cumsum(counts))) + place)
+            self._arena[place : place + len(rows)] = fps[order]
+            place += len(rows)
+        return _Tier(first, end, len(rows), at, length, np.concatenate(starts), [])
+
+    def _seal(self) -> None:
+        """Make the tail a tier, and merge every tier no larger than the one after it with that one."""
+        assert not self._free
+        end = len(self._members)
+        last = self._tiers[-1] if self._tiers else None
+        self._tiers.append(self._build_tier(self._sealed, end, at=last.at + last.length if last else 0))
+        self._sealed = end
+        # no row of the tail is free (a row is added only when none is): from here on, one that goes stays empty
+        while len(self._tiers) > 1 and self._tiers[-2].size <= self._tiers[-1].size:
+            newest = self._tiers.pop()
+            older = self._tiers[-1]
+            self._tiers[-1] = self._build_tier(older.first, newest.end, at=older.at)
 
     def _masks_for(self, r: int) -> list[np.ndarray]:
         arrays = self._mask_arrays.get(r)
         if arrays is None:
-            masks = self.layout.masks(r) if r != self.layout.max_distance else [m for _, _, m, _ in self._bands]
+            masks = self.layout.masks(r) if r != self.layout.max_distance else self.layout.probe_masks
             arrays = [np.array(band_masks, dtype=np.uint64) for band_masks in masks]
             self._mask_arrays[r] = arrays
         return arrays
 
     def _probe_slots(self, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For the direct table: each probe's band, its mask, and the first slot of its band's table."""
+        """For the direct tables: each probe's band, its mask, and the first slot of its band's table."""
         cached = self._slots.get(r)
         if cached is None:
-            assert self._direct is not None
             masks = self._masks_for(r)
             band_of = np.concatenate([np.full(len(m), b, dtype=np.intp) for b, m in enumerate(masks)])
-            cached = (band_of, np.concatenate(masks).astype(np.int64), self._direct[2][band_of])
+            cached = (band_of, np.concatenate(masks).astype(np.int64), self._first_slot[band_of])
             self._slots[r] = cached
         return cached
-
-    def _base_candidates(self, fp: int, r: int) -> np.ndarray:
-        """Rows of the base reached through the probes of `fp` (a row reached through several bands repeats); for
-        bands too wide for the direct table (which `_base_hits` reads itself)."""
-        found = []
-        for (offset, width_mask, _, _), (values, order), masks in zip(
-            self._bands, self._base, self._masks_for(r), strict=True
-        ):
-            if not len(masks) or not len(values):
-                continue
-            probes = masks ^ np.uint64((fp >> offset) & width_mask)
-            rows = _gather(
-                order, np.searchsorted(values, probes, side="left"), np.searchsorted(values, probes, side="right")
-            )
-            if len(rows):
-                found.append(rows)
-        if not found:
-            return np.zeros(0, dtype=np.int64)
-        return found[0] if len(found) == 1 else np.concatenate(found)
 
     # -- changes --------------------------------------------------------------------------------------------
 
@@ -261,20 +300,15 @@ class MemoryIndex:
         else:
             row = len(self._members)
             if row == len(self._fps):
-                self._fps = np.concatenate([self._fps, np.zeros(len(self._fps), dtype=np.uint64)])
+                self._fps = np.concatenate([self._fps, np.zeros(max(len(self._fps), 1024), dtype=np.uint64)])
             self._members.append(None)
             self._fp_list.append(0)
         self._members[row] = incident_id
         self._fps[row] = fp
         self._fp_list[row] = fp
         self._row_of[fp] = row
-        for offset, width_mask, _, table in self._bands:
-            value = (fp >> offset) & width_mask
-            rows = table.get(value)
-            if rows is None:
-                table[value] = [row]
-            else:
-                rows.append(row)
+        if len(self._members) - self._sealed >= _SEAL_AT:
+            self._seal()
 
     def _unlink(self, incident_id: str, fp: int) -> None:
         row = self._row_of[fp]
@@ -284,19 +318,13 @@ class MemoryIndex:
             if len(members) == 1:
                 self._members[row] = members[0]
             return
-        # the last incident of this fingerprint: the row goes
+        # the last incident of this fingerprint: the row goes (a tier's stays in it, empty: searches skip it)
         self._members[row] = None
         del self._row_of[fp]
-        if row < self._base_rows:
-            return  # a base row stays in the arrays, empty: searches skip it
-        self._free.append(row)
-        for offset, width_mask, _, table in self._bands:
-            value = (fp >> offset) & width_mask
-            rows = table[value]
-            if len(rows) == 1:
-                del table[value]
-            else:
-                rows.remove(row)
+        if row >= self._sealed:
+            self._free.append(row)
+        else:
+            self._empty += 1
 
     # -- search ---------------------------------------------------------------------------------------------
 
@@ -313,121 +341,116 @@ class MemoryIndex:
     def search_many(
         self, queries: Sequence[tuple[int, str | None]], *, max_distance: int | None = None, limit: int = 0
     ) -> list[SearchResult]:
-        """`search` for each (fingerprint, excluded ID) of `queries`, the numpy base searched for all in one pass.
+        """`search` for each (fingerprint, excluded ID) of `queries`, each tier searched for all in one pass.
 
-        A worker searches the events of one send together: the base's gathers and popcounts then cost a few numpy
+        A worker searches the events of one send together: a tier's gathers and popcounts then cost a few numpy
         calls for the send instead of a few for each event (at a million incidents about half of a search's time
         was those calls' own overhead, measured with benchmarks/snapshot_copy.py).
         """
         # the bands find everything within the layout's distance, not beyond: a larger one searches at the layout's
         r = self.layout.max_distance if max_distance is None else min(max_distance, self.layout.max_distance)
-        masks_of = self.layout.masks(r) if max_distance is not None else None
         fps = [fp for fp, _ in queries]
-        base_hits = self._base_hits(fps, r) if self._base_rows and fps else None
-        scanned = self.overlay_rows if self.overlay_rows <= _SCAN_OVERLAY_UP_TO else 0
-        overlay_hits = self._overlay_scan(fps, r) if scanned and fps else None
-        results = []
-        for k, (fp, exclude) in enumerate(queries):
-            hits: dict[int, int]
-            if base_hits is not None:
-                hits, verified = base_hits[k]
-            else:
-                hits, verified = {}, 0
-            if overlay_hits is not None:
-                hits.update(overlay_hits[k])
-                verified += scanned
-            elif self.overlay_rows:
-                verified += self._overlay_hits(fp, r, masks_of, hits)
-            results.append(self._result(hits, verified, exclude, limit))
-        return results
+        hits: list[dict[int, int]] = [{} for _ in fps]
+        verified = [0] * len(fps)
+        if fps:
+            queries_array = np.array(fps, dtype=np.uint64)
+            tiers = [tier for tier in self._tiers if tier.size]
+            if tiers and self._direct:
+                self._direct_hits(tiers, queries_array, r, hits, verified)
+            elif tiers:
+                for tier in tiers:
+                    self._sorted_hits(tier, fps, r, hits, verified)
+            if len(self._members) > self._sealed:
+                self._tail_hits(queries_array, r, hits, verified)
+        return [
+            self._result(found, count, exclude, limit)
+            for found, count, (_, exclude) in zip(hits, verified, queries, strict=True)
+        ]
 
-    def _base_hits(self, fps: list[int], r: int) -> list[tuple[dict[int, int], int]]:
-        """For each of `fps`: the rows of its base candidates within `r` (row -> distance), and the base candidates
-        verified. A base fingerprint held again after its base row was emptied is found under its new row."""
-        if self._direct is None:
-            out = []
-            for fp in fps:
-                base = self._base_candidates(fp, r)
-                distances = np.bitwise_count(self._fps[base] ^ np.uint64(fp))
-                near = distances <= r
-                out.append((dict(zip(base[near].tolist(), distances[near].tolist(), strict=True)), len(base)))
-            return out
-        starts_of, fps_in_order, _ = self._direct
+    def _direct_hits(
+        self, tiers: list[_Tier], queries: np.ndarray, r: int, hits: list[dict[int, int]], verified: list[int]
+    ) -> None:
+        """Add to each query's `hits` the rows of its candidates in `tiers` within `r` (row -> distance), and count
+        the candidates verified: the probes' slots found once, each tier's candidates gathered, all verified in one
+        pass. A fingerprint held again after its row in a tier went empty is found under its new row."""
         band_of, masks, first_slot = self._probe_slots(r)
         if not len(band_of):
-            return [({}, 0) for _ in fps]
-        queries = np.array(fps, dtype=np.uint64)
+            return
         values = ((queries[:, None] >> self._offsets) & self._width_masks).astype(np.int64)  # query x band
         slots = (first_slot + (values[:, band_of] ^ masks)).ravel()  # query x probe, a query's probes together
-        starts, ends = starts_of[slots], starts_of[slots + 1]
-        candidates = _gather(fps_in_order, starts, ends)
-        per_query = (ends - starts).reshape(len(fps), -1).sum(axis=1)
-        distances = np.bitwise_count(candidates ^ np.repeat(queries, per_query))  # a query's candidates together
-        near = distances <= r
-        # where each query's near candidates end: the near ones counted up to the end of its candidates
-        near_before = np.concatenate(([0], np.cumsum(near)))
-        bounds = [0, *near_before[np.cumsum(per_query)].tolist()]
-        near_fps, near_distances = candidates[near].tolist(), distances[near].tolist()
-        # A base fingerprint no incident holds any more has no row (its base row is empty, and skipped anyway); one
-        # held again since has a row made after the base, which the search of those rows finds too.
+        where = [tier.starts for tier in tiers if tier.starts is not None]
+        after = slots + 1
+        starts = np.concatenate([table[slots] for table in where])  # tier x query x probe
+        ends = np.concatenate([table[after] for table in where])
+        counts = np.add.reduceat(ends - starts, np.arange(0, len(starts), len(band_of)))  # tier x query
+        candidates = _gather(self._arena, starts, ends)
+        if not len(candidates):
+            return
+        # the query of each candidate: tier after tier, in each a query's candidates together
+        query_of = np.repeat(np.tile(np.arange(len(queries)), len(where)), counts)
+        distances = np.bitwise_count(candidates ^ queries[query_of])
+        near = np.flatnonzero(distances <= r)
+        for k, count in enumerate(counts.reshape(len(where), -1).sum(axis=0).tolist()):
+            verified[k] += count
+        # A fingerprint no incident holds any more has no row (its row in the tier is empty, and skipped anyway).
         # No np.unique: sorting costs more than verifying the few rows that several bands reach twice.
         row_of = self._row_of
-        found: list[tuple[dict[int, int], int]] = []
-        for a, b, count in zip(bounds, bounds[1:], per_query.tolist(), strict=False):
-            hits: dict[int, int] = {}
-            for fp, distance in zip(near_fps[a:b], near_distances[a:b], strict=True):
-                row = row_of.get(fp)
-                if row is not None:
-                    hits[row] = distance
-            found.append((hits, count))
-        return found
+        for k, fp, distance in zip(
+            query_of[near].tolist(), candidates[near].tolist(), distances[near].tolist(), strict=True
+        ):
+            row = row_of.get(fp)
+            if row is not None:
+                hits[k][row] = distance
 
-    def _overlay_scan(self, fps: list[int], r: int) -> list[dict[int, int]]:
-        """For each of `fps`: the rows made since the base within `r` (row -> distance), by comparing with each.
+    def _sorted_hits(
+        self, tier: _Tier, fps: list[int], r: int, hits: list[dict[int, int]], verified: list[int]
+    ) -> None:
+        """`_direct_hits` for a tier of bands too wide for the direct table: its rows, query by query."""
+        for k, fp in enumerate(fps):
+            rows = self._tier_candidates(tier, fp, r)
+            distances = np.bitwise_count(self._fps[rows] ^ np.uint64(fp))
+            near = distances <= r
+            hits[k].update(zip(rows[near].tolist(), distances[near].tolist(), strict=True))
+            verified[k] += len(rows)
+
+    def _tier_candidates(self, tier: _Tier, fp: int, r: int) -> np.ndarray:
+        """Rows of `tier` reached through the probes of `fp` (a row reached through several bands repeats); for
+        bands too wide for the direct table."""
+        found = []
+        for offset, width_mask, width, (values, rows), masks in zip(
+            self.layout.offsets,
+            self._width_masks.tolist(),
+            self.layout.widths,
+            tier.sorted_bands,
+            self._masks_for(r),
+            strict=True,
+        ):
+            if not len(masks) or not len(values):
+                continue
+            probes = (masks ^ np.uint64((fp >> offset) & width_mask)).astype(_value_dtype(width))
+            reached = _gather(
+                rows, np.searchsorted(values, probes, side="left"), np.searchsorted(values, probes, side="right")
+            )
+            if len(reached):
+                found.append(reached)
+        if not found:
+            return np.zeros(0, dtype=np.int64)
+        return found[0] if len(found) == 1 else np.concatenate(found)
+
+    def _tail_hits(self, queries: np.ndarray, r: int, hits: list[dict[int, int]], verified: list[int]) -> None:
+        """Add to each query's `hits` the rows of the tail within `r`, by comparing with each (one numpy pass).
 
         Exact whatever `r` (no bands involved). Rows freed since hold a stale fingerprint; `_result` skips them.
         """
-        first = self._base_rows
-        queries = np.array(fps, dtype=np.uint64)
-        distances = np.bitwise_count(self._fps[first : len(self._members)][None, :] ^ queries[:, None])
+        first, end = self._sealed, len(self._members)
+        distances = np.bitwise_count(self._fps[first:end][None, :] ^ queries[:, None])
         which, rows = np.nonzero(distances <= r)
-        found: list[dict[int, int]] = [{} for _ in fps]
         for k, row, distance in zip(
             which.tolist(), (rows + first).tolist(), distances[which, rows].tolist(), strict=True
         ):
-            found[k][row] = distance
-        return found
-
-    def _overlay_hits(self, fp: int, r: int, masks_of: Sequence[tuple[int, ...]] | None, hits: dict[int, int]) -> int:
-        """Add the rows made since the base (in dicts) within `r` of `fp` to `hits`; returns the rows verified."""
-        candidates: list[int] = []
-        for band, (offset, width_mask, masks, table) in enumerate(self._bands):
-            if masks_of is not None:
-                masks = masks_of[band]
-            if not masks or not table:
-                continue
-            value = (fp >> offset) & width_mask
-            get = table.get
-            for mask in masks:
-                rows = get(value ^ mask)
-                if rows:
-                    candidates += rows
-        if not candidates:
-            return 0
-        if len(candidates) < _NUMPY_FROM:
-            # a row reached through several bands is verified once; Python's int.bit_count beats numpy's call
-            # overhead on a few hundred candidates
-            fps = self._fp_list
-            unique = set(candidates)
-            for row in unique:
-                if (d := (fps[row] ^ fp).bit_count()) <= r:
-                    hits[row] = d
-            return len(unique)
-        rows_array = np.asarray(candidates, dtype=np.intp)
-        distances = np.bitwise_count(self._fps[rows_array] ^ np.uint64(fp))
-        near = distances <= r
-        hits.update(zip(rows_array[near].tolist(), distances[near].tolist(), strict=True))
-        return len(rows_array)
+            hits[k][row] = distance
+        for k in range(len(verified)):
+            verified[k] += end - first
 
     def _result(self, hits: dict[int, int], verified: int, exclude: str | None, limit: int) -> SearchResult:
         """The incidents of the rows `hits` (row -> distance), `exclude` left out, counted and the closest listed."""
