@@ -117,3 +117,16 @@ def redis_client(request: pytest.FixtureRequest, fake_decodes: bool) -> Iterator
         library.load(client)
         yield client
         client.close()
+
+
+@pytest.fixture(params=[2048, 3, 1], ids=["tail", "tiers-of-3", "a-tier-a-row"])
+def seal_at(request: pytest.FixtureRequest) -> Iterator[int]:
+    """A snapshot copy's rows made after its load: compared one by one (the tail, as it runs), or sealed into numpy
+    tiers every few rows, or after every row (so that merges of tiers, and tiers holding emptied rows, come up in
+    every example); in this process's copies."""
+    import worker.snapshot
+
+    saved = worker.snapshot._SEAL_AT
+    worker.snapshot._SEAL_AT = request.param
+    yield request.param
+    worker.snapshot._SEAL_AT = saved

@@ -18,16 +18,6 @@ from worker.snapshot import MemoryIndex
 LAYOUTS = [(4, 7), (3, 7), (8, 7), (5, 7), (2, 3), (1, 0), (6, 12)]
 
 
-@pytest.fixture(params=[2048, 3, 1], ids=["tail", "tiers-of-3", "a-tier-a-row"])
-def seal_at(request):
-    """Rows made after the last tier: compared one by one (the tail), or sealed into tiers every few rows, or after
-    every row (so that merges of tiers, and tiers holding emptied rows, come up in every example)."""
-    saved = worker.snapshot._SEAL_AT
-    worker.snapshot._SEAL_AT = request.param
-    yield request.param
-    worker.snapshot._SEAL_AT = saved
-
-
 def _expected(oracle: Oracle, fp: int, exclude: str | None, limit: int) -> tuple[int, list[tuple[str, int]]]:
     found = oracle.matches(fp, exclude=exclude)
     return len(found), found[:limit] if limit else found

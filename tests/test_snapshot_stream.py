@@ -49,7 +49,7 @@ def worker(client: Any, consumer: str = "w1", **overrides: Any) -> StreamWorker:
     return StreamWorker(client, Settings(**values))
 
 
-def test_snapshot_path_reports_every_pair_once_on_the_synthetic_workload(client: redis.Redis) -> None:
+def test_snapshot_path_reports_every_pair_once_on_the_synthetic_workload(client: redis.Redis, seal_at: int) -> None:
     events = [{"incident_id": i, "features": bag} for i, bag in Workload(seed=7).take(500)]
     publish(client, events)
     w = worker(client, batch_size=32)
@@ -61,7 +61,7 @@ def test_snapshot_path_reports_every_pair_once_on_the_synthetic_workload(client:
     assert w.snapshot.index.position != "0-0"
 
 
-def test_two_workers_with_stale_copies_miss_no_pair_and_report_none_twice(client: redis.Redis) -> None:
+def test_two_workers_with_stale_copies_miss_no_pair_and_report_none_twice(client: redis.Redis, seal_at: int) -> None:
     """Two consumers take turns; one never refreshes its copy after loading it, so every claim it makes is stale."""
     events = [{"incident_id": i, "features": bag} for i, bag in Workload(seed=11, near_duplicates=0.5).take(400)]
     a, b = worker(client, "a", batch_size=16), worker(client, "b", batch_size=16)
@@ -79,7 +79,7 @@ def test_two_workers_with_stale_copies_miss_no_pair_and_report_none_twice(client
     assert a.snapshot.index.position < b.snapshot.index.position or len(a.snapshot.index) == 0
 
 
-def test_listed_matches_deleted_or_moved_after_the_copy_are_not_alerted(client: redis.Redis) -> None:
+def test_listed_matches_deleted_or_moved_after_the_copy_are_not_alerted(client: redis.Redis, seal_at: int) -> None:
     rng = random.Random(3)
     base = fingerprint(DOCK)
     w = worker(client, batch_size=8, max_matches=2)

@@ -280,6 +280,8 @@ class SnapshotReader:
             "read_path": "snapshot",
             "snapshot_incidents": len(index),
             "snapshot_position": index.position,
+            "snapshot_tiers": index.tiers,  # about log2 of the rows it gained since its load, in numpy
+            "snapshot_empty_rows": index.empty_rows,  # given back at COMPACT_FROM
             "snapshot_load_seconds": round(self.follower.load_seconds, 2),
             "snapshot_reloads": self.reloads,
             "snapshot_fallbacks": self.fallbacks,
