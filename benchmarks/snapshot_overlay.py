@@ -8,6 +8,7 @@ short tail (compared one by one), sealed into a tier every 2,048 rows, tiers mer
 matters here; the benchmark's Zipf workload has more.
 
 Usage: python benchmarks/snapshot_overlay.py [--size N] [--steps 4000,16000,64000,...] [--queries Q] [--seed S]
+       [--bands B]
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ def main() -> None:
     parser.add_argument("--steps", default="0,4000,16000,64000,128000,256000,512000,1000000")
     parser.add_argument("--queries", type=int, default=1600)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--bands", type=int, default=4, help="the layout's bands (4: the default; 3: wider bands)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    index = MemoryIndex(BandLayout(4, 7))
+    index = MemoryIndex(BandLayout(args.bands, 7))
     started = time.perf_counter()
     index.load({str(n): rng.getrandbits(64) for n in range(args.size)})
     print(f"loaded {args.size:,} in {time.perf_counter() - started:.2f} s")
@@ -61,8 +63,8 @@ def main() -> None:
         per_change = f"{spent / max(1, step - previous) * 1e6:5.1f} us a change (slowest {slowest * 1e3:6.1f} ms)"
         previous = step
         print(
-            f"changes {added:>9,}: tiers {index.tiers:>2}, tail {index.overlay_rows:>5,}: {us_per_query():6.1f} us a"
-            f" query; {per_change}",
+            f"changes {added:>9,}: tiers {getattr(index, 'tiers', '-'):>2}, tail {index.overlay_rows:>5,}: "
+            f"{us_per_query():6.1f} us a query; {per_change}",
             flush=True,
         )
     started = time.perf_counter()

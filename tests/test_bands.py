@@ -195,3 +195,25 @@ def test_band_advice_keeps_the_default_until_three_bands_save_real_time() -> Non
     # the cost model: more incidents cost more; at 1M three bands' 508 probes are cheaper than 4 bands' candidates
     assert query_cost_us(4, 7, 10_000) < query_cost_us(4, 7, 100_000) < query_cost_us(4, 7, 1_000_000)
     assert query_cost_us(3, 7, 1_000_000) < query_cost_us(4, 7, 1_000_000) < query_cost_us(8, 7, 1_000_000)
+
+
+def test_band_advice_on_the_snapshot_path_keeps_the_default(no_worker_env: None) -> None:
+    """The cost model is the primary path's; on copies the primary's time does not depend on the layout and the
+    default's 16-bit bands search fastest, so 3 bands are not advised there, and an index on them is advised back."""
+    from worker.commands.stats import _on_copies, recommendation
+    from worker.formats import Heartbeat
+    from worker.settings import Settings
+
+    assert recommendation(1_000_000, 4, 7)[0] == 3
+    best, advice = recommendation(1_000_000, 4, 7, on_copies=True)
+    assert best == 4 and "snapshot read path" in advice and "the layout in use" in advice
+    best, advice = recommendation(1_000_000, 3, 7, on_copies=True)
+    assert best == 4 and "incident-worker migrate --bands 4" in advice
+
+    auto = Settings(read_path="auto", snapshot_min_incidents=100_000)
+    assert not _on_copies(auto, 99_999, []) and _on_copies(auto, 100_000, [])
+    assert _on_copies(Settings(read_path="snapshot"), 0, [])
+    assert not _on_copies(Settings(read_path="primary"), 10**6, [])
+    # what live workers say goes before what these settings would choose
+    assert _on_copies(Settings(read_path="primary"), 0, [Heartbeat(consumer="a", read_path="snapshot")])
+    assert not _on_copies(auto, 10**6, [Heartbeat(consumer="a", read_path="primary"), Heartbeat(consumer="b")])

@@ -36,7 +36,7 @@ from tests.streams import (
 )
 from worker.cli import main
 from worker.fingerprint import fingerprint, format_fingerprint
-from worker.formats import Alert, Match
+from worker.formats import Alert, Heartbeat, Match
 from worker.index import FingerprintIndex
 
 DOCK = {"dock": 3, "scanner": 2, "timeout": 1}
@@ -334,6 +334,22 @@ def test_stats_reports_index_streams_group_workers_and_dead_letters(
     assert "the layout in use" in human.stdout
     assert "about 100,000 entries, 256.0 MB of memory" in human.stdout, human.stdout
     assert "trimmed below what every consumer group still needs" in human.stdout
+
+
+def test_stats_advises_the_default_layout_when_the_workers_search_their_own_copies(
+    server: RedisServer, client: redis.Redis, tmp_path: Path
+) -> None:
+    """On the snapshot read path the primary only validates, whatever the layout, and the copies search 16-bit bands
+    fastest: `stats` goes by where the live workers say they search, not by the primary path's cost model."""
+    index_spec_example(server, tmp_path)
+    beat = Heartbeat(consumer="w9", at=time.time(), read_path="snapshot")
+    client.set("{incidents}:heartbeat:w9", beat.to_value(), px=60_000)
+    stats = json.loads(cli(server, "stats", "--json").stdout)
+    assert stats["recommended_bands"] == 4
+    assert "snapshot read path" in stats["recommendation"] and "the layout in use" in stats["recommendation"]
+    client.set("{incidents}:heartbeat:w9", beat.model_copy(update={"read_path": "primary"}).to_value(), px=60_000)
+    stats = json.loads(cli(server, "stats", "--json").stdout)
+    assert "snapshot read path" not in stats["recommendation"]
 
 
 # -- alerts -----------------------------------------------------------------------------------------------------

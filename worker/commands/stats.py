@@ -12,7 +12,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from .. import retention, upkeep
-from ..bands import recommend_bands
+from ..bands import DEFAULT_BANDS, MAX_PROBES, probe_count, recommend_bands
 from ..connection import RedisClient
 from ..formats import Heartbeat
 from ..index import FingerprintIndex
@@ -121,8 +121,33 @@ def dead_reasons(client: RedisClient, stream: str, limit: int) -> DeadReasons:
     return DeadReasons(reasons, scanned, capped)
 
 
-def recommendation(count: int, bands: int, max_distance: int) -> tuple[int, str]:
-    """The band count that would cost least at this size, and why, for people."""
+def _on_copies(settings: Settings, count: int, workers: list[Heartbeat]) -> bool:
+    """Whether the workers search their own copies: as the live ones say, else as these settings would choose."""
+    said = {beat.read_path for beat in workers if beat.read_path is not None}
+    if said:
+        return "snapshot" in said
+    return settings.read_path == "snapshot" or (
+        settings.read_path == "auto" and count >= settings.snapshot_min_incidents
+    )
+
+
+def recommendation(count: int, bands: int, max_distance: int, on_copies: bool = False) -> tuple[int, str]:
+    """The band count that would cost least at this size, and why, for people.
+
+    `on_copies`: the workers search their own copies (the snapshot read path). The primary then only validates,
+    at a cost the layout does not change, and a copy searches bands of at most 20 bits through direct tables: the
+    default's 16-bit bands took 20 us a query at 1,000,000, 3 bands of 21 and 22 bits 163 us, with 2.2x the Redis
+    memory (benchmarks/snapshot_overlay.py --bands, BENCHMARKS.md). So the default stays the advice there.
+    """
+    if on_copies and probe_count(DEFAULT_BANDS, max_distance) <= MAX_PROBES:
+        if bands == DEFAULT_BANDS:
+            return bands, f"{bands} bands suit the snapshot read path the workers use: the layout in use"
+        return DEFAULT_BANDS, (
+            f"{DEFAULT_BANDS} bands would suit the snapshot read path the workers use better than {bands}: the "
+            "primary only validates, whatever the layout, and the workers' copies search bands of at most 20 bits "
+            f"fastest (and they cost less memory). Move the live index with `incident-worker migrate --bands "
+            f"{DEFAULT_BANDS}` (measure first: incident-worker bench)"
+        )
     best = recommend_bands(count, max_distance)
     if count == 0:
         return best, "no incidents yet: the best band count depends on the size the index grows to"
@@ -199,7 +224,9 @@ def collect_stats(client: RedisClient, settings: Settings, dead_scan: int = DEAD
             "meta": {},
         }
         stored = (settings.bands, settings.max_distance)
-    best, advice = recommendation(int(index_stats["incidents"]), *stored)
+    workers = live_heartbeats(client, settings.keys)
+    count = int(index_stats["incidents"])
+    best, advice = recommendation(count, *stored, on_copies=_on_copies(settings, count, workers))
     streams = {
         name: {"key": key, "length": int(client.xlen(key)), "maxlen": maxlen, "max_memory": budget}
         for name, key, maxlen, budget in (
@@ -234,7 +261,7 @@ def collect_stats(client: RedisClient, settings: Settings, dead_scan: int = DEAD
         group_name=settings.group,
         group=group,
         consumers=consumers,
-        workers=live_heartbeats(client, settings.keys),
+        workers=workers,
         dead=dead_reasons(client, settings.dead_stream, dead_scan),
         memory=_memory(index, streams),
         event_groups=positions,
