@@ -265,6 +265,11 @@ def test_every_query_parameter_allowed_is_one_redis_py_passes_on() -> None:
         assert KNOWN_PARAMETERS[scheme] - pool_level <= accepted, scheme
     with pytest.raises(RedisUrlError, match="'timeout'"):
         check_url("redis://db:6379/0?timeout=1")  # redis-py would fail at the first command
+    # TLS settings belong to rediss:// alone (a plain connection refuses them), whichever redis-py parses them
+    for name in KNOWN_PARAMETERS["rediss"] - KNOWN_PARAMETERS["redis"]:
+        assert name.startswith("ssl_")
+        with pytest.raises(RedisUrlError, match=f"'{name}'"):
+            check_url(f"redis://db:6379/0?{name}=x")
 
 
 @settings(max_examples=300, deadline=None)

@@ -114,7 +114,7 @@ class MemoryIndex:
         # where each band's table starts in a tier's `starts`
         self._first_slot = np.cumsum([0] + [(1 << w) + 1 for w in layout.widths[:-1]]).astype(np.int64)
         self._tiers: list[_Tier] = []
-        # the direct tiers' fingerprints, tier after tier (the oldest first): all tiers are searched with one gather
+        # the tiers' fingerprints, tier after tier (the oldest first): the candidates of all tiers in one gather
         self._arena = np.zeros(0, dtype=np.uint64)
         self._sealed = 0  # rows below are in the tiers; rows from here on are the tail
         self._mask_arrays: dict[int, list[np.ndarray]] = {}

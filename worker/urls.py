@@ -43,7 +43,11 @@ _TLS_PARAMETERS = frozenset(
         "ssl_exclude_verify_flags",
     }
 )
-_COMMON = frozenset(URL_QUERY_ARGUMENT_PARSERS) - _TLS_PARAMETERS - {"timeout"} | _TEXT_PARAMETERS
+# TLS switches that redis-py parses from a URL only in its later versions (8.x): allowed where it parses them (an
+# unparsed "false" would reach the connection as a true string), and never on a plain connection, which refuses them
+_TLS_SWITCHES = frozenset({"ssl_validate_ocsp", "ssl_validate_ocsp_stapled"})
+_TLS_PARAMETERS |= _TLS_SWITCHES & frozenset(URL_QUERY_ARGUMENT_PARSERS)
+_COMMON = frozenset(URL_QUERY_ARGUMENT_PARSERS) - _TLS_PARAMETERS - _TLS_SWITCHES - {"timeout"} | _TEXT_PARAMETERS
 KNOWN_PARAMETERS = {
     "redis": _COMMON,
     "rediss": _COMMON | _TLS_PARAMETERS,
