@@ -10,9 +10,10 @@ MIN_VENV := .venv-min
 MIN_STAMP := $(MIN_VENV)/.installed
 # The tests that exercise the runtime dependencies: redis and hiredis (index, stream, CLI, worker process),
 # pydantic and pydantic-settings (formats, settings, flags), structlog (the worker's logs), prometheus-client
-# (/metrics), fakeredis with lupa (the fake-Redis half of the suite and the embedded demo).
+# (/metrics), fakeredis with lupa (the fake-Redis half of the suite and the embedded demo), numpy (the snapshot
+# read path's copy).
 MIN_TESTS := tests/test_index.py tests/test_stream.py tests/test_cli.py tests/test_demo.py tests/test_readme.py \
-	tests/test_worker_process.py
+	tests/test_worker_process.py tests/test_snapshot.py
 
 .PHONY: install demo test test-fast test-min-deps lint bench clean
 
