@@ -194,7 +194,7 @@ def _assert_tiers_hold_their_shape(index: MemoryIndex) -> None:
     tiers = index._tiers
     assert [t.first for t in tiers] == [0, *[t.end for t in tiers]][: len(tiers)]
     assert index.base_rows == (tiers[-1].end if tiers else 0)
-    assert all(a.size > b.size for a, b in itertools.pairwise(tiers))
+    assert all(a.end - a.first > b.end - b.first for a, b in itertools.pairwise(tiers))
     assert all(t.size <= t.end - t.first for t in tiers)
     assert len(tiers) <= max(1, index.base_rows).bit_length()
     assert index.empty_rows == sum(1 for row in range(index.base_rows) if index._members[row] is None)
@@ -776,3 +776,14 @@ def test_a_batch_read_in_place_answers_and_writes_as_its_calls_one_by_one(
 
     assert [outcome(reply) for reply in batched] == [outcome(reply) for reply in alone]
     assert _namespace_dump(redis_client, "v") == _namespace_dump(redis_client, "w")
+
+
+def test_load_refuses_a_copy_emptied_by_deletes() -> None:
+    """A copy whose incidents were all deleted still holds rows (free ones among them): loading into it would hand a
+    loaded row out again as free."""
+    index = MemoryIndex(BandLayout(4, 7))
+    index.set("a", 1)
+    index.delete("a")
+    with pytest.raises(ValueError, match="new copy"):
+        index.load({"b": 2})
+

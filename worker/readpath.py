@@ -181,7 +181,8 @@ changes after the copy's position, the earlier calls of its send included: ~8 ch
 COMPACT_FROM = 50_000
 """Empty rows (fingerprints that went: upserts and deletes) the copy holds before it numbers its rows anew to give
 their memory back (`MemoryIndex.compact`); and at least as many as it holds live rows, so the rebuilds (about 2 s at
-a million rows, the worker's pause) amortize. Searches do not slow with empty rows: merges of tiers leave them out."""
+a million rows, the worker's pause) amortize. Empty rows still in a tier are still verified (and counted as
+candidates) until a merge leaves them out: a storm deleted from the loaded tier slows searches near it until then."""
 
 CLAIM_EXTRA = 16
 """Matches listed beyond the alert cap, so that a few of them deleted after the snapshot still leave the cap covered."""

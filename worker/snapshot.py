@@ -77,6 +77,10 @@ class _Tier:
     keys: np.ndarray | None
 
 
+def _span(tier: _Tier) -> int:
+    return tier.end - tier.first
+
+
 @dataclass(frozen=True)
 class SearchResult:
     """What a search found: every match counted, the closest listed (sorted by distance, then ID)."""
@@ -159,8 +163,8 @@ class MemoryIndex:
         A dict is taken over as the copy's own (not copied: the caller lets go of it). The rows are made in numpy
         (one row per distinct fingerprint, `np.unique`), not one incident at a time: a million in about a second.
         """
-        if self._fp_of:
-            raise ValueError("load fills an empty copy; use set for changes")
+        if self._members:  # not only no incident: no row either (a copy emptied by deletes keeps rows and free ones)
+            raise ValueError("load fills a new copy; use set for changes")
         fp_of = pairs if isinstance(pairs, dict) else dict(pairs)  # an ID given twice: its last fingerprint
         if not fp_of:
             return
@@ -246,7 +250,9 @@ class MemoryIndex:
         self._tiers.append(self._build_tier(self._sealed, end, at=last.at + last.length if last else 0))
         self._sealed = end
         # no row of the tail is free (a row is added only when none is): from here on, one that goes stays empty
-        while len(self._tiers) > 1 and self._tiers[-2].size <= self._tiers[-1].size:
+        # by the rows they span, not the rows they hold: spans make an exact binary counter (sizes shrunk by deletes
+        # could make a long chain of tiers each a row larger than the next)
+        while len(self._tiers) > 1 and _span(self._tiers[-2]) <= _span(self._tiers[-1]):
             newest = self._tiers.pop()
             older = self._tiers[-1]
             self._tiers[-1] = self._build_tier(older.first, newest.end, at=older.at)
