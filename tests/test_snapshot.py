@@ -786,4 +786,3 @@ def test_load_refuses_a_copy_emptied_by_deletes() -> None:
     index.delete("a")
     with pytest.raises(ValueError, match="new copy"):
         index.load({"b": 2})
-
