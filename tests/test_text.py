@@ -242,9 +242,58 @@ def test_the_accounts_lever_masks_well_known_account_names(text: str, expected: 
 
 
 def test_the_product_keeps_account_names_and_the_value_after_user_equals() -> None:
-    """Leave-one-system-out did not take `accounts` or `user_key` (BENCHMARKS.md): the product keeps both words."""
-    assert words("Failed password for root from 1.2.3.4") == ["failed", "password", "for", "root", "from", V]
+    """Leave-one-system-out did not take `accounts` or `user_key` (BENCHMARKS.md): the product keeps an account's
+    name away from ``for``, and the value after ``user=``."""
+    assert words("mysql down, root fs full") == ["mysql", "down", "root", "fs", "full"]
     assert features_from_text("x user=root") == {"x": 3, "user=": 1, "root": 3}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Failed password for root from 1.2.3.4", ["failed", "password", "for", V, "from", V]),
+        (
+            "Too many authentication failures for admin [preauth]",
+            ["too", "many", "authentication", "failures", "for", V, "preauth"],
+        ),
+        ("for (mysql): ok", ["for", V, "ok"]),
+        ("for root, then root", ["for", V, "then", "root"]),  # only right after `for`
+        ("for mysqld", ["for", "mysqld"]),  # not a well-known account
+        ("waiting for jobs", ["waiting", "for", "jobs"]),
+        ("for 5 root", ["for", V, "root"]),  # a number between: not an account's name
+        ("session opened for user root by (uid=0)", ["session", "opened", "for", "user", V, "by", "uid=", V]),
+        ("for jul 9 2005", ["for", V, V, V]),  # a date still
+    ],
+)
+def test_an_account_name_after_for_is_a_value(text: str, expected: list[str]) -> None:
+    assert words(text) == expected
+    assert features_from_text(text) == tokenizer(DEFAULT_RULES)(text)
+
+
+def test_without_the_lever_an_account_after_for_stays_a_word() -> None:
+    assert words("Failed password for root from 1.2.3.4", TextRules(account_after_for=False)) == [
+        "failed",
+        "password",
+        "for",
+        "root",
+        "from",
+        V,
+    ]
+
+
+def test_lines_of_sshd_s_failed_password_template_land_together() -> None:
+    """The loss version 4 closes: one template, ``for root`` beside ``for ftp``, 12 bits apart under version 3."""
+    root = fingerprint(features_from_text("Failed password for root from 5.36.59.76 port 42393 ssh2"))
+    ftp = fingerprint(features_from_text("Failed password for ftp from 5.188.10.180 port 54715 ssh2"))
+    assert distance(root, ftp) == 0
+    old = tokenizer(TextRules(account_after_for=False))
+    assert (
+        distance(
+            fingerprint(old("Failed password for root from 5.36.59.76 port 42393 ssh2")),
+            fingerprint(old("Failed password for ftp from 5.188.10.180 port 54715 ssh2")),
+        )
+        > ALERT_DISTANCE
+    )
 
 
 @pytest.mark.parametrize(
@@ -428,7 +477,23 @@ log_fragments = st.one_of(
     st.ip_addresses(v=6).map(str),
     st.integers(min_value=0, max_value=2**64).map(hex),
     st.sampled_from(
-        ["job-4711", "blk_-12", "Sat Jul  9", "<*>", "<num>", "a-", "--", "=", "/var/log/x-1", "ü", "٣", "a.b.com"]
+        [
+            *[
+                "job-4711",
+                "blk_-12",
+                "Sat Jul  9",
+                "<*>",
+                "<num>",
+                "a-",
+                "--",
+                "=",
+                "/var/log/x-1",
+                "ü",
+                "٣",
+                "a.b.com",
+            ],
+            *["for", "for root", "root", "(ftp)", "user"],
+        ]
     ),
     st.from_regex(r"[a-z0-9-]{1,6}(\.[a-z0-9-]{1,6}){1,3}", fullmatch=True),
 )
@@ -483,7 +548,12 @@ number_like_text = st.lists(
 @given(st.one_of(log_like_text, number_like_text, st.text(max_size=60)))
 def test_the_shortcuts_give_the_words_of_the_general_path(text: str) -> None:
     """Numbers, keys and punctuation-only chunks take shortcuts; they must give what the general path gives."""
-    for rules in (DEFAULT_RULES, TextRules(user_key=True, accounts=True), TextRules(key_value=True)):
+    for rules in (
+        DEFAULT_RULES,
+        TextRules(user_key=True, accounts=True),
+        TextRules(key_value=True),
+        TextRules(account_after_for=False),
+    ):
         assert words(text, rules) == _words_function(rules, fast=False)(text)
 
 
@@ -508,12 +578,12 @@ def test_tokenizing_the_words_again_changes_nothing(text: str) -> None:
     st.sampled_from(["count", "binary"]),
     st.integers(1, 3),
     st.integers(0, 3),
-    st.lists(st.booleans(), min_size=10, max_size=10),
+    st.lists(st.booleans(), min_size=11, max_size=11),
 )
 def test_every_lever_combination_gives_bags_the_fingerprint_accepts(
     text: str, weights: str, word_weight: int, head: int, switches: list[bool]
 ) -> None:
-    one, hosts, paths, tail, user, key_value, key_words, units, user_key, accounts = switches
+    one, hosts, paths, tail, user, key_value, key_words, units, user_key, accounts, account_after_for = switches
     rules = TextRules(
         weights=weights,  # type: ignore[arg-type]
         word_weight=word_weight,
@@ -528,6 +598,7 @@ def test_every_lever_combination_gives_bags_the_fingerprint_accepts(
         units=units,
         user_key=user_key,
         accounts=accounts,
+        account_after_for=account_after_for,
     )
     tokens = words(text, rules)
     assert tokens == _words_function(rules, fast=False)(text)

@@ -121,8 +121,8 @@ def test_quality_on_the_first_lines_of_each_loghub_sample() -> None:
 
 def test_lost_and_merged_names_the_templates_and_a_pair_of_lines() -> None:
     lines = [
-        ("Failed password for root from 10.0.0.1 port 22 ssh2", "A"),
-        ("Failed password for ftp from 10.0.0.2 port 23 ssh2", "A"),  # one word apart: farther than 7
+        ("authentication failure; logname= uid=0 tty=ssh ruser= rhost=10.0.0.1 user=root", "A"),
+        ("authentication failure; logname= uid=0 tty=ssh ruser= rhost=10.0.0.2 user=ftp", "A"),  # farther than 7
         ("disk full on /var/a", "B"),
         ("disk full on /var/b", "C"),  # the same bag as B's line: merged at distance 0
     ]
