@@ -20,6 +20,15 @@ merged with it (a binary counter: every row is rebuilt about log2(changes / _SEA
 many tiers at most). So a copy that follows a million changes searches as fast as one just loaded, give or take a
 few numpy calls a tier. A tier's row whose fingerprint went stays in it, marked empty, and is skipped; merges and
 `compact` leave those out.
+
+Until then its fingerprint stays in the tier's postings, read and verified (and counted as a candidate) by every
+search that reaches it, and the loaded tier may never be merged. So a tier is also built anew alone, in its place
+(its rows keep their numbers; only its postings shrink), once the rows that went since it was built reach half of
+those it was built with (and _SEAL_AT: `_STALE_SHARE`), O(1) amortised a delete; or once searches have thrown away
+as many of its candidates, found within their distance but of rows that went, as it holds rows (`_waste`): a storm
+of near-duplicates retired is a small share of a big tier but shares its band values, so every query near it
+verified all of it (185 ms a query near a 200,000-row storm deleted from a 1,200,000-row loaded tier; 9 us once
+rebuilt, BENCHMARKS.md). `compact`, numbering the rows anew, only gives the empty rows' memory back.
 """
 
 from __future__ import annotations
