@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import time
 
@@ -125,7 +126,8 @@ def test_the_numpy_base_and_the_rows_made_after_it_search_like_a_linear_scan(
 def test_a_batch_of_searches_answers_each_as_a_linear_scan(
     layout, seed, loaded, changed, limit, max_distance, seal_at
 ) -> None:
-    """search_many (one numpy pass over the base for a send's events) against the oracle, query by query."""
+    """search_many (one numpy pass over the base for a send's events) against the oracle, query by query; each the
+    same as its own search, but for the candidates, fewer once a search built a tier anew without rows that went."""
     bands, layout_distance = layout
     rng = random.Random(seed)
     pool = clustered(rng, 16, layout_distance, centers=3)
@@ -134,13 +136,19 @@ def test_a_batch_of_searches_answers_each_as_a_linear_scan(
     queries += [(flip(pool[0], layout_distance, rng), None), (rng.getrandbits(64), "i3")]
     rng.shuffle(queries)
     r = layout_distance if max_distance is None else min(max_distance, layout_distance)
+    rebuilds = index.tier_rebuilds
     results = index.search_many(queries, max_distance=max_distance, limit=limit)
     assert len(results) == len(queries)
     for (fp, exclude), result in zip(queries, results, strict=True):
         found = oracle.matches(fp, limit=r, exclude=exclude)
         assert (result.match_count, result.matches) == (len(found), found[:limit] if limit else found)
         single = index.search(fp, max_distance=max_distance, exclude=exclude, limit=limit)
-        assert result == single
+        assert (single.match_count, single.matches) == (result.match_count, result.matches)
+        assert (
+            single.candidates == result.candidates
+            if rebuilds == index.tier_rebuilds
+            else single.candidates <= result.candidates
+        )
 
 
 def test_the_numpy_base_gathers_every_candidate_of_many_probes() -> None:
@@ -190,8 +198,20 @@ def test_deleting_every_twin_frees_the_row_and_its_postings() -> None:
 
 def _assert_tiers_hold_their_shape(index: MemoryIndex) -> None:
     """The tiers cover rows 0.. in order, each strictly larger than the next (a binary counter: at most log2 of the
-    rows of them), and `empty_rows` counts exactly the tiers' rows no incident holds."""
+    rows of them), and `empty_rows` counts exactly the tiers' rows no incident holds. Each tier's postings hold the
+    fingerprints of its rows live when it was built, in its own part of the arena; `stale` of those went since, and
+    never as many as would have it built anew."""
     tiers = index._tiers
+    members = index._members
+    for t in tiers:
+        live = {index._fp_list[row] for row in range(t.first, t.end) if members[row] is not None}
+        assert t.size - t.stale == len(live)
+        assert t.length == t.size * index.layout.bands
+        run = index._arena[t.at : t.at + t.size].tolist()  # the first band's: each fingerprint once
+        assert len(set(run)) == t.size
+        assert {fp for fp in run if t.first <= index._row_of.get(fp, -1) < t.end} == live
+        assert not (t.stale >= worker.snapshot._SEAL_AT and t.stale * worker.snapshot._STALE_SHARE >= t.size)
+    assert all(a.at + a.length <= b.at for a, b in itertools.pairwise(tiers))
     assert [t.first for t in tiers] == [0, *[t.end for t in tiers]][: len(tiers)]
     assert index.base_rows == (tiers[-1].end if tiers else 0)
     assert all(a.end - a.first > b.end - b.first for a, b in itertools.pairwise(tiers))
@@ -252,6 +272,177 @@ def test_tiers_sealed_and_merged_while_the_copy_changes_search_like_a_linear_sca
             assert index.search(fp).matches == found
     finally:
         worker.snapshot._SEAL_AT = saved
+
+
+def _assert_searches_match(index: MemoryIndex, oracle: Oracle, queries: list[int]) -> list[int]:
+    """Every query answers as the oracle; the candidates each verified."""
+    results = index.search_many([(fp, None) for fp in queries])
+    for fp, result in zip(queries, results, strict=True):
+        found = oracle.matches(fp)
+        assert (result.match_count, result.matches) == (len(found), found)
+    return [result.candidates for result in results]
+
+
+def test_deletes_in_every_new_tier_do_not_chain_tiers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiers merge by the rows they span, not the rows they hold. Sealed every 64 rows, each new tier losing r + 1 of
+    its rows in round r: merged by the rows they held, every tier was smaller than the one before it, so none merged
+    (60 tiers at 7,680 rows, each a search pays for); by span, a binary counter, at most about log2(rows / 64)."""
+    monkeypatch.setattr(worker.snapshot, "_SEAL_AT", 64)
+    index = MemoryIndex(BandLayout(4, 7))
+    oracle = Oracle(7)
+    rng = random.Random(12)
+    made = 0
+    most = 0
+    for r in range(120):
+        batch = [f"i{made + k}" for k in range(64)]
+        made += 64
+        for incident_id in batch:
+            fp = rng.getrandbits(64)
+            index.set(incident_id, fp)
+            oracle.fps[incident_id] = fp
+        assert index.overlay_rows == 0  # the 64th sealed the tail
+        for incident_id in batch[: r + 1]:
+            index.delete(incident_id)
+            del oracle.fps[incident_id]
+        assert index.tiers <= math.log2(index.base_rows / 64) + 2, f"round {r}"
+        most = max(most, index.tiers)
+    assert index.base_rows == 7680
+    assert most <= 9
+    _assert_tiers_hold_their_shape(index)
+    queries = [rng.getrandbits(64) for _ in range(20)]
+    queries += [flip(fp, rng.randint(0, 8), rng) for fp in rng.sample(sorted(oracle.fps.values()), 20)]
+    _assert_searches_match(index, oracle, queries)
+
+
+def _storm(rng: random.Random, center: int, count: int) -> list[int]:
+    """`count` distinct near-duplicates of `center` (1 to 5 bits from it)."""
+    fps: set[int] = set()
+    while len(fps) < count:
+        fps.add(flip(center, rng.randint(1, 5), rng))
+    return sorted(fps)
+
+
+@pytest.mark.parametrize("bands", [4, 3])
+def test_a_tier_mostly_deleted_is_built_anew_without_its_rows_that_went(bands: int) -> None:
+    """Most rows of the loaded tier deleted (and the copy mostly live overall, so `compact` is far off): once the
+    rows that went reach half of the tier's, the tier is built anew without them, and searches no longer read
+    them. Deletes of the rows of a later tier count against that tier."""
+    rng = random.Random(4)
+    index = MemoryIndex(BandLayout(bands, 7))
+    oracle = Oracle(7)
+    center = rng.getrandbits(64)
+    storm = {f"s{k}": fp for k, fp in enumerate(_storm(rng, center, 6000))}
+    oracle.fps.update(storm)
+    oracle.fps.update((f"r{k}", rng.getrandbits(64)) for k in range(2000))
+    index.load(dict(oracle.fps))
+    for k in range(6000):  # new rows: a tier of 4,096 (two seals merged) and the tail
+        fp = rng.getrandbits(64)
+        index.set(f"n{k}", fp)
+        oracle.fps[f"n{k}"] = fp
+    queries = [flip(center, rng.randint(0, 3), rng) for _ in range(4)] + [rng.getrandbits(64) for _ in range(4)]
+    [before] = _assert_searches_match(index, oracle, queries[:1])
+    assert index.tier_rebuilds == 0
+    loaded = index._tiers[0]
+    for n, incident_id in enumerate(storm):
+        if n % 1000 == 0:  # searched as the storm goes, with no search near it, so only the deletes count
+            _assert_searches_match(index, oracle, queries[4:])
+        index.delete(incident_id)
+        del oracle.fps[incident_id]
+        if index.tier_rebuilds:
+            break
+    assert index.tier_rebuilds == 1
+    assert n + 1 == 4000  # half the loaded tier's 8,000 rows
+    assert index._tiers[0].first == loaded.first and index._tiers[0].end == loaded.end
+    assert index._tiers[0].size == loaded.size - (n + 1) and index._tiers[0].stale == 0
+    assert index.empty_rows == n + 1  # the rows stay (numbered) until compact gives them back
+    _assert_tiers_hold_their_shape(index)
+    [after, *_] = _assert_searches_match(index, oracle, queries)
+    assert after < before - 4000  # the storm's rows that went are no longer verified
+    for incident_id in list(storm)[n + 1 :]:
+        index.delete(incident_id)
+        del oracle.fps[incident_id]
+    _assert_tiers_hold_their_shape(index)
+    _assert_searches_match(index, oracle, queries)
+    # a later tier: the first 4,096 rows made after the load, most of them deleted
+    later = index._tiers[1]
+    assert later.first == 8000 and later.end - later.first == 4096 == later.size
+    rebuilds = index.tier_rebuilds
+    for k in range(3000):
+        index.delete(f"n{k}")
+        del oracle.fps[f"n{k}"]
+    assert (
+        index.tier_rebuilds == rebuilds + 1
+        and index._tiers[1].size == 4096 - 2048
+        and index._tiers[1].stale == 3000 - 2048
+    )
+    _assert_tiers_hold_their_shape(index)
+    _assert_searches_match(index, oracle, queries)
+
+
+def test_searches_near_a_deleted_storm_have_its_tier_built_anew() -> None:
+    """A storm of near-duplicates, a small share of the loaded tier, deleted: too few deletes to rebuild the tier,
+    but every query near the storm reads and verifies all its rows that went. Once the searches have thrown away as
+    many of the tier's candidates as it holds rows, it is built anew without them."""
+    rng = random.Random(5)
+    index = MemoryIndex(BandLayout(4, 7))
+    oracle = Oracle(7)
+    center = rng.getrandbits(64)
+    storm = {f"s{k}": fp for k, fp in enumerate(_storm(rng, center, 3000))}
+    oracle.fps.update(storm)
+    oracle.fps.update((f"r{k}", rng.getrandbits(64)) for k in range(30_000))
+    index.load(dict(oracle.fps))
+    for incident_id in storm:
+        index.delete(incident_id)
+        del oracle.fps[incident_id]
+    assert index.tier_rebuilds == 0 and index._tiers[0].stale == 3000
+    queries = [flip(center, rng.randint(0, 3), rng) for _ in range(40)]
+    candidates = []
+    for fp in queries:
+        [count] = _assert_searches_match(index, oracle, [fp])
+        candidates.append(count)
+    assert index.tier_rebuilds == 1
+    wasted = 0
+    for k, count in enumerate(candidates):  # each query before the rebuild verified the storm again  # noqa: B007
+        if count < 3000:
+            break
+        wasted += count
+    assert 0 < k < 40 and wasted >= 33_000  # about the tier's rows in candidates thrown away
+    assert max(candidates[k:]) < 1000
+    _assert_tiers_hold_their_shape(index)
+
+
+def test_a_fingerprint_outside_64_bits_changes_nothing() -> None:
+    """numpy cannot hold it (OverflowError): refused before any part of the copy changed, whether the incident is
+    new or had a fingerprint, and whether a free row or a seal was next."""
+    rng = random.Random(6)
+    index = MemoryIndex(BandLayout(4, 7))
+    oracle = Oracle(7)
+    oracle.fps.update((f"i{k}", rng.getrandbits(64)) for k in range(100))
+    index.load(dict(oracle.fps))
+    for k in range(worker.snapshot._SEAL_AT - 1):  # the next new row seals the tail
+        index.set(f"t{k}", rng.getrandbits(64))
+        oracle.fps[f"t{k}"] = index.get(f"t{k}")  # type: ignore[assignment]
+    index.set("gone", 7)
+    index.delete("gone")  # a free row in the tail, handed out next
+    state = (dict(index.items()), index.distinct, index.base_rows, index.overlay_rows, index.tiers, list(index._free))
+    for bad in (2**64, -1, 2**70):
+        for incident_id in ("i0", "new", "t0"):
+            with pytest.raises(OverflowError):
+                index.set(incident_id, bad)
+            assert (
+                dict(index.items()),
+                index.distinct,
+                index.base_rows,
+                index.overlay_rows,
+                index.tiers,
+                list(index._free),
+            ) == state
+    _assert_tiers_hold_their_shape(index)
+    queries = [*rng.sample(sorted(oracle.fps.values()), 10), 7, rng.getrandbits(64)]
+    _assert_searches_match(index, oracle, queries)
+    index.set("new", 7)  # the copy goes on as before
+    oracle.fps["new"] = 7
+    _assert_searches_match(index, oracle, queries)
 
 
 def test_ids_sort_in_utf8_byte_order_as_redis_sorts_them() -> None:

@@ -181,8 +181,10 @@ changes after the copy's position, the earlier calls of its send included: ~8 ch
 COMPACT_FROM = 50_000
 """Empty rows (fingerprints that went: upserts and deletes) the copy holds before it numbers its rows anew to give
 their memory back (`MemoryIndex.compact`); and at least as many as it holds live rows, so the rebuilds (about 2 s at
-a million rows, the worker's pause) amortize. Empty rows still in a tier are still verified (and counted as
-candidates) until a merge leaves them out: a storm deleted from the loaded tier slows searches near it until then."""
+a million rows, the worker's pause) amortize. This is for memory only: searches stop reading a tier's empty rows
+when the copy builds that tier anew, alone, once half its rows went or searches near them (a storm deleted) have
+thrown away as many of its candidates as it holds rows (worker/snapshot.py, `_STALE_SHARE`; `snapshot_tier_rebuilds`
+in the summary counts those)."""
 
 CLAIM_EXTRA = 16
 """Matches listed beyond the alert cap, so that a few of them deleted after the snapshot still leave the cap covered."""
@@ -283,6 +285,7 @@ class SnapshotReader:
             "snapshot_position": index.position,
             "snapshot_tiers": index.tiers,  # about log2 of the rows it gained since its load, in numpy
             "snapshot_empty_rows": index.empty_rows,  # given back at COMPACT_FROM
+            "snapshot_tier_rebuilds": index.tier_rebuilds,  # tiers built anew without their rows that went
             "snapshot_load_seconds": round(self.follower.load_seconds, 2),
             "snapshot_reloads": self.reloads,
             "snapshot_fallbacks": self.fallbacks,

@@ -20,11 +20,21 @@ merged with it (a binary counter: every row is rebuilt about log2(changes / _SEA
 many tiers at most). So a copy that follows a million changes searches as fast as one just loaded, give or take a
 few numpy calls a tier. A tier's row whose fingerprint went stays in it, marked empty, and is skipped; merges and
 `compact` leave those out.
+
+Until then its fingerprint stays in the tier's postings, read and verified (and counted as a candidate) by every
+search that reaches it, and the loaded tier may never be merged. So a tier is also built anew alone, in its place
+(its rows keep their numbers; only its postings shrink), once the rows that went since it was built reach half of
+those it was built with (and _SEAL_AT: `_STALE_SHARE`), O(1) amortised a delete; or once searches have thrown away
+as many of its candidates, found within their distance but of rows that went, as it holds rows (`_waste`): a storm
+of near-duplicates retired is a small share of a big tier but shares its band values, so every query near it
+verified all of it (185 ms a query near a 200,000-row storm deleted from a 1,200,000-row loaded tier; 9 us once
+rebuilt, BENCHMARKS.md). `compact`, numbering the rows anew, only gives the empty rows' memory back.
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -41,15 +51,24 @@ _DIRECT_WIDTH = 20
 _SEAL_AT = 2048
 """Rows in the tail (made after the last tier, compared one by one with each query) at which they become a tier."""
 
+_STALE_SHARE = 2
+"""A tier is built anew, alone, once the rows that went since it was built reach 1/_STALE_SHARE of the rows it was
+built with, and _SEAL_AT. A rebuild of n rows costs O(n) and follows at least n/2 deletes in the tier: O(1) a delete
+(every delete of a copy's rows, spread evenly, rebuilds each row about twice in all). The floor keeps small tiers
+from churning: a rebuild has a fixed cost (a direct table of every band's values, 2^16 + 1 entries a band), and
+fewer than _SEAL_AT rows that went cost a search less than the tail's _SEAL_AT rows, compared one by one, already
+do (a row of a tier is read only when a probe reaches it). Rows that went close together (a storm) cost far more
+than their share: searches near them rebuild their tier sooner (`MemoryIndex._waste`)."""
 
-def _gather(order: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """order[starts[0]:ends[0]], order[starts[1]:ends[1]], ... as one array, without a Python loop."""
+
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """starts[0]..ends[0], starts[1]..ends[1], ... (each end left out) as one array, without a Python loop."""
     counts = ends - starts
     offsets = np.cumsum(counts)
     if not len(offsets) or not offsets[-1]:
-        return order[:0]
-    # the k-th element of range i is at starts[i] + k, and at position offsets[i] - counts[i] + k of the result
-    return order[np.repeat(starts - offsets + counts, counts) + np.arange(int(offsets[-1]))]
+        return np.zeros(0, dtype=np.int64)
+    # the k-th element of range i is starts[i] + k, at position offsets[i] - counts[i] + k of the result
+    return np.repeat(starts - offsets + counts, counts) + np.arange(int(offsets[-1]))
 
 
 def _value_dtype(width: int) -> type[np.unsignedinteger]:
@@ -57,7 +76,7 @@ def _value_dtype(width: int) -> type[np.unsignedinteger]:
     return np.uint8 if width <= 8 else np.uint16 if width <= 16 else np.uint32 if width <= 32 else np.uint64
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _Tier:
     """Rows first..end of the copy in numpy (those live when it was built: `size` of them).
 
@@ -66,6 +85,10 @@ class _Tier:
     fingerprints start there: with bands at most _DIRECT_WIDTH wide, `starts`, a table of every band's every value's
     first position; with wider bands, `keys`, each of those fingerprints' band key (the band's base + its value), in
     the same order, for binary searches.
+
+    `stale`: its rows that went since it was built (their fingerprints still in its postings, read and verified by
+    the searches that reach them); `wasted`: the candidates searches found within their distance among those and
+    threw away. Either one past its bound has the tier built anew (`MemoryIndex._rebuild`).
     """
 
     first: int
@@ -75,10 +98,16 @@ class _Tier:
     length: int
     starts: np.ndarray | None
     keys: np.ndarray | None
+    stale: int = 0
+    wasted: int = 0
 
 
 def _span(tier: _Tier) -> int:
     return tier.end - tier.first
+
+
+def _end(tier: _Tier) -> int:
+    return tier.end
 
 
 @dataclass(frozen=True)
@@ -108,6 +137,7 @@ class MemoryIndex:
         self._fps = np.zeros(1024, dtype=np.uint64)
         self._free: list[int] = []  # rows of the tail whose fingerprint went, to be used again
         self._empty = 0  # rows of the tiers whose fingerprint went
+        self._rebuilds = 0  # tiers built anew for the rows that went from them (`_rebuild`)
         self._offsets = np.array(layout.offsets, dtype=np.uint64)
         self._width_masks = np.array([(1 << width) - 1 for width in layout.widths], dtype=np.uint64)
         self._direct = max(layout.widths) <= _DIRECT_WIDTH
@@ -151,6 +181,11 @@ class MemoryIndex:
     @property
     def tiers(self) -> int:
         return len(self._tiers)
+
+    @property
+    def tier_rebuilds(self) -> int:
+        """Tiers built anew, alone, since the copy was made, to leave out the rows that went from them."""
+        return self._rebuilds
 
     @property
     def empty_rows(self) -> int:
@@ -208,18 +243,21 @@ class MemoryIndex:
         """A tier of the rows first..end that an incident holds, its fingerprints written to the arena from `at` on
         (over the tiers it replaces, if any: merges replace the newest tiers, which are the arena's end)."""
         if every_row_live:
-            rows = np.arange(first, end, dtype=np.int64)
             fps = self._fps[first:end]
         else:
             live = np.fromiter((held is not None for held in self._members[first:end]), dtype=bool, count=end - first)
-            rows = np.flatnonzero(live).astype(np.int64) + first
-            fps = self._fps[rows]
+            fps = self._fps[np.flatnonzero(live) + first]
+        return self._tier_of(first, end, fps, at=at)
+
+    def _tier_of(self, first: int, end: int, fps: np.ndarray, *, at: int) -> _Tier:
+        """The tier of rows first..end holding `fps` (the fingerprints of those of its rows in use, in any order; not
+        a view of the arena), written to the arena from `at` on."""
         # Every band's value -> its first position in one table (or a sorted list of band keys), so that all probes
         # of a query, over every band, are found with one gather (or one binary search). The arena holds the
         # fingerprints themselves in that order (not their rows): a probe's candidates are then read from one
         # contiguous run of memory, not gathered row by row across the whole copy (about 0.6 of the search's time at a
         # million); the few within the distance find their row through `_row_of`.
-        length = len(rows) * self.layout.bands
+        length = len(fps) * self.layout.bands
         if len(self._arena) < at + length:  # grown by a quarter at least: a copy's growth copies it a few times
             grown = np.zeros(max(at + length, len(self._arena) * 5 // 4), dtype=np.uint64)
             grown[:at] = self._arena[:at]
@@ -236,11 +274,11 @@ class MemoryIndex:
                 starts.append(np.concatenate(([0], np.cumsum(counts))) + place)
             else:
                 keys.append(values[order].astype(np.uint64) | np.uint64(base))
-            self._arena[place : place + len(rows)] = fps[order]
-            place += len(rows)
+            self._arena[place : place + len(fps)] = fps[order]
+            place += len(fps)
         if self._direct:
-            return _Tier(first, end, len(rows), at, length, np.concatenate(starts), None)
-        return _Tier(first, end, len(rows), at, length, None, np.concatenate(keys))
+            return _Tier(first, end, len(fps), at, length, np.concatenate(starts), None)
+        return _Tier(first, end, len(fps), at, length, None, np.concatenate(keys))
 
     def _seal(self) -> None:
         """Make the tail a tier, and merge every tier no larger than the one after it with that one."""
@@ -256,6 +294,22 @@ class MemoryIndex:
             newest = self._tiers.pop()
             older = self._tiers[-1]
             self._tiers[-1] = self._build_tier(older.first, newest.end, at=older.at)
+
+    def _rebuild(self, k: int) -> None:
+        """Build the k-th tier anew without the rows that went since it was built, in its own place in the arena.
+
+        Its span stays (the rows keep their numbers, so the binary counter's shape holds); only its postings shrink.
+        It is read from the tier itself, not from its span's rows: its first band's run holds each of its fingerprints
+        once, and those still held by one of its rows stay. O(its size), not of its span (which may hold many rows
+        that went before an earlier rebuild)."""
+        tier = self._tiers[k]
+        first, end, row_of = tier.first, tier.end, self._row_of
+        run = self._arena[tier.at : tier.at + tier.size].tolist()
+        # a fingerprint held again after its row here went has a row after this tier's: it is not this tier's
+        fps = np.array([fp for fp in run if first <= row_of.get(fp, -1) < end], dtype=np.uint64)
+        assert len(fps) == tier.size - tier.stale
+        self._tiers[k] = self._tier_of(first, end, fps, at=tier.at)  # shorter than the old: no other tier is touched
+        self._rebuilds += 1
 
     def _masks_for(self, r: int) -> list[np.ndarray]:
         arrays = self._mask_arrays.get(r)
@@ -287,13 +341,16 @@ class MemoryIndex:
         old = self._fp_of.get(incident_id)
         if old == fp:
             return
+        row = self._row_of.get(fp)  # unlinking `old` (another fingerprint) does not change it
+        # a new row's fingerprint as numpy holds it: one outside 64 bits raises OverflowError here, before any change
+        value = np.uint64(fp) if row is None else None
         if old is not None:
             self._unlink(incident_id, old)
         self._fp_of[incident_id] = fp
-        row = self._row_of.get(fp)
-        if row is None:
-            self._new_row(incident_id, fp)
+        if value is not None:
+            self._new_row(incident_id, fp, value)
             return
+        assert row is not None
         members = self._members[row]
         if isinstance(members, str):
             self._members[row] = sorted((members, incident_id))
@@ -306,7 +363,9 @@ class MemoryIndex:
         if old is not None:
             self._unlink(incident_id, old)
 
-    def _new_row(self, incident_id: str, fp: int) -> None:
+    def _new_row(self, incident_id: str, fp: int, value: np.uint64) -> None:
+        """A row for `fp`, held by `incident_id` alone; `value` is `fp` as numpy's (converted first by the caller, so
+        that a fingerprint outside 64 bits changes nothing)."""
         if self._free:
             row = self._free.pop()
         else:
@@ -316,7 +375,7 @@ class MemoryIndex:
             self._members.append(None)
             self._fp_list.append(0)
         self._members[row] = incident_id
-        self._fps[row] = fp
+        self._fps[row] = value
         self._fp_list[row] = fp
         self._row_of[fp] = row
         if len(self._members) - self._sealed >= _SEAL_AT:
@@ -335,8 +394,13 @@ class MemoryIndex:
         del self._row_of[fp]
         if row >= self._sealed:
             self._free.append(row)
-        else:
-            self._empty += 1
+            return
+        self._empty += 1
+        k = bisect.bisect_right(self._tiers, row, key=_end)  # the tier of this row: the first that ends after it
+        tier = self._tiers[k]
+        tier.stale += 1
+        if tier.stale >= _SEAL_AT and tier.stale * _STALE_SHARE >= tier.size:
+            self._rebuild(k)
 
     # -- search ---------------------------------------------------------------------------------------------
 
@@ -403,9 +467,10 @@ class MemoryIndex:
             ends = np.concatenate([np.searchsorted(keys, probes, side="right") + at for keys, at in where])
         lengths = ends - starts  # tier x probe
         range_query = np.tile(probe_query, len(tiers))
-        candidates = _gather(self._arena, starts, ends)
-        if not len(candidates):
+        positions = _ranges(starts, ends)  # in the arena
+        if not len(positions):
             return
+        candidates = self._arena[positions]
         for k, count in enumerate(np.bincount(range_query, weights=lengths, minlength=len(queries)).tolist()):
             verified[k] += int(count)
         query_of = np.repeat(range_query, lengths)  # the query of each candidate
@@ -414,12 +479,41 @@ class MemoryIndex:
         # A fingerprint no incident holds any more has no row (its row in the tier is empty, and skipped anyway).
         # No np.unique: sorting costs more than verifying the few rows that several bands reach twice.
         row_of = self._row_of
-        for k, fp, distance in zip(
-            query_of[near].tolist(), candidates[near].tolist(), distances[near].tolist(), strict=True
+        wasted = []
+        for k, fp, distance, position in zip(
+            query_of[near].tolist(),
+            candidates[near].tolist(),
+            distances[near].tolist(),
+            positions[near].tolist(),
+            strict=True,
         ):
             row = row_of.get(fp)
             if row is not None:
                 hits[k][row] = distance
+            else:
+                wasted.append(position)
+        if wasted:
+            self._waste(wasted)
+
+    def _waste(self, positions: list[int]) -> None:
+        """Count against their tiers the candidates a search found within its distance but of rows that went (the
+        arena's `positions` of them), and build anew each tier whose count reaches its size.
+
+        Rows that went are counted on delete, too (`_unlink`), but how much they cost depends on where they are: a
+        storm of near-duplicates shares its band values, so a query near it reads and verifies every row of it that
+        went, all of them within its distance, however small a share of the tier they are. Once the searches have
+        thrown away as many of a tier's candidates as it holds rows, they have spent about what building it anew
+        costs (the rebuild then at most doubles what they spend on it), and the rows that went no longer cost them.
+        """
+        ats = [tier.at for tier in self._tiers]
+        due = []
+        for k, count in collections.Counter(bisect.bisect_right(ats, position) - 1 for position in positions).items():
+            tier = self._tiers[k]
+            tier.wasted += count
+            if tier.wasted >= max(tier.size, _SEAL_AT):
+                due.append(k)
+        for k in due:
+            self._rebuild(k)
 
     def _tail_hits(self, queries: np.ndarray, r: int, hits: list[dict[int, int]], verified: list[int]) -> None:
         """Add to each query's `hits` the rows of the tail within `r`, by comparing with each (one numpy pass).
