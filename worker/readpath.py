@@ -183,8 +183,9 @@ COMPACT_FROM = 50_000
 their memory back (`MemoryIndex.compact`); and at least as many as it holds live rows, so the rebuilds (about 2 s at
 a million rows, the worker's pause) amortize. This is for memory only: searches stop reading a tier's empty rows
 when the copy builds that tier anew, alone, once half its rows went or searches near them (a storm deleted) have
-thrown away as many of its candidates as it holds rows (worker/snapshot.py, `_STALE_SHARE`; `snapshot_tier_rebuilds`
-in the summary counts those)."""
+thrown away as many of its candidates as it holds rows, and in either case at least 2,048 (`_SEAL_AT`; see
+worker/snapshot.py, `_STALE_SHARE`). `snapshot_tier_rebuilds` in the summary counts those since the copy was made
+(a new layout or a reload makes a new copy, and the count starts again at 0)."""
 
 CLAIM_EXTRA = 16
 """Matches listed beyond the alert cap, so that a few of them deleted after the snapshot still leave the cap covered."""

@@ -184,7 +184,8 @@ class MemoryIndex:
 
     @property
     def tier_rebuilds(self) -> int:
-        """Tiers built anew, alone, since the copy was made, to leave out the rows that went from them."""
+        """Tiers built anew, alone, since the copy was made, to leave out the rows that went from them (a new copy,
+        after a reload or a new layout, starts again at 0)."""
         return self._rebuilds
 
     @property
@@ -497,13 +498,16 @@ class MemoryIndex:
 
     def _waste(self, positions: list[int]) -> None:
         """Count against their tiers the candidates a search found within its distance but of rows that went (the
-        arena's `positions` of them), and build anew each tier whose count reaches its size.
+        arena's `positions` of them), and build anew each tier whose count reaches its size and _SEAL_AT.
 
         Rows that went are counted on delete, too (`_unlink`), but how much they cost depends on where they are: a
         storm of near-duplicates shares its band values, so a query near it reads and verifies every row of it that
         went, all of them within its distance, however small a share of the tier they are. Once the searches have
         thrown away as many of a tier's candidates as it holds rows, they have spent about what building it anew
         costs (the rebuild then at most doubles what they spend on it), and the rows that went no longer cost them.
+        The rebuild is a pause of the search that triggers it (about 0.7 s for a tier of a million rows, like a merge
+        of that size); a few rows that went, near a query sent again and again, can trigger it too, once their
+        thrown-away candidates add up to the tier's size.
         """
         ats = [tier.at for tier in self._tiers]
         due = []
