@@ -322,19 +322,28 @@ def _storm(rng: random.Random, center: int, count: int) -> list[int]:
     return sorted(fps)
 
 
+def _loaded_with_storm(
+    seed: int, bands: int, storm_size: int, others: int
+) -> tuple[random.Random, MemoryIndex, Oracle, int, dict[str, int]]:
+    """A copy (and its oracle) loaded with a storm of `storm_size` near-duplicates of a random center (IDs ``s0``...)
+    and `others` random fingerprints (``r0``...): the generator, the copy, the oracle, the center and the storm."""
+    rng = random.Random(seed)
+    index = MemoryIndex(BandLayout(bands, 7))
+    oracle = Oracle(7)
+    center = rng.getrandbits(64)
+    storm = {f"s{k}": fp for k, fp in enumerate(_storm(rng, center, storm_size))}
+    oracle.fps.update(storm)
+    oracle.fps.update((f"r{k}", rng.getrandbits(64)) for k in range(others))
+    index.load(dict(oracle.fps))
+    return rng, index, oracle, center, storm
+
+
 @pytest.mark.parametrize("bands", [4, 3])
 def test_a_tier_mostly_deleted_is_built_anew_without_its_rows_that_went(bands: int) -> None:
     """Most rows of the loaded tier deleted (and the copy mostly live overall, so `compact` is far off): once the
     rows that went reach half of the tier's, the tier is built anew without them, and searches no longer read
     them. Deletes of the rows of a later tier count against that tier."""
-    rng = random.Random(4)
-    index = MemoryIndex(BandLayout(bands, 7))
-    oracle = Oracle(7)
-    center = rng.getrandbits(64)
-    storm = {f"s{k}": fp for k, fp in enumerate(_storm(rng, center, 6000))}
-    oracle.fps.update(storm)
-    oracle.fps.update((f"r{k}", rng.getrandbits(64)) for k in range(2000))
-    index.load(dict(oracle.fps))
+    rng, index, oracle, center, storm = _loaded_with_storm(4, bands, 6000, 2000)
     for k in range(6000):  # new rows: a tier of 4,096 (two seals merged) and the tail
         fp = rng.getrandbits(64)
         index.set(f"n{k}", fp)
@@ -383,14 +392,7 @@ def test_searches_near_a_deleted_storm_have_its_tier_built_anew() -> None:
     """A storm of near-duplicates, a small share of the loaded tier, deleted: too few deletes to rebuild the tier,
     but every query near the storm reads and verifies all its rows that went. Once the searches have thrown away as
     many of the tier's candidates as it holds rows, it is built anew without them."""
-    rng = random.Random(5)
-    index = MemoryIndex(BandLayout(4, 7))
-    oracle = Oracle(7)
-    center = rng.getrandbits(64)
-    storm = {f"s{k}": fp for k, fp in enumerate(_storm(rng, center, 3000))}
-    oracle.fps.update(storm)
-    oracle.fps.update((f"r{k}", rng.getrandbits(64)) for k in range(30_000))
-    index.load(dict(oracle.fps))
+    rng, index, oracle, center, storm = _loaded_with_storm(5, 4, 3000, 30_000)
     for incident_id in storm:
         index.delete(incident_id)
         del oracle.fps[incident_id]
