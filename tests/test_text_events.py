@@ -218,3 +218,20 @@ def test_the_alerts_command_shows_the_text_of_a_text_incident() -> None:
     assert "text: 'Disk full on db-12'" in alert_line(
         "1-0", Alert.from_fields({**fields, "text": "Disk full on db-12"})
     )
+
+
+@pytest.mark.timeout(60)
+def test_a_text_of_a_megabyte_of_slashes_is_dead_lettered_and_the_worker_goes_on(redis_client: redis.Redis) -> None:
+    """Once, such a text held each worker that took it for hours (the tokenizer was quadratic in its slashes)."""
+    publish(
+        redis_client,
+        [
+            {"incident_id": "slashes", "text": "/" * 1_000_000},
+            {"incident_id": "1", "text": DISK_1},
+            {"incident_id": "3", "text": DISK_2 + " " + "/-" * 400_000},
+        ],
+    )
+    run_worker(redis_client)
+    assert [(d.original["incident_id"], d.reason) for d in dead_letters(redis_client)] == [("slashes", "empty_bag")]
+    assert [a.incident_id for a in alerts(redis_client)] == ["3"]
+    assert pending_count(redis_client) == 0
