@@ -235,3 +235,70 @@ def test_a_text_of_a_megabyte_of_slashes_is_dead_lettered_and_the_worker_goes_on
     assert [(d.original["incident_id"], d.reason) for d in dead_letters(redis_client)] == [("slashes", "empty_bag")]
     assert [a.incident_id for a in alerts(redis_client)] == ["3"]
     assert pending_count(redis_client) == 0
+
+
+HOSTILE_TEXT = (
+    "Disk full on db-07\x1b[2J\x1b]0;owned\x07 \u202eright-to-left\r\nwrites\x00 failing\x9b31m since 03:14 UTC"
+)
+
+
+def _printable(line: str) -> bool:
+    """Nothing a terminal acts on: no control character (C0, DEL, C1) and no invisible format character (bidi)."""
+    return all(char.isprintable() for char in line)
+
+
+def test_texts_and_ids_print_with_their_control_characters_escaped(
+    redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An operator reads alerts and dead letters in a terminal: a producer's text or ID must not drive it (clear the
+    screen, set the title, reorder a line, forge one)."""
+    from worker.commands._format import shown
+    from worker.commands.alerts import alert_line
+    from worker.commands.dead import print_letter
+    from worker.commands.demo import alert_lines
+
+    odd_id = "\x1b[31mred\u202e\n"
+    publish(
+        redis_client,
+        [
+            {"incident_id": "1", "text": DISK_1},
+            {"incident_id": odd_id, "text": HOSTILE_TEXT},
+            {"incident_id": "\x1b[2J", "text": "\x1b[;\x07 \r\n--"},  # no word: a dead letter
+        ],
+    )
+    run_worker(redis_client, alert_text_chars=200)
+    [alert] = alerts(redis_client)
+    assert alert.incident_id == odd_id and alert.text == HOSTILE_TEXT  # stored as sent
+    line = alert_line("1-0", alert)
+    assert _printable(line) and shown(odd_id) in line and "\\x1b" in line
+    for demo_line in alert_lines(alert, lambda incident_id: HOSTILE_TEXT if incident_id == odd_id else DISK_1):
+        assert _printable(demo_line), demo_line
+    [(entry_id, _)] = redis_client.xrange("{incidents}:dead")
+    [letter] = dead_letters(redis_client)
+    capsys.readouterr()  # the worker's log
+    print_letter(entry_id.decode() if isinstance(entry_id, bytes) else entry_id, letter)
+    printed = capsys.readouterr().out
+    assert printed.count("\n") == 4 and all(_printable(line) for line in printed.splitlines())
+    assert shown("plain text, é, 漢字, e\u0301") == "plain text, é, 漢字, e\u0301"  # printable text stays as it is
+
+
+def test_the_worker_s_console_log_escapes_control_characters(redis_client: redis.Redis) -> None:
+    """The console log is for a terminal: an incident ID or text in a line must not drive it either."""
+    import io
+
+    from worker.logs import configure_logging
+
+    out = io.StringIO()
+    configure_logging("console", "debug", stream=out)
+    publish(
+        redis_client,
+        [
+            {"incident_id": "1", "text": DISK_1},
+            {"incident_id": "\x1b[31mred\u202e", "text": HOSTILE_TEXT},
+            {"incident_id": "\x1b]0;owned\x07", "text": "\x1b[;\x07"},  # no word: a dead letter
+        ],
+    )
+    run_worker(redis_client)
+    logged = out.getvalue()
+    assert "dead letter" in logged and "alert" in logged
+    assert all(line.isprintable() for line in logged.splitlines()), logged
