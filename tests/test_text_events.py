@@ -3,10 +3,13 @@ version in the index meta, refuses an index made by another version, and can cop
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from tests.conftest import fast_settings
@@ -302,3 +305,45 @@ def test_the_worker_s_console_log_escapes_control_characters(redis_client: redis
     logged = out.getvalue()
     assert "dead letter" in logged and "alert" in logged
     assert all(line.isprintable() for line in logged.splitlines()), logged
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=40),
+    st.sampled_from(["text", "features", "incident_id"]),
+    st.integers(20, 120),
+)
+def test_an_entry_is_validated_alike_as_text_and_as_the_bytes_the_worker_reads(
+    value: str, name: str, limit: int
+) -> None:
+    """`publish` validates str fields and the worker the same entry's bytes: MAX_ENTRY_BYTES is in bytes for both
+    (a line of multi-byte characters once passed publish and then met the worker as too_large)."""
+    from worker.formats import EventLimits
+
+    fields = {"incident_id": "1", "text": "disk full"}
+    fields[name] = value if name != "features" else json.dumps({value: 1}, ensure_ascii=False)
+    if name == "features":
+        del fields["text"]
+    limits = EventLimits(max_entry_bytes=limit)
+
+    def outcome(raw: dict[Any, Any]) -> tuple[str, int | None]:
+        try:
+            return "ok", IncidentEvent.from_fields(raw, limits).fingerprint
+        except ValidationError as error:
+            return event_error(error)[0], None
+
+    as_bytes = {k.encode(): v.encode() for k, v in fields.items()}
+    assert outcome(fields) == outcome(as_bytes)
+
+
+def test_publish_refuses_a_text_line_the_worker_would_find_too_large() -> None:
+    from worker.commands.publish import _parse_line
+    from worker.errors import InvalidLineError
+    from worker.formats import EventLimits
+
+    line = " ".join(["\u00e9t\u00e9"] * 200_000)  # 0.8 million characters, 1.4 MB
+    limits = EventLimits()
+    assert len(line) < limits.max_entry_bytes < len(line.encode())
+    with pytest.raises(InvalidLineError) as caught:
+        _parse_line(line, 1, text_mode=True, id_prefix="app:", limits=limits)
+    assert caught.value.reason == "too_large"

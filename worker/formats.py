@@ -215,7 +215,7 @@ class IncidentEvent(BaseModel):
     @classmethod
     def from_fields(cls, fields: Mapping[Any, Any], limits: EventLimits = _DEFAULT_LIMITS) -> IncidentEvent:
         """Validate a raw stream entry (bytes or text). Raises `ValidationError`; see `event_error`."""
-        size = sum(len(k) + len(v) for k, v in fields.items())
+        size = sum(_byte_size(k) + _byte_size(v) for k, v in fields.items())  # in bytes, as the worker reads them
         if size > limits.max_entry_bytes:
             raise ValidationError.from_exception_data(
                 cls.__name__,
@@ -299,6 +299,13 @@ class IncidentEvent(BaseModel):
         if self.op != "add":
             fields["op"] = self.op
         return fields
+
+
+def _byte_size(value: Any) -> int:
+    """The size of a field name or value in the stream: its UTF-8 bytes (a str's characters may take up to 4)."""
+    if isinstance(value, str) and not value.isascii():
+        return len(value.encode("utf-8", "surrogatepass"))
+    return len(value)
 
 
 def _bag_of_text(value: Any) -> dict[str, int]:
