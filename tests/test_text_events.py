@@ -347,3 +347,22 @@ def test_publish_refuses_a_text_line_the_worker_would_find_too_large() -> None:
     with pytest.raises(InvalidLineError) as caught:
         _parse_line(line, 1, text_mode=True, id_prefix="app:", limits=limits)
     assert caught.value.reason == "too_large"
+
+
+def test_only_an_indexed_text_incident_records_the_tokenizer(redis_client: redis.Redis) -> None:
+    """A text event that indexes nothing (a delete carrying a text, an add refused as a duplicate ID) leaves an index
+    of bags without `tokenizer`: else a worker of another version would refuse an index that holds no text incident."""
+    publish(
+        redis_client,
+        [
+            {"incident_id": "1", "features": {"disk": 3}},
+            {"incident_id": "1", "op": "delete", "text": DISK_1},
+            {"incident_id": "2", "features": {"disk": 3}},
+            {"incident_id": "2", "text": DISK_1},  # duplicate_id: not indexed
+            {"incident_id": "3", "op": "delete", "text": CERT},  # an unknown ID: nothing changes
+        ],
+    )
+    run_worker(redis_client)
+    assert [d.reason for d in dead_letters(redis_client)] == ["duplicate_id"]
+    assert redis_client.hkeys("{incidents}:fp") in ([b"2"], ["2"])
+    assert redis_client.hget(META, "tokenizer") is None
