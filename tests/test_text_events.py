@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import redis
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
@@ -366,3 +366,60 @@ def test_only_an_indexed_text_incident_records_the_tokenizer(redis_client: redis
     assert [d.reason for d in dead_letters(redis_client)] == ["duplicate_id"]
     assert redis_client.hkeys("{incidents}:fp") in ([b"2"], ["2"])
     assert redis_client.hget(META, "tokenizer") is None
+
+
+LINES = [DISK_1, DISK_2, CERT, "Failed password for root from 10.0.0.1 port 22 ssh2"]
+PAYLOADS = [("text", line) for line in LINES] + [
+    ("features", features_from_text(DISK_1)),  # the bag of a text: the same fingerprint
+    ("features", {"dock": 3, "scanner": 2}),
+]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c"]), st.sampled_from(["add", "upsert", "delete"]), st.sampled_from(PAYLOADS)
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    st.sampled_from(["primary", "snapshot"]),
+)
+def test_text_and_bag_events_of_one_incident_follow_the_repeat_rules(
+    redis_client: redis.Redis, events: list[tuple[str, str, tuple[str, Any]]], read_path: str
+) -> None:
+    """Text and bag events mixed on a few IDs: alerts, dead letters and the index as the brute-force oracle has them
+    (a text and a bag of one fingerprint are one incident repeated, never a duplicate ID); a text incident's alert
+    carries the start of its own text, a bag's none."""
+    from tests.oracle import Oracle
+
+    redis_client.flushall()
+    oracle = Oracle(7)
+    expected_alerts, expected_dead = [], []
+    published = []
+    for incident_id, op, (kind, payload) in events:
+        fp = fingerprint(features_from_text(payload) if kind == "text" else payload)
+        if op == "delete":
+            oracle.delete(incident_id)
+            published.append({"incident_id": incident_id, "op": "delete"})
+            continue
+        found = oracle.add(incident_id, fp) if op == "add" else oracle.upsert(incident_id, fp)
+        if found == "duplicate":
+            expected_dead.append(incident_id)
+        elif found:
+            text = payload[:10] if kind == "text" else None
+            expected_alerts.append((incident_id, op, [(m, d) for m, d in found], text))
+        published.append({"incident_id": incident_id, "op": op, kind: payload})
+    publish(redis_client, published)
+    run_worker(redis_client, alert_text_chars=10, read_path=read_path)
+    got = [
+        (a.incident_id, a.op, [(m.incident_id, m.distance) for m in a.matches], a.text) for a in alerts(redis_client)
+    ]
+    assert got == expected_alerts
+    assert [(d.original["incident_id"], d.reason) for d in dead_letters(redis_client)] == [
+        (i, "duplicate_id") for i in expected_dead
+    ]
+    stored = {k if isinstance(k, str) else k.decode(): v for k, v in redis_client.hgetall("{incidents}:fp").items()}
+    assert {k: int(v, 16) for k, v in stored.items()} == oracle.fps
+    assert pending_count(redis_client) == 0
