@@ -423,3 +423,27 @@ def test_text_and_bag_events_of_one_incident_follow_the_repeat_rules(
     stored = {k if isinstance(k, str) else k.decode(): v for k, v in redis_client.hgetall("{incidents}:fp").items()}
     assert {k: int(v, 16) for k, v in stored.items()} == oracle.fps
     assert pending_count(redis_client) == 0
+
+
+def test_run_on_an_index_of_another_tokenizer_exits_2_and_says_why(server: Any) -> None:
+    import subprocess
+
+    from tests.streams import clean_env, worker_command
+
+    client = server.client()
+    FingerprintIndex(client).add("bag", {"disk": 3})  # an index, of text incidents made by version 3
+    client.hset(META, "tokenizer", "3")
+    publish(client, [{"incident_id": "1", "text": DISK_1}])
+    done = subprocess.run(
+        [*worker_command(), "run", "--until-idle"],
+        env=clean_env(redis_url=server.url, log_format="json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    [refusal] = [json.loads(line) for line in (done.stdout + done.stderr).splitlines() if '"level": "error"' in line]
+    assert "tokenizer" in refusal["event"] and "layout" not in refusal["event"]
+    assert "tokenizer version 3" in refusal["error"] and f"version {TOKENIZER_VERSION}" in refusal["error"]
+    assert "new namespace" in refusal["error"]
+    assert client.hget(META, "tokenizer") == b"3" and client.hkeys("{incidents}:fp") == [b"bag"]
