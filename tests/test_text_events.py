@@ -447,3 +447,16 @@ def test_run_on_an_index_of_another_tokenizer_exits_2_and_says_why(server: Any) 
     assert "tokenizer version 3" in refusal["error"] and f"version {TOKENIZER_VERSION}" in refusal["error"]
     assert "new namespace" in refusal["error"]
     assert client.hget(META, "tokenizer") == b"3" and client.hkeys("{incidents}:fp") == [b"bag"]
+
+
+@pytest.mark.parametrize("text_mode", [False, True])
+def test_publish_names_a_line_with_both_features_and_text_as_the_worker_would(text_mode: bool) -> None:
+    from worker.commands.publish import _parse_line
+    from worker.errors import InvalidLineError
+    from worker.formats import EventLimits
+
+    line = json.dumps({"incident_id": "1", "text": DISK_1, "features": {"disk": 3}})
+    with pytest.raises(InvalidLineError) as caught:
+        _parse_line(line, 1, text_mode=text_mode, id_prefix="app:", limits=EventLimits())
+    assert caught.value.reason == "features_and_text"
+    assert "one of them" in caught.value.detail or "not both" in caught.value.detail
