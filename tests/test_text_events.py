@@ -460,3 +460,18 @@ def test_publish_names_a_line_with_both_features_and_text_as_the_worker_would(te
         _parse_line(line, 1, text_mode=text_mode, id_prefix="app:", limits=EventLimits())
     assert caught.value.reason == "features_and_text"
     assert "one of them" in caught.value.detail or "not both" in caught.value.detail
+
+
+def test_query_of_a_text_that_is_not_utf8_says_so() -> None:
+    """A shell hands undecodable bytes of an argument (or of standard input) over as surrogate escapes."""
+    import argparse
+
+    from worker.commands.query import _bag_of
+    from worker.errors import UsageError
+
+    with pytest.raises(UsageError) as caught:
+        _bag_of(argparse.Namespace(text=b"disk \xff full".decode("utf-8", "surrogateescape"), features=None))
+    message = str(caught.value)
+    assert "not valid UTF-8" in message and "nothing to fingerprint" not in message and "errors=" not in message
+    with pytest.raises(UsageError, match="nothing to fingerprint"):
+        _bag_of(argparse.Namespace(text="-- !!", features=None))
