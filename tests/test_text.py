@@ -767,3 +767,15 @@ def test_a_megabyte_of_slashes_is_tokenized_in_linear_time(tail: str) -> None:
     assert set(features_from_text(text)) >= {"disk", "full"}
     with pytest.raises(ValueError, match="yields no token"):
         features_from_text("/" * 1_000_000)
+
+
+def test_a_combining_mark_separates_words_so_producers_send_nfc_as_the_readme_says() -> None:
+    """Version 4 reads a combining mark as a separator (README, "Send composed Unicode"): a decomposed line lands far
+    from its composed form, and normalizing it to NFC first gives the composed form's bag."""
+    import unicodedata
+
+    line = "Échec de connexion à la base de données sur db-07"
+    composed, decomposed = unicodedata.normalize("NFC", line), unicodedata.normalize("NFD", line)
+    assert words(unicodedata.normalize("NFD", "naïve")) == ["nai", "ve"]
+    assert distance(fingerprint(features_from_text(composed)), fingerprint(features_from_text(decomposed))) > 7
+    assert features_from_text(unicodedata.normalize("NFC", decomposed)) == features_from_text(composed)
