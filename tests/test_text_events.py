@@ -475,3 +475,31 @@ def test_query_of_a_text_that_is_not_utf8_says_so() -> None:
     assert "not valid UTF-8" in message and "nothing to fingerprint" not in message and "errors=" not in message
     with pytest.raises(UsageError, match="nothing to fingerprint"):
         _bag_of(argparse.Namespace(text="-- !!", features=None))
+
+
+@pytest.mark.parametrize("text_mode", [False, True])
+def test_publish_reports_an_incident_id_without_a_utf8_form_instead_of_crashing(
+    server: Any, tmp_path: Any, text_mode: bool
+) -> None:
+    """A JSON line can spell a lone surrogate (\\ud800), which no stream field can hold: publish crashed with a
+    UnicodeEncodeError traceback while sending its chunk."""
+    import subprocess
+
+    from tests.streams import clean_env, worker_command
+
+    source = tmp_path / "lines.jsonl"
+    source.write_text(
+        '{"incident_id": "\\ud800x", "text": "disk full"}\n{"incident_id": "ok", "text": "disk full on db-7"}\n'
+    )
+    done = subprocess.run(
+        [*worker_command(), "publish", *(["--text"] if text_mode else []), "--json", str(source)],
+        env=clean_env(redis_url=server.url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert (summary["published"], summary["skipped"]) == (1, 1)
+    assert summary["errors"][0]["reason"] == "bad_incident_id" and "UTF-8" in summary["errors"][0]["detail"]
+    assert [f[b"incident_id"] for _, f in server.client().xrange("{incidents}:events")] == [b"ok"]

@@ -69,6 +69,11 @@ def incident_id_problem(value: object) -> str | None:
         return f"incident_id must be a string, got {type(value).__name__}"
     if not 1 <= len(value) <= MAX_INCIDENT_ID_LENGTH:
         return f"incident_id must be 1 to {MAX_INCIDENT_ID_LENGTH} characters, got {len(value)}"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:  # a lone surrogate: no stream field, key or reply can hold it
+            return f"incident_id holds a lone surrogate at character {error.start} and has no UTF-8 form"
     return None
 
 
@@ -80,7 +85,7 @@ REASONS = {
     "features_and_text": "the entry carries both features and text (send exactly one of them)",
     "bad_type": "a field has the wrong type",
     "bad_text": "text is not valid Unicode (a lone surrogate)",
-    "bad_incident_id": "incident_id is empty or longer than 256 characters",
+    "bad_incident_id": "incident_id is empty, longer than 256 characters, or holds a lone surrogate (no UTF-8 form)",
     "bad_op": "op is not add, upsert or delete",
     "not_utf8": "a field is not valid UTF-8",
     "bad_json": "features is not valid JSON",
@@ -256,6 +261,8 @@ class IncidentEvent(BaseModel):
         features = data.get("features")
         text = data.get("text")
         if type(incident_id) is not str or not 1 <= len(incident_id) <= MAX_INCIDENT_ID_LENGTH:
+            return None
+        if not incident_id.isascii() and incident_id_problem(incident_id) is not None:
             return None
         if type(op) is not str or op not in _OPS:
             return None
