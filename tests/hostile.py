@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from worker.devtools.workload import Workload
+from worker.text import features_from_text
 
 LIMITS = {"max_tokens": 50, "max_token_length": 100, "max_entry_bytes": 20_000}
 """Worker settings the corpus is built against (small, so that oversized input stays cheap to publish)."""
@@ -50,6 +51,18 @@ ODD_IDS = [
 ]
 """Valid incident IDs that are easy to mishandle: each must be indexed under exactly this string."""
 
+TEXT_TEMPLATES = [
+    "Disk full on db-{host}: writes failing since {n}",
+    "Failed password for {word} from 10.0.{host}.{n} port {n} ssh2",
+    "Connection refused to cache-{host}.prod:6379 after {n} retries ({word})",
+    "TLS certificate for api-{host}.example.com expires in {n} days",
+    "GET /v2/orders/{n}?user={word} returned 500 in {n} ms",
+    "kernel: Out of memory: Killed process {n} ({word}) on node-{host}",
+]
+"""Log-line templates of the corpus's text events: lines of one template land near each other."""
+
+TEXT_WORDS = ["root", "admin", "nginx", "postgres", "deploy", "backup", "ftp", "guest"]
+
 ODD_TOKENS = ["", "\u200b", "e\u0301", "\u00e9", "\U0001f525", "\x00", "\u202e", "\u6f22", "t" * 100, "{incidents}"]
 
 
@@ -65,6 +78,9 @@ class Entry:
 
     @property
     def features(self) -> dict[str, int]:
+        """The bag: the features given, or the bag of the text (a text event)."""
+        if "text" in self.fields:
+            return features_from_text(self.fields["text"])
         return dict(self.fields["features"])
 
 
@@ -101,6 +117,21 @@ def _hostile(rng: random.Random, n: int) -> list[Entry]:
         ({"incident_id": f"h{n}", "features": json.dumps({"t" * 101: 1})}, "token_too_long"),
         ({"incident_id": f"h{n}", "features": good, "padding": "p" * rng.randint(20_001, 60_000)}, "too_large"),
         ({"incident_id": f"h{n}", "features": json.dumps({f"k{i}": 1 for i in range(3000)})}, "too_large"),
+        # text events
+        ({"incident_id": f"h{n}", "features": good, "text": "disk full"}, "features_and_text"),
+        ({"incident_id": f"h{n}", "features": good, "text": ""}, "features_and_text"),
+        ({"incident_id": f"h{n}", "text": ""}, "empty_bag"),
+        ({"incident_id": f"h{n}", "text": " \t-- !!! (...) \x00\x1b"}, "empty_bag"),
+        ({"incident_id": f"h{n}", "text": "/" * 19_000}, "empty_bag"),  # once quadratic: seconds of a worker
+        ({"incident_id": f"h{n}", "text": b"disk \xff full"}, "not_utf8"),
+        ({"incident_id": f"h{n}", "text": b"disk \xed\xa0\x80 full"}, "not_utf8"),  # a surrogate, as CESU-8
+        (
+            {"incident_id": f"h{n}", "text": " ".join(f"w{c}{d}" for c in "abcdefgh" for d in "abcdefgh")},
+            "too_many_tokens",
+        ),
+        ({"incident_id": f"h{n}", "text": "disk " + "t" * 101}, "token_too_long"),
+        ({"incident_id": f"h{n}", "text": "disk full", "op": "merge"}, "bad_op"),
+        ({"incident_id": f"h{n}", "text": "disk " + "\u00e9" * 10_000}, "too_large"),  # 20,005 bytes, not characters
     ]
     fields, reason = rng.choice(kinds)
     return [Entry(fields, valid=False, reason=reason)]
@@ -116,6 +147,15 @@ def corpus(seed: int, *, valid: int = 2000, hostile_every: int = 8) -> list[Entr
     for k, odd in enumerate(ODD_IDS):
         bag = {rng.choice(ODD_TOKENS): rng.randint(1, 5), f"odd{k}": 1}
         entries.append(Entry({"incident_id": odd, "features": bag, "extra": "ignored"}, valid=True))
+    for k in range(valid // 10):  # text events: log lines of a few kinds, with near duplicates among them
+        template = rng.choice(TEXT_TEMPLATES)
+        line = template.format(host=rng.randint(1, 40), n=rng.randint(0, 99_999), word=rng.choice(TEXT_WORDS))
+        entries.append(Entry({"incident_id": f"text-{k}", "text": line}, valid=True))
+    entries.append(
+        Entry(
+            {"incident_id": "odd-text", "text": "e\u0301 \u202eabc \x1b[2J \U0001f525 \u6f22\u5b57 x\x00y"}, valid=True
+        )
+    )
     entries.append(Entry({"incident_id": "max-weight", "features": {"w": 2**53 - 1, "v": 1}}, valid=True))
     entries.append(Entry({"incident_id": "all-odd-tokens", "features": dict.fromkeys(ODD_TOKENS, 1)}, valid=True))
     rng.shuffle(entries)

@@ -735,3 +735,47 @@ def test_every_loghub_line_gives_a_bag() -> None:
         with path.open(newline="", encoding="utf-8") as handle:
             for row in csv.DictReader(handle):
                 assert features_from_text(row["Content"]), row["Content"]
+
+
+# --- cost: linear in the text, whatever it holds ---
+
+slashy_chunk = st.lists(
+    st.sampled_from(["/", "a", "1", "_", "-", ".", ":", "=", "<*>", "<num>", "<", ">", "*", "://"]), max_size=30
+).map("".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(slashy_chunk)
+@example("a" + "/" * 20)
+@example("/a//<*>//=/")
+@example("<num>//")
+def test_a_chunk_is_cut_into_the_words_the_patterns_find(chunk: str) -> None:
+    """The words of a chunk are what the word pattern finds in it (the brute force, quadratic in slashes)."""
+    from worker.text import _PLAIN_RAW_WORD_RE, _RAW_WORD_RE, _chunk_matches
+
+    pattern = _RAW_WORD_RE if "<" in chunk else _PLAIN_RAW_WORD_RE
+    assert _chunk_matches(chunk) == pattern.findall(chunk)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("tail", ["/", "/-", "//<*>", "/="])
+def test_a_megabyte_of_slashes_is_tokenized_in_linear_time(tail: str) -> None:
+    """A path starts at a slash with a letter or digit after it; looking for one after each of a million slashes
+    once took hours (a text event of the entry size limit held a worker that long, and then each one that took the
+    entry over)."""
+    text = "disk full " + tail * (1_000_000 // len(tail))
+    assert set(features_from_text(text)) >= {"disk", "full"}
+    with pytest.raises(ValueError, match="yields no token"):
+        features_from_text("/" * 1_000_000)
+
+
+def test_a_combining_mark_separates_words_so_producers_send_nfc_as_the_readme_says() -> None:
+    """Version 4 reads a combining mark as a separator (README, "Send composed Unicode"): a decomposed line lands far
+    from its composed form, and normalizing it to NFC first gives the composed form's bag."""
+    import unicodedata
+
+    line = "Échec de connexion à la base de données sur db-07"
+    composed, decomposed = unicodedata.normalize("NFC", line), unicodedata.normalize("NFD", line)
+    assert words(unicodedata.normalize("NFD", "naïve")) == ["nai", "ve"]
+    assert distance(fingerprint(features_from_text(composed)), fingerprint(features_from_text(decomposed))) > 7
+    assert features_from_text(unicodedata.normalize("NFC", decomposed)) == features_from_text(composed)

@@ -69,6 +69,11 @@ def incident_id_problem(value: object) -> str | None:
         return f"incident_id must be a string, got {type(value).__name__}"
     if not 1 <= len(value) <= MAX_INCIDENT_ID_LENGTH:
         return f"incident_id must be 1 to {MAX_INCIDENT_ID_LENGTH} characters, got {len(value)}"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:  # a lone surrogate: no stream field, key or reply can hold it
+            return f"incident_id holds a lone surrogate at character {error.start} and has no UTF-8 form"
     return None
 
 
@@ -80,7 +85,7 @@ REASONS = {
     "features_and_text": "the entry carries both features and text (send exactly one of them)",
     "bad_type": "a field has the wrong type",
     "bad_text": "text is not valid Unicode (a lone surrogate)",
-    "bad_incident_id": "incident_id is empty or longer than 256 characters",
+    "bad_incident_id": "incident_id is empty, longer than 256 characters, or holds a lone surrogate (no UTF-8 form)",
     "bad_op": "op is not add, upsert or delete",
     "not_utf8": "a field is not valid UTF-8",
     "bad_json": "features is not valid JSON",
@@ -215,7 +220,7 @@ class IncidentEvent(BaseModel):
     @classmethod
     def from_fields(cls, fields: Mapping[Any, Any], limits: EventLimits = _DEFAULT_LIMITS) -> IncidentEvent:
         """Validate a raw stream entry (bytes or text). Raises `ValidationError`; see `event_error`."""
-        size = sum(len(k) + len(v) for k, v in fields.items())
+        size = sum(_byte_size(k) + _byte_size(v) for k, v in fields.items())  # in bytes, as the worker reads them
         if size > limits.max_entry_bytes:
             raise ValidationError.from_exception_data(
                 cls.__name__,
@@ -256,6 +261,8 @@ class IncidentEvent(BaseModel):
         features = data.get("features")
         text = data.get("text")
         if type(incident_id) is not str or not 1 <= len(incident_id) <= MAX_INCIDENT_ID_LENGTH:
+            return None
+        if not incident_id.isascii() and incident_id_problem(incident_id) is not None:
             return None
         if type(op) is not str or op not in _OPS:
             return None
@@ -299,6 +306,13 @@ class IncidentEvent(BaseModel):
         if self.op != "add":
             fields["op"] = self.op
         return fields
+
+
+def _byte_size(value: Any) -> int:
+    """The size of a field name or value in the stream: its UTF-8 bytes (a str's characters may take up to 4)."""
+    if isinstance(value, str) and not value.isascii():
+        return len(value.encode("utf-8", "surrogatepass"))
+    return len(value)
 
 
 def _bag_of_text(value: Any) -> dict[str, int]:

@@ -276,8 +276,8 @@ class FingerprintIndex:
         "previous_layouts",
         "last_migration",
     )
-    """Meta fields written after the namespace's first use: `tokenizer`, by the first text event's call;
-    `changes_trimmed_to`, by the first trim of the change log (worker/readpath.py's CHANGES_FLOOR_FIELD);
+    """Meta fields written after the namespace's first use: `tokenizer`, by the call that indexes the first text
+    incident; `changes_trimmed_to`, by the first trim of the change log (worker/readpath.py's CHANGES_FLOOR_FIELD);
     `retention_*`, by a worker whose retention window differs from the recorded one (worker/retention.py);
     `building`, `generation`, `previous_layouts` and `last_migration` by a migration (worker/migrate.py)."""
 

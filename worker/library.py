@@ -272,7 +272,8 @@ def apply_call(
     `expected` are hex ('' for a delete; expected '-' for "not indexed", '*' for "don't check"). Without a
     `stream` the call runs in library mode: no acknowledgement and no alert, `events` and `alerts` unused.
     `alert_text` goes into the alert's `text` field (when not ''); `tokenizer` is the tokenizer version of a text
-    incident ('' for a bag), which the call records in `{N}:meta` or refuses when another version is recorded.
+    incident ('' for a bag, or a delete), which the call refuses when `{N}:meta` records another version, and records
+    there when it indexes the namespace's first text incident.
     While a migration builds another layout, `building` is its tag and `target_new_keys`, `target_old_keys` the
     posting keys in it of the new fingerprint and of the one replaced (`target_bands` each, or none): the call
     writes them too, and is refused when `{N}:meta` names another layout being built (or none).

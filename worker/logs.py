@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 import structlog
 
-__all__ = ["configure_logging", "get_logger", "hide_secrets", "redact"]
+__all__ = ["configure_logging", "get_logger", "hide_secrets", "printable", "redact"]
 
 # scheme://user:password@ (the password up to the last '@' of the word, so an unencoded '@' in it is covered too),
 # and scheme://password@ (a user-info part without ':')
@@ -55,6 +55,26 @@ def _redact_processor(_: Any, __: str, event: MutableMapping[str, Any]) -> Mutab
     return event
 
 
+def printable(text: str, keep: str = "") -> str:
+    """`text` with every character a terminal would act on rather than show (control characters such as ESC or
+    newline, invisible format characters such as a right-to-left override, surrogate escapes of bytes that were not
+    UTF-8) as its Python escape (`\\x1b`, `\\u202e`, `\\udcff`); the characters of `keep` stay as they are."""
+    if text.isprintable():
+        return text
+    return "".join(
+        char if char.isprintable() or char in keep else char.encode("unicode_escape").decode("ascii") for char in text
+    )
+
+
+def _printable_processor(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    # The console renderer writes a value without spaces as it is: an incident ID or a text from a producer must not
+    # drive the terminal that shows the log (clear it, set its title, make a line read as another).
+    for key, value in event.items():
+        if isinstance(value, str):
+            event[key] = printable(value, keep="\n" if key == "exception" else "")  # a traceback keeps its lines
+    return event
+
+
 def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | None = None) -> None:
     """Set up structlog for the process: `fmt` is json, console or auto (console on a terminal)."""
     stream = stream or sys.stderr
@@ -72,6 +92,7 @@ def configure_logging(fmt: str = "auto", level: str = "info", stream: TextIO | N
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
             _redact_processor,
+            *([] if fmt == "json" else [_printable_processor]),  # JSON escapes control characters itself
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),

@@ -726,7 +726,7 @@ class StreamWorker:
             entry_id=item.entry_id,
             max_matches=self.settings.max_matches,
             alert_text=event.text[: self.settings.alert_text_chars] if event.text else "",
-            tokenizer=self._tokenizer if event.text is not None else "",
+            tokenizer=self._tokenizer if event.text is not None and event.op != "delete" else "",
             snapshot=claim,
         )
 

@@ -167,6 +167,37 @@ _RAW_WORD_RE = re.compile(rf"{_PATH}|{_WORD}")
 _PLAIN_RAW_WORD_RE = re.compile(rf"{_PATH}|[^\W_]+(?:[-._/:@]+[^\W_]+)*=?")
 """The same for a chunk without ``<`` (so without a placeholder): a third faster."""
 _WORD_RE = re.compile(_WORD)
+_PLAIN_WORD_RE = re.compile(r"[^\W_]+(?:[-._/:@]+[^\W_]+)*=?")
+_LAST_ALNUM_RE = re.compile(r"[^\W_][\W_]*\Z")
+"""The last letter or digit of a chunk (each run after a letter or digit is scanned from it only: linear)."""
+_ALNUM_RE = re.compile(r"[^\W_]")
+
+
+def _chunk_matches(chunk: str) -> list[str]:
+    """What `_RAW_WORD_RE` (or, without ``<``, `_PLAIN_RAW_WORD_RE`) finds in a chunk (no white space), in linear time.
+
+    A path's lookahead scans the rest of the chunk for a letter or digit. Before the chunk's last letter or digit it
+    finds one, and the path then takes the rest of the chunk; after it, it fails, and each slash there would scan to
+    the end again (a chunk of a million slashes took hours). So the patterns run up to that last letter or digit,
+    and the rest, where no path can start, is cut by the word pattern alone.
+    """
+    plain = "<" not in chunk
+    pattern = _PLAIN_RAW_WORD_RE if plain else _RAW_WORD_RE
+    slash = chunk.rfind("/")
+    if slash < 0 or _ALNUM_RE.search(chunk, slash) is not None:
+        return pattern.findall(chunk)  # a letter or digit after every slash: no path attempt fails
+    found: list[str] = []
+    end = 0
+    last = _LAST_ALNUM_RE.search(chunk)
+    if last is not None:
+        for match in pattern.finditer(chunk):  # each search starts at or before the last letter or digit
+            found.append(match.group())
+            end = match.end()
+            if end > last.start():
+                break
+    found += (_PLAIN_WORD_RE if plain else _WORD_RE).findall(chunk, end)
+    return found
+
 
 # --- what is variable in a word ---
 
@@ -247,6 +278,7 @@ def _scan_function(rules: TextRules, fast: bool = True) -> Callable[[str], tuple
     """The function text -> (words, plain) under `rules` (see `scan`)."""
     findall = _RAW_WORD_RE.findall
     plain_findall = _PLAIN_RAW_WORD_RE.findall
+    chunk_matches = _chunk_matches
     word_findall = _WORD_RE.findall
     first_variable = _FIRST_VARIABLE_RE.search
     host_match = _HOST_RE.fullmatch
@@ -334,8 +366,12 @@ def _scan_function(rules: TextRules, fast: bool = True) -> Callable[[str], tuple
         """Append the words of a chunk that is not letters only (rules 2 to 4); return what its last word asks."""
         if chunk.isalnum():  # one word (the same as the pattern would find, sooner)
             found: list[str] | tuple[str] = (chunk,)
+        elif "/" in chunk:
+            found = chunk_matches(chunk)  # linear in the slashes a path may start at
+        elif "<" in chunk:
+            found = findall(chunk)
         else:
-            found = findall(chunk) if "<" in chunk else plain_findall(chunk)
+            found = plain_findall(chunk)
         for word in found:
             if after == VALUE and not (keys_are_not_values and word[-1] == "="):
                 out.append(value_token)  # a value: nothing after it is one

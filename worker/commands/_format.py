@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..formats import Match
+from ..logs import printable
 
 __all__ = ["SHOWN_MATCHES", "duration", "json_line", "matches_text", "plural", "print_table", "shown", "size"]
 
@@ -16,8 +17,13 @@ SHOWN_MATCHES = 5
 
 
 def shown(text: str) -> str:
-    """Text safe to print on any terminal: bytes that were not UTF-8 (surrogate escapes) shown as `\\udcXX`."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    """Text safe to print on any terminal: every character a terminal would act on rather than show (control
+    characters such as ESC, newline or BEL; invisible format characters such as a right-to-left override) as its
+    Python escape (`\\x1b`, `\\n`, `\\u202e`), and so bytes that were not UTF-8 (surrogate escapes) as `\\udcXX`.
+
+    Incident IDs, texts and dead letters come from producers: printed as they are, one could clear an operator's
+    screen, set the terminal's title, or make a line read as another."""
+    return printable(text)
 
 
 def json_line(value: Any) -> str:

@@ -12,7 +12,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
 from typing import Any
 
@@ -27,7 +27,7 @@ from ..logs import configure_logging
 from ..replies import entries, stream_entries, text
 from ..settings import Settings
 from ..stream import StreamWorker
-from ._format import matches_text
+from ._format import matches_text, shown
 from ._shared import EXIT_OK
 from .run import install_stop_signals
 
@@ -65,6 +65,15 @@ def _start_server(port: int) -> Any:
     server = TcpFakeServer(("127.0.0.1", port), server_version=(7, 0))
     threading.Thread(target=server.serve_forever, name="embedded-redis", daemon=True).start()
     return server
+
+
+def alert_lines(alert: Alert, describe: Callable[[str], str]) -> list[str]:
+    """How the demo prints an alert: the alert, then what the incident and its closest matches are."""
+    said = f' "{shown(alert.text)}"' if alert.text else ""  # text incidents' alerts carry the text's start
+    lines = [f"ALERT  {shown(alert.incident_id)}{said} matches {matches_text(alert.matches, alert.match_count)}"]
+    for incident_id in [alert.incident_id, *(m.incident_id for m in alert.matches[:5])]:
+        lines.append(f"       {shown(incident_id)}: {_clip(shown(describe(incident_id)))}")
+    return lines
 
 
 def _clip(line: str, width: int = 70) -> str:
@@ -145,11 +154,8 @@ def run_demo(port: int = 0, keep: bool = False, out: Any = None) -> int:
         found = stream_entries(client.xread({settings.alerts_stream: last_id}, block=block_ms))
         for entry_id, fields in found:
             last_id = entry_id
-            alert = Alert.from_fields(fields)
-            said = f' "{alert.text}"' if alert.text else ""  # text incidents' alerts carry the text's start
-            say(f"ALERT  {alert.incident_id}{said} matches {matches_text(alert.matches, alert.match_count)}")
-            for incident_id in [alert.incident_id, *(m.incident_id for m in alert.matches[:5])]:
-                say(f"       {incident_id}: {_clip(described.of(incident_id))}")
+            for line in alert_lines(Alert.from_fields(fields), described.of):
+                say(line)
             count += 1
         return count
 

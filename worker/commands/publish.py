@@ -82,7 +82,7 @@ def event_fields(data: dict[str, Any], limits: EventLimits, default_id: str | No
         fields["incident_id"] = incident_id
     if "text" in data:
         if "features" in data:
-            raise InvalidLineError("bad_type", "give features or text, not both")
+            raise InvalidLineError("features_and_text", "give features or text, not both")
         if not isinstance(data["text"], str):
             raise InvalidLineError("bad_type", f"text must be a JSON string, got {type(data['text']).__name__}")
         fields["text"] = data["text"]  # the worker tokenizes it; validation below checks it yields a bag

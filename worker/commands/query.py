@@ -116,6 +116,13 @@ def _bag_of(args: argparse.Namespace) -> dict[str, int]:
 
         line = _read_stdin("text") if args.text == "-" else args.text
         try:
+            line.encode("utf-8")
+        except UnicodeEncodeError as error:  # undecodable bytes of the argument or of stdin (surrogate escapes)
+            raise UsageError(
+                f"--text: the text is not valid UTF-8 (at character {error.start}); convert it first, e.g. with "
+                "iconv -f LATIN1 -t UTF-8 (a worker dead-letters such an event as not_utf8)"
+            ) from None
+        try:
             return features_from_text(line)
         except ValueError as error:
             raise UsageError(f"--text: the text has nothing to fingerprint: {error}") from None

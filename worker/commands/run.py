@@ -60,7 +60,7 @@ def install_stop_signals(stop: Callable[[], None], stopped: threading.Event | No
 @with_settings("run")
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     from ..connection import connect
-    from ..errors import FunctionsMissingError, LayoutMismatchError
+    from ..errors import FunctionsMissingError, LayoutMismatchError, TokenizerMismatchError
     from ..logs import configure_logging, get_logger
     from ..stream import StreamWorker
     from ..watchdog import ANSWER_WITHIN_S, Watchdog
@@ -79,8 +79,11 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     install_stop_signals(worker.stop, worker.stopped, log)
     try:
         worker.run(until_idle=args.until_idle)
+    except TokenizerMismatchError as error:  # at start, or met by a text event's call (its entry stays pending)
+        log.error("the index's text incidents come from another tokenizer version; stopping", error=str(error))
+        return EXIT_USAGE
     except LayoutMismatchError as error:
-        log.error("index layout mismatch; not starting", error=str(error))
+        log.error("index layout mismatch; stopping", error=str(error))
         return EXIT_USAGE
     except FunctionsMissingError as error:
         # the entries in hand stay pending: a worker started once the library is loaded takes them over

@@ -650,8 +650,8 @@ end
 -- args[12] = most matches to list (0 = all)
 -- args[13] = how many of the new posting keys (band 0 first) are probed too; the rest are only written
 -- args[14] = text to publish in the alert's `text` field ('' = none)
--- args[15] = tokenizer version of a text incident ('' for a bag): recorded in {N}:meta's `tokenizer` on first use,
---            refused (error TOKENIZER) when it differs from the recorded one
+-- args[15] = tokenizer version of a text incident ('' for a bag): refused (error TOKENIZER) when it differs from
+--            {N}:meta's `tokenizer`; recorded there by the first call that indexes a text incident
 -- args[16] = snapshot position in {N}:changes ('' or absent: search the postings here; see validate_snapshot)
 -- args[17] = the snapshot's match count   args[18] = '1' when it listed every match ('' .. '' without a snapshot)
 -- args[19] = the layout tag a migration is building, which this call writes too ('' = none): must equal {N}:meta's
@@ -688,15 +688,9 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
   local t_old = n_old > 0 and n_target or 0
   local LAST_PROBE = nk - t_new - t_old
   local tokenizer = args[ao + 15] or ''
-  if tokenizer ~= '' then
-    local recorded = meta.tokenizer
-    if not recorded then
-      redis.call('HSET', meta_key, 'tokenizer', tokenizer)
-      meta.tokenizer = tokenizer
-    elseif recorded ~= tokenizer then
-      return redis.error_reply('TOKENIZER the text incidents of ' .. meta_key .. ' were made by tokenizer version ' ..
-        recorded .. ', not ' .. tokenizer .. '; run workers of that version, or use a new namespace')
-    end
+  if tokenizer ~= '' and meta.tokenizer and meta.tokenizer ~= tokenizer then
+    return redis.error_reply('TOKENIZER the text incidents of ' .. meta_key .. ' were made by tokenizer version ' ..
+      meta.tokenizer .. ', not ' .. tokenizer .. '; run workers of that version, or use a new namespace')
   end
   if streaming and not entry_pending(context, events_key, group, entry_id) then
     return {'not_pending', 0, 0, ''}
@@ -760,6 +754,12 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
     twin = representative_of(fp_key, new_group, fp, call_keys({}, keys, ko, nk, FIRST, FIRST - 1 + n_new))
   end
 
+  -- the first text incident indexed records its tokenizer (a text event that indexes nothing records nothing: an
+  -- index of bags stays open to workers of any tokenizer version)
+  if tokenizer ~= '' and not meta.tokenizer then
+    redis.call('HSET', meta_key, 'tokenizer', tokenizer)
+    meta.tokenizer = tokenizer
+  end
   index_one(id, twin, new_group, call_keys(call_keys({}, keys, ko, nk, FIRST, FIRST - 1 + n_new),
                                            keys, ko, nk, LAST_PROBE + 1, LAST_PROBE + t_new))
   redis.call('HSET', fp_key, id, fp)
