@@ -769,13 +769,37 @@ def test_a_megabyte_of_slashes_is_tokenized_in_linear_time(tail: str) -> None:
         features_from_text("/" * 1_000_000)
 
 
-def test_a_combining_mark_separates_words_so_producers_send_nfc_as_the_readme_says() -> None:
-    """Version 4 reads a combining mark as a separator (README, "Send composed Unicode"): a decomposed line lands far
-    from its composed form, and normalizing it to NFC first gives the composed form's bag."""
+def _bag_or_refusal(text: str) -> dict[str, int] | str:
+    try:
+        return features_from_text(text)
+    except ValueError:
+        return "refused"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=60), log_like_text))
+@example("Échec de connexion à la base de données sur db-07")
+@example("हिन्दी सर्वर 7 बंद")
+@example("ＥＲＲＯＲ ﬁle not found ①")
+@example("x\ud800")
+def test_every_form_of_a_text_gives_one_bag(text: str) -> None:
+    """Rule 1 (version 5): a text and each of its Unicode normal forms give the same bag (or are all refused), so a
+    producer that writes decomposed text (as some macOS APIs do) or full-width letters meets its composed form."""
+    import unicodedata
+
+    expected = _bag_or_refusal(text)
+    for form in ("NFC", "NFD", "NFKC", "NFKD"):
+        assert _bag_or_refusal(unicodedata.normalize(form, text)) == expected, form
+
+
+def test_a_decomposed_or_full_width_line_lands_on_its_composed_form() -> None:
     import unicodedata
 
     line = "Échec de connexion à la base de données sur db-07"
-    composed, decomposed = unicodedata.normalize("NFC", line), unicodedata.normalize("NFD", line)
-    assert words(unicodedata.normalize("NFD", "naïve")) == ["nai", "ve"]
-    assert distance(fingerprint(features_from_text(composed)), fingerprint(features_from_text(decomposed))) > 7
-    assert features_from_text(unicodedata.normalize("NFC", decomposed)) == features_from_text(composed)
+    decomposed = unicodedata.normalize("NFD", line)
+    assert decomposed != line and words(decomposed) == words(line)
+    assert words(unicodedata.normalize("NFD", "naïve")) == ["naïve"]  # version 4 cut it into "nai" and "ve"
+    assert distance(fingerprint(features_from_text(line)), fingerprint(features_from_text(decomposed))) == 0
+    assert words("ＥＲＲＯＲ: ﬁle ＤＢ０７ down") == ["error", "file", "db<*>", "down"]
+    # a combining vowel sign with no composed form still separates words, alike in every form
+    assert words("हिन्दी") == words(unicodedata.normalize("NFD", "हिन्दी")) == ["ह", "न", "द"]

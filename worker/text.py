@@ -2,9 +2,13 @@
 
 `features_from_text` lowercases the text, cuts it into words, masks the variable ones and weighs them. Lines of one
 kind (the same message on another host, at another time, with another ID, path or user) get nearly the same bag, so
-their fingerprints land close together. The rules (version 4):
+their fingerprints land close together. The rules (version 5):
 
-1. Lowercase the whole text (``str.lower``) and cut it at white space into chunks.
+1. Bring the text to Unicode's compatibility composed form (NFKC), lowercase it (``str.lower``) and cut it at white
+   space into chunks. NFKC gives one form to every way of writing the same characters: ``e`` and a combining accent
+   is ``é``, as it would have been composed; a full-width ``ＥＲＲＯＲ`` is ``ERROR``, a ligature ``ﬁ`` is ``fi``. A
+   combining mark with no composed form (the vowel signs of Devanagari or Thai) stays a mark, and a mark separates
+   words, as punctuation does: such words are cut at each sign, the same way in every form of the text.
 2. Cut each chunk into words. A path (from a ``/`` that no word leads up to: ``/var/log/x``, ``/v2/...?a=1``) or a
    URL (a word holding ``://``) is one variable up to the next space, its query string included. Otherwise a word is
    a run of letters, digits (any script) and placeholders, and may hold the joiners ``. _ - / : @`` between two such
@@ -92,6 +96,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
+from unicodedata import normalize
 
 __all__ = [
     "ACCOUNT_NAMES",
@@ -104,10 +109,11 @@ __all__ = [
     "words",
 ]
 
-TOKENIZER_VERSION = 4
+TOKENIZER_VERSION = 5
 """Bumped by every change to what a text turns into. 1: counts, five placeholders; 2: each word once, plain words
 weigh 2, one placeholder; 3: a word is variable from its first variable part on, paths and the word after ``user``
-are variables; 4: the rules above (a well-known account's name after ``for`` is a value)."""
+are variables; 4: a well-known account's name after ``for`` is a value; 5: the rules above (the text in NFKC first,
+so that a decomposed or full-width text gives the bag of its composed form)."""
 
 PLACEHOLDER = "<*>"
 """The token (or the end of a token) that stands for a masked variable part."""
@@ -419,6 +425,8 @@ def _scan_function(rules: TextRules, fast: bool = True) -> Callable[[str], tuple
         after = 0  # what the previous word asks of this one
         month = -2  # where in `out` the last month name stands
         plain = one
+        if not text.isascii():  # rule 1: one form for every way of writing the same characters (ASCII is in it)
+            text = normalize("NFKC", text)
         for chunk in text.lower().split():
             if not chunk.isalpha():
                 core = chunk.strip(edges)
