@@ -325,3 +325,38 @@ def test_a_worker_refused_memory_usage_keeps_the_length_caps_and_says_so_once(mo
     warned = [fields for level, event, fields in job.log.lines if "cannot measure" in event]
     assert len(warned) == 2 and {f["stream"] for f in warned} == {"{incidents}:alerts", "{incidents}:dead"}
     assert all("+memory|usage" in f["hint"] for f in warned) and fake.xlen("{incidents}:alerts") == 1
+
+
+def test_retention_and_trimming_free_a_full_redis_by_themselves(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis at maxmemory (noeviction) with expired incidents and acknowledged events: the upkeep frees the memory
+    (its calls free more than they take) and the worker goes on, with nobody raising maxmemory."""
+    import threading
+
+    monkeypatch.setattr(upkeep, "UPKEEP_INTERVAL_S", 0.0)
+    monkeypatch.setattr(upkeep, "TRIM_INTERVAL_S", 0.0)
+    old = [{"incident_id": f"old{i}", "features": bag} for i, bag in Workload(seed=5).take(3000)]
+    publish(client, old)
+    StreamWorker(client, _settings(retention="1s", reconnect_max_backoff_s=0.2)).run(until_idle=True)
+    assert client.hlen("{incidents}:fp") == 3000
+    time.sleep(1.2)  # every incident is past the window
+    new = [{"incident_id": f"new{i}", "features": bag} for i, bag in Workload(seed=6).take(50)]
+    publish(client, new)
+    policy = client.config_get("maxmemory-policy")["maxmemory-policy"]
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) - 20_000))
+    worker = StreamWorker(client, _settings(retention="1s", reconnect_max_backoff_s=0.2))
+    runner = threading.Thread(target=worker.run, kwargs={"until_idle": True}, daemon=True)
+    try:
+        runner.start()
+        runner.join(30)
+        stuck = runner.is_alive()
+        worker.stop()
+        runner.join(10)
+    finally:
+        client.config_set("maxmemory", "0")
+        client.config_set("maxmemory-policy", policy)
+    assert not stuck, "the worker waited for memory that its own upkeep could free"
+    stored = {k.decode() for k in client.hkeys("{incidents}:fp")}
+    assert {e["incident_id"] for e in new} <= stored

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ResponseError
 
 from . import replies, retention
 from .index import FingerprintIndex
@@ -370,7 +370,10 @@ class Upkeep:
 
     def retain(self) -> bool:
         """One bounded round of retention: a backfill step, then expiry passes. True while more is due."""
-        more, added = retention.backfill_step(self.index)
+        try:
+            more, added = retention.backfill_step(self.index)
+        except OutOfMemoryError:
+            more, added = False, 0  # it adds to {N}:expiry: it waits for memory, the expiries below free some
         if added or more:
             self.log.debug("retention backfill", added=added, more=more)
         result = retention.expire_due(self.index, budget_s=RETENTION_BUDGET_S)

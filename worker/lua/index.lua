@@ -1735,15 +1735,20 @@ end
 
 redis.register_function('incident_index_v2_apply', apply)
 redis.register_function('incident_index_v2_apply_batch', apply_batch)
-redis.register_function('incident_index_v2_trim_events', trim_events)
-redis.register_function('incident_index_v2_trim_changes', trim_changes)
-redis.register_function('incident_index_v2_lease', lease)
+-- allow-oom: the upkeep frees memory (trimming, expiry; the lease and the meta it takes first are a few bytes), and
+-- it must run while Redis is full (maxmemory with noeviction), or a full Redis stays full until someone steps in
+redis.register_function{function_name = 'incident_index_v2_trim_events', callback = trim_events, flags = {'allow-oom'}}
+redis.register_function{function_name = 'incident_index_v2_trim_changes', callback = trim_changes,
+                        flags = {'allow-oom'}}
+redis.register_function{function_name = 'incident_index_v2_lease', callback = lease, flags = {'allow-oom'}}
 redis.register_function('incident_index_v2_set_retention', set_retention)
 redis.register_function('incident_index_v2_expiry_backfill', expiry_backfill)
-redis.register_function('incident_index_v2_expire', expire)
+redis.register_function{function_name = 'incident_index_v2_expire', callback = expire, flags = {'allow-oom'}}
 redis.register_function{function_name = 'incident_index_v2_matches', callback = matches, flags = {'no-writes'}}
 redis.register_function('incident_index_v2_dead_letter', dead_letter)
-redis.register_function('incident_index_v2_ensure_meta', ensure_meta)
+-- (allow-oom: it writes a few fields, once; a worker restarted while Redis is full must get to its upkeep)
+redis.register_function{function_name = 'incident_index_v2_ensure_meta', callback = ensure_meta,
+                        flags = {'allow-oom'}}
 redis.register_function('incident_index_v2_forget_consumer', forget_consumer)
 -- allow-oom: reading and claiming allocate next to nothing, and a worker must keep reading while Redis is full
 -- (it then holds what it read until writes work again)
