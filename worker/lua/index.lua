@@ -1428,7 +1428,10 @@ end
 --   e  expiry entry  id: an entry of {N}:expiry the walk found without an incident
 --
 -- keys[1] = {N}:meta   keys[2] = {N}:fp   keys[3] = {N}:migration   keys[4] = {N}:expiry   keys[5] = {N}:changes
--- args[1] = layout tag (must equal {N}:meta's `layout`; '' for a check of an index whose meta is missing)   args[2] = '1' when every incident must be in {N}:expiry
+-- args[1] = layout tag (must equal {N}:meta's `layout`; '' for a check of an index whose meta is missing)
+-- args[2] = '1' when the walk checks that every incident is in {N}:expiry; judged again here against {N}:meta, as
+--           everything else is: only while retention is on now and no backfill runs (a worker may have turned it off,
+--           or off and on again, since the walk began)
 -- args[3 ..] = the subjects
 --
 -- Returns the findings as a flat list: the subject's number (1 = the first), kind, subject, detail, ... (with
@@ -1443,7 +1446,8 @@ local function verify(keys, args, repair)
     return redis.error_reply('MIGRATING ' .. migration_key .. ' says the index is moving to another layout; ' ..
       'run verify after the move has finished or been aborted')
   end
-  local expiry_on = args[2] == '1'
+  local expiry_on = args[2] == '1' and retention_on(meta_key)
+                    and redis.call('HEXISTS', meta_key, 'retention_backfill') == 0
   local reply = {}
   local k = 6
   for a = 3, #args, 5 do
