@@ -518,6 +518,21 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Which run of the server this is: the server's time (in us) when this library first ran a call in this process.
+-- A SCAN or HSCAN cursor stored in a key (a migration's pass, the retention backfill) is only good in the process
+-- that gave it: Redis seeds its hash function at random when it starts, so after a restart (a crash and its AOF, a
+-- failover to a replica) the same cursor walks another order and skips keys. A pass whose stored run is not this one
+-- starts again from 0 (each step of these passes may be repeated). A library loaded again (FUNCTION LOAD REPLACE)
+-- counts as a new run too: only work is lost.
+local RUN = {}
+local function server_run()
+  if not RUN.id then
+    local t = redis.call('TIME')
+    RUN.id = t[1] .. '.' .. t[2]
+  end
+  return RUN.id
+end
+
 -- Retention (docs/contract.md, "Retention"): while {N}:meta's `retention_ms` is above 0, {N}:expiry scores every
 -- indexed incident with the time of its last add or upsert (ms of the server's clock); otherwise it does not exist.
 local function retention_window(value)
@@ -1195,10 +1210,11 @@ local function set_retention(keys, args)
     redis.call('HSET', meta_key, 'retention_ms', string.format('%.0f', window))
     if not was_on then
       redis.call('UNLINK', expiry_key)
-      redis.call('HSET', meta_key, 'retention_since', now_ms(), 'retention_backfill', '0')
+      redis.call('HSET', meta_key, 'retention_since', now_ms(), 'retention_backfill', '0', 'retention_backfill_run',
+                 server_run())
     end
   else
-    redis.call('HDEL', meta_key, 'retention_ms', 'retention_since', 'retention_backfill')
+    redis.call('HDEL', meta_key, 'retention_ms', 'retention_since', 'retention_backfill', 'retention_backfill_run')
     redis.call('UNLINK', expiry_key)
   end
   return was
@@ -1215,6 +1231,8 @@ local function expiry_backfill(keys, args)
   local cursor = redis.call('HGET', meta_key, 'retention_backfill')
   local since = redis.call('HGET', meta_key, 'retention_since')
   if not cursor or not since or not retention_on(meta_key) then return {'', 0} end
+  -- a cursor of another run of the server (see server_run) would skip incidents: start the pass again (ZADD NX)
+  if redis.call('HGET', meta_key, 'retention_backfill_run') ~= server_run() then cursor = '0' end
   local reply = redis.call('HSCAN', fp_key, cursor, 'COUNT', tonumber(args[1]))
   local rows = reply[2]
   local added = 0
@@ -1233,10 +1251,10 @@ local function expiry_backfill(keys, args)
   flush()
   local next_cursor = tostring(reply[1])
   if next_cursor == '0' then
-    redis.call('HDEL', meta_key, 'retention_backfill')
+    redis.call('HDEL', meta_key, 'retention_backfill', 'retention_backfill_run')
     return {'', added}
   end
-  redis.call('HSET', meta_key, 'retention_backfill', next_cursor)
+  redis.call('HSET', meta_key, 'retention_backfill', next_cursor, 'retention_backfill_run', server_run())
   return {next_cursor, added}
 end
 
@@ -1612,7 +1630,7 @@ local function migrate_start(keys, args)
     return migration_refused(keys[2], 'missing while ' .. keys[1] .. ' says a layout is being built; run migrate --abort')
   end
   redis.call('HSET', keys[2], 'state', 'building', 'source', args[1], 'target', args[2], 'cursor', '0',
-             'visited', 0, 'written', 0, 'removed', 0, 'total', redis.call('HLEN', keys[3]),
+             'run', server_run(), 'visited', 0, 'written', 0, 'removed', 0, 'total', redis.call('HLEN', keys[3]),
              'started_at', now_ms(), unpack(slice(args, 3, #args)))
   -- from here on every apply call writes the target too (check_building)
   redis.call('HSET', keys[1], 'building', args[2])
@@ -1649,10 +1667,15 @@ local function migrate_build(keys, args)
     k = k + 1 + n
   end
   -- (HMGET and HSET, not HINCRBY: the worker's least-privilege user may run this too, deploy/redis/users.acl)
-  local counts = redis.call('HMGET', keys[2], 'visited', 'written')
-  redis.call('HSET', keys[2], 'cursor', args[4], 'visited', (tonumber(counts[1]) or 0) + visited,
-             'written', (tonumber(counts[2]) or 0) + written)
-  if args[4] == '0' then redis.call('HSET', keys[2], 'state', 'built', 'built_at', now_ms()) end
+  local counts = redis.call('HMGET', keys[2], 'visited', 'written', 'run')
+  -- the pass is only complete when one run of the server gave all of its cursors (see server_run); otherwise it starts
+  -- again from 0 (what this batch wrote stays right: each incident was checked above)
+  local next_cursor = counts[3] == server_run() and args[4] or '0'
+  redis.call('HSET', keys[2], 'cursor', next_cursor, 'run', server_run(),
+             'visited', (tonumber(counts[1]) or 0) + visited, 'written', (tonumber(counts[2]) or 0) + written)
+  if next_cursor == '0' and counts[3] == server_run() then
+    redis.call('HSET', keys[2], 'state', 'built', 'built_at', now_ms())
+  end
   return {written, visited}
 end
 
@@ -1676,7 +1699,8 @@ local function migrate_switch(keys, args)
   redis.call('HSET', keys[1], 'layout', args[1], 'previous_layouts', m[3] .. (previous and (' ' .. previous) or ''),
              unpack(slice(args, 2, #args)))
   redis.call('HDEL', keys[1], 'building')
-  redis.call('HSET', keys[2], 'state', 'cleaning', 'cursor', '0', 'removing', m[4], 'switched_at', now_ms())
+  redis.call('HSET', keys[2], 'state', 'cleaning', 'cursor', '0', 'run', server_run(), 'removing', m[4],
+             'switched_at', now_ms())
   return 'switched'
 end
 
@@ -1695,7 +1719,8 @@ local function migrate_abort(keys, args)
   end
   if m[1] ~= 'aborting' then
     redis.call('HDEL', keys[1], 'building')
-    redis.call('HSET', keys[2], 'state', 'aborting', 'cursor', '0', 'removing', m[2], 'aborted_at', now_ms())
+    redis.call('HSET', keys[2], 'state', 'aborting', 'cursor', '0', 'run', server_run(), 'removing', m[2],
+               'aborted_at', now_ms())
   end
   return 'aborting'
 end
@@ -1725,9 +1750,11 @@ local function migrate_remove(keys, args)
       removed = removed + redis.call('UNLINK', key)
     end
   end
-  if args[3] ~= '0' then
+  -- a pass of SCAN cursors from another run of the server skipped keys (see server_run): it starts again from 0
+  local same_run = redis.call('HGET', keys[2], 'run') == server_run()
+  if args[3] ~= '0' or not same_run then
     local before = tonumber(redis.call('HGET', keys[2], 'removed')) or 0
-    redis.call('HSET', keys[2], 'cursor', args[3], 'removed', before + removed)
+    redis.call('HSET', keys[2], 'cursor', same_run and args[3] or '0', 'run', server_run(), 'removed', before + removed)
     return {removed, 0}
   end
   local done = m[1] == 'cleaning' and 'moved from ' or 'aborted, stayed at '
