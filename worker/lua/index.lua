@@ -1780,7 +1780,9 @@ redis.register_function('incident_index_v2_dead_letter', dead_letter)
 -- (allow-oom: it writes a few fields, once; a worker restarted while Redis is full must get to its upkeep)
 redis.register_function{function_name = 'incident_index_v2_ensure_meta', callback = ensure_meta,
                         flags = {'allow-oom'}}
-redis.register_function('incident_index_v2_forget_consumer', forget_consumer)
+-- (allow-oom: removing a consumer frees memory; refused while Redis is full, it stopped the worker before its upkeep)
+redis.register_function{function_name = 'incident_index_v2_forget_consumer', callback = forget_consumer,
+                        flags = {'allow-oom'}}
 -- allow-oom: reading and claiming allocate next to nothing, and a worker must keep reading while Redis is full
 -- (it then holds what it read until writes work again)
 redis.register_function{function_name = 'incident_index_v2_read_new', callback = read_new, flags = {'allow-oom'}}
