@@ -1795,6 +1795,10 @@ redis.register_function{function_name = 'incident_index_v2_verify_check', callba
 redis.register_function('incident_index_v2_verify_repair', verify_repair)
 redis.register_function{function_name = 'incident_index_v2_verify_postings', callback = verify_postings,
                         flags = {'no-writes'}}
+-- Which run of the server this is (server_run): verify compares it before and after its walk, whose SCAN cursors
+-- are only good in one server process. keys[1] = {N}:meta (unused: it routes the call to the index's node)
+redis.register_function{function_name = 'incident_index_v2_server_run', callback = function() return server_run() end,
+                        flags = {'no-writes'}}
 redis.register_function('incident_index_v2_migrate_start', migrate_start)
 redis.register_function('incident_index_v2_migrate_build', migrate_build)
 redis.register_function('incident_index_v2_migrate_switch', migrate_switch)
