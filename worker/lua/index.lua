@@ -526,9 +526,11 @@ end
 -- counts as a new run too: only work is lost.
 local RUN = {}
 local function server_run()
-  if not RUN.id then
+  if RUN.id == nil then
     local t = redis.call('TIME')
-    RUN.id = t[1] .. '.' .. t[2]
+    -- a server whose Lua tables were read-only could not keep it: then '' every time (a stored cursor is trusted,
+    -- as before) rather than a new run at every call, which would never finish a pass
+    if not pcall(function() RUN.id = t[1] .. '.' .. t[2] end) then return '' end
   end
   return RUN.id
 end
