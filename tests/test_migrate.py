@@ -337,3 +337,15 @@ def test_a_redis_restart_during_a_pass_does_not_skip_keys(tmp_path: Any, restart
             assert stored.matches_of(fp) == oracle.matches(fp)
     finally:
         server.stop()
+
+
+def test_a_mangled_fingerprint_does_not_stop_the_move(redis_client: Any) -> None:
+    """A value in {N}:fp that is not a fingerprint (a hand edit: 16 characters that are not hex, bytes that are not
+    UTF-8) is in no posting set; the build passes it by instead of failing at the same batch at every resume."""
+    rng = random.Random(8)
+    _, oracle = _seed(redis_client, rng, 120)
+    redis_client.hset(IndexKeys(NS).fingerprints, "hand", "zzzzzzzzzzzzzzzz")
+    if not redis_client.connection_pool.connection_kwargs.get("decode_responses"):  # a client that can read it
+        redis_client.hset(IndexKeys(NS).fingerprints, "raw", b"\xff" * 16)
+    assert Migrator(redis_client, NS, batch=10).migrate(3).startswith("moved from")
+    assert_postings_match(redis_client, NS, 3, dict(oracle.fps), generation=1)
