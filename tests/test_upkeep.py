@@ -365,3 +365,21 @@ def test_retention_and_trimming_free_a_full_redis_by_themselves(
     assert not stuck, "the worker waited for memory that its own upkeep could free"
     stored = {k.decode() for k in client.hkeys("{incidents}:fp")}
     assert {e["incident_id"] for e in new} <= stored
+
+
+def test_entry_ids_past_a_lua_number_are_trimmed_exactly(client: redis.Redis) -> None:
+    """Producers may give their own entry IDs, up to 2**64 - 1 in each part: the group's position is computed exactly
+    (a Lua number holds 53 bits), so no undelivered entry goes and a sequence at its largest is no error."""
+    big = 2**53 + 3  # the nearest Lua number is 2**53 + 4
+    ids = [client.xadd(EVENTS, {"n": str(seq)}, id=f"{big}-{seq}").decode() for seq in range(150)]
+    client.xgroup_create(EVENTS, GROUP, id=f"{big}-5")  # delivered and acknowledged up to seq 5
+    index = FingerprintIndex(client)
+    upkeep.trim_events(index, EVENTS, GROUP, 0, 100_000)
+    assert _ids(client)[-144:] == ids[6:], "undelivered entries were trimmed"
+    last = f"{2**53 + 9}-{2**64 - 1}"
+    client.xadd(EVENTS, {"n": "last"}, id=last)
+    client.xgroup_setid(EVENTS, GROUP, id=last)  # everything delivered, the last one at the largest sequence
+    result = upkeep.trim_events(index, EVENTS, GROUP, 0, 100_000)
+    assert result.bound == f"{2**53 + 10}-0"  # the first ID after it; everything below was delivered and acknowledged
+    [position] = upkeep.group_positions(client, EVENTS, GROUP, 0)  # what stats and check show
+    assert position.position == result.bound

@@ -79,6 +79,16 @@ def _id_key(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
+_LAST_PART = 2**64 - 1
+
+
+def _id_after(ms: int, seq: int) -> str:
+    """The first entry ID after ms-seq (itself for the last possible one), as trim_events in index.lua has it."""
+    if seq < _LAST_PART:
+        return f"{ms}-{seq + 1}"
+    return f"{ms + 1}-0" if ms < _LAST_PART else f"{ms}-{seq}"
+
+
 # -- the events stream ------------------------------------------------------------------------------------------
 
 
@@ -144,7 +154,7 @@ def group_positions(client: Any, stream: str, own_group: str, max_age_ms: int) -
         info = replies.info(row)
         name = info["name"]
         ms, seq = _id_key(info.get("last-delivered-id", "0-0"))
-        position = f"{ms}-{seq + 1}"
+        position = _id_after(ms, seq)
         pending = int(info.get("pending", 0))
         if pending:
             summary = client.xpending(stream, name)

@@ -1108,9 +1108,41 @@ local function claim(keys, args)
   return out
 end
 
+-- Exact arithmetic on entry IDs for trimming: each part may be any number up to 2^64 - 1 (a producer may give its own
+-- IDs), past the 53 bits a Lua number holds, where parse_id rounds (up, too: a bound past an undelivered entry).
+-- The parts are compared as decimal text, shorter first (Redis writes them without leading zeros).
+local LAST_PART = '18446744073709551615'
+
+local function split_id(id)
+  local dash = string.find(id, '-', 1, true)
+  return string.sub(id, 1, dash - 1), string.sub(id, dash + 1)
+end
+
+local function decimal_less(a, b)
+  if #a ~= #b then return #a < #b end
+  return bytes_less(a, b)
+end
+
+local function exact_id_less(a, b)
+  local am, as = split_id(a)
+  local bm, bs = split_id(b)
+  if am ~= bm then return decimal_less(am, bm) end
+  return decimal_less(as, bs)
+end
+
+local function decimal_next(n)
+  local i = #n
+  while i > 0 and string.sub(n, i, i) == '9' do i = i - 1 end
+  if i == 0 then return '1' .. string.rep('0', #n) end
+  return string.sub(n, 1, i - 1) .. string.char(string.byte(n, i) + 1) .. string.rep('0', #n - i)
+end
+
+-- The first entry ID after `id` (`id` itself for the last possible one: nothing can follow it).
 local function id_after(id)
-  local ms, seq = parse_id(id)
-  return string.format('%.0f-%.0f', ms, seq + 1)
+  local ms, seq = split_id(id)
+  if seq ~= LAST_PART then return ms .. '-' .. decimal_next(seq) end
+  if ms == LAST_PART then return id end
+  return decimal_next(ms) .. '-0'
 end
 
 -- Trim the events stream below the oldest entry any consumer group still needs, never above it.
@@ -1140,7 +1172,7 @@ local function trim_events(keys, args)
     local position = id_after(info['last-delivered-id'])
     if tonumber(info['pending']) > 0 then
       local oldest_pending = redis.call('XPENDING', stream, name)[2]
-      if oldest_pending and id_less(oldest_pending, position) then position = oldest_pending end
+      if oldest_pending and exact_id_less(oldest_pending, position) then position = oldest_pending end
     end
     local age = 0
     local first = redis.call('XRANGE', stream, position, '+', 'COUNT', 1)[1]
@@ -1149,7 +1181,7 @@ local function trim_events(keys, args)
       if age < 0 then age = 0 end
     end
     local ignored = name ~= own and max_age > 0 and age > max_age
-    if not ignored and (bound == nil or id_less(position, bound)) then bound = position end
+    if not ignored and (bound == nil or exact_id_less(position, bound)) then bound = position end
     local lag = info['lag']
     reply[#reply + 1] = name
     reply[#reply + 1] = position
