@@ -325,3 +325,61 @@ def test_a_worker_refused_memory_usage_keeps_the_length_caps_and_says_so_once(mo
     warned = [fields for level, event, fields in job.log.lines if "cannot measure" in event]
     assert len(warned) == 2 and {f["stream"] for f in warned} == {"{incidents}:alerts", "{incidents}:dead"}
     assert all("+memory|usage" in f["hint"] for f in warned) and fake.xlen("{incidents}:alerts") == 1
+
+
+def test_retention_and_trimming_free_a_full_redis_by_themselves(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis at maxmemory (noeviction) with expired incidents and acknowledged events: the upkeep frees the memory
+    (its calls free more than they take) and the worker goes on, with nobody raising maxmemory."""
+    import threading
+
+    monkeypatch.setattr(upkeep, "UPKEEP_INTERVAL_S", 0.0)
+    monkeypatch.setattr(upkeep, "TRIM_INTERVAL_S", 0.0)
+    old = [{"incident_id": f"old{i}", "features": bag} for i, bag in Workload(seed=5).take(3000)]
+    publish(client, old)
+    StreamWorker(client, _settings(retention="1s", reconnect_max_backoff_s=0.2)).run(until_idle=True)
+    assert client.hlen("{incidents}:fp") == 3000
+    time.sleep(1.2)  # every incident is past the window
+    new = [{"incident_id": f"new{i}", "features": bag} for i, bag in Workload(seed=6).take(50)]
+    publish(client, new)
+    # a consumer gone for good (nothing pending): removing it frees memory too, and must not stop the worker first
+    import worker.stream
+
+    monkeypatch.setattr(worker.stream, "_DEAD_CONSUMER_IDLE_MS", -1)
+    client.xgroup_createconsumer(EVENTS, GROUP, "gone")
+    policy = client.config_get("maxmemory-policy")["maxmemory-policy"]
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) - 20_000))
+    worker = StreamWorker(client, _settings(retention="1s", reconnect_max_backoff_s=0.2))
+    runner = threading.Thread(target=worker.run, kwargs={"until_idle": True}, daemon=True)
+    try:
+        runner.start()
+        runner.join(30)
+        stuck = runner.is_alive()
+        worker.stop()
+        runner.join(10)
+    finally:
+        client.config_set("maxmemory", "0")
+        client.config_set("maxmemory-policy", policy)
+    assert not stuck, "the worker waited for memory that its own upkeep could free"
+    stored = {k.decode() for k in client.hkeys("{incidents}:fp")}
+    assert {e["incident_id"] for e in new} <= stored
+
+
+def test_entry_ids_past_a_lua_number_are_trimmed_exactly(client: redis.Redis) -> None:
+    """Producers may give their own entry IDs, up to 2**64 - 1 in each part: the group's position is computed exactly
+    (a Lua number holds 53 bits), so no undelivered entry goes and a sequence at its largest is no error."""
+    big = 2**53 + 3  # the nearest Lua number is 2**53 + 4
+    ids = [client.xadd(EVENTS, {"n": str(seq)}, id=f"{big}-{seq}").decode() for seq in range(150)]
+    client.xgroup_create(EVENTS, GROUP, id=f"{big}-5")  # delivered and acknowledged up to seq 5
+    index = FingerprintIndex(client)
+    upkeep.trim_events(index, EVENTS, GROUP, 0, 100_000)
+    assert _ids(client)[-144:] == ids[6:], "undelivered entries were trimmed"
+    last = f"{2**53 + 9}-{2**64 - 1}"
+    client.xadd(EVENTS, {"n": "last"}, id=last)
+    client.xgroup_setid(EVENTS, GROUP, id=last)  # everything delivered, the last one at the largest sequence
+    result = upkeep.trim_events(index, EVENTS, GROUP, 0, 100_000)
+    assert result.bound == f"{2**53 + 10}-0"  # the first ID after it; everything below was delivered and acknowledged
+    [position] = upkeep.group_positions(client, EVENTS, GROUP, 0)  # what stats and check show
+    assert position.position == result.bound

@@ -17,6 +17,7 @@ import redis
 from tests.oracle import Oracle, assert_postings_match, clustered, flip
 from tests.redis_server import RedisServer
 from tests.streams import FAST, alerts, clean_env, publish, start_worker, worker_command
+from worker import retention
 from worker.commands.verify import print_verify
 from worker.fingerprint import fingerprint, format_fingerprint
 from worker.index import FingerprintIndex
@@ -482,3 +483,69 @@ def test_a_representative_that_lost_one_posting_is_completed_not_replaced_by_a_t
     assert [(f.kind, f.subject) for f in found.findings] == [("missing_postings", rep)]
     assert _verify(redis_client, repair=True).clean
     assert built.representative(built.storm) == rep
+
+
+@pytest.mark.parametrize("repair", [False, True])
+def test_retention_turned_off_or_restarted_during_the_walk_is_no_finding(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, repair: bool
+) -> None:
+    """Whether every incident needs an `{N}:expiry` entry is judged at the check, as everything else: a worker that
+    turns retention off (or off and on again: a backfill) while the walk runs makes no finding, and a repair writes no
+    `{N}:expiry` for an index without retention."""
+    built = Built(redis_client)
+    retention.set_window(built.index, 60_000)
+    while retention.backfill_step(built.index)[0]:
+        pass
+    assert _verify(redis_client).counts == {}
+    walk = Verifier._walk_incidents
+
+    def turned_off_meanwhile(self: Verifier) -> None:
+        retention.set_window(built.index, 0)  # a worker started with RETENTION=off
+        walk(self)
+
+    monkeypatch.setattr(Verifier, "_walk_incidents", turned_off_meanwhile)
+    report = _verify(redis_client, repair=repair)
+    assert report.counts == {}, report.counts
+    assert not redis_client.exists(EXPIRY), "a repair wrote the bookkeeping of a retention that is off"
+
+    def restarted_meanwhile(self: Verifier) -> None:
+        retention.set_window(built.index, 0)
+        retention.set_window(built.index, 60_000)  # on again: its backfill has not entered anybody yet
+        walk(self)
+
+    retention.set_window(built.index, 60_000)
+    while retention.backfill_step(built.index)[0]:
+        pass
+    monkeypatch.setattr(Verifier, "_walk_incidents", restarted_meanwhile)
+    assert _verify(redis_client, repair=repair).counts == {}
+
+
+def test_a_redis_restart_during_the_walk_is_not_reported_clean(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk's SCAN and HSCAN cursors are only good in one server process (Redis seeds its hash function at random
+    when it starts): a walk that went on across a restart may have skipped keys, so it says so instead of 'clean'."""
+    from tests.conftest import require_redis_server
+    from worker.errors import CommandError
+
+    require_redis_server()
+    server = RedisServer(tmp_path, appendonly=True)
+    server.start()
+    try:
+        client = server.client()
+        from worker import library
+
+        library.load(client)
+        Built(client)
+        assert _verify(client).clean
+        walk = Verifier._walk_postings
+
+        def restarted_meanwhile(self: Verifier) -> None:
+            server.kill()
+            server.start()
+            self.client.connection_pool.disconnect()
+            walk(self)
+
+        monkeypatch.setattr(Verifier, "_walk_postings", restarted_meanwhile)
+        with pytest.raises(CommandError, match=r"restarted.*Run verify again"):
+            Verifier(client, NS).run()
+    finally:
+        server.stop()

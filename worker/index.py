@@ -271,6 +271,7 @@ class FingerprintIndex:
         "retention_ms",
         "retention_since",
         "retention_backfill",
+        "retention_backfill_run",
         "building",
         "generation",
         "previous_layouts",

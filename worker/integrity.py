@@ -241,6 +241,7 @@ class Verifier:
                 f"{self.keys.meta} says a layout is being built ({meta['building']}): verify cannot tell its keys from "
                 "stray ones. Run it after the move has finished or been aborted"
             )
+        run = self._server_run()
         self.index = self._layout(meta)
         self.report.layout = self.index.layout_tag
         # every call checks that the meta's layout tag is still the one read here (after any repair of it): a
@@ -254,8 +255,23 @@ class Verifier:
             self._walk_groups()
             if self.client.exists(self.expiry_key):
                 self._walk_expiry()
+        if self._server_run() != run:
+            raise CommandError(
+                "Redis restarted (or failed over) while verify walked the index: a scan cursor of one server process "
+                "skips keys in another, so part of the index may not have been checked (the repairs made are right). "
+                "Run verify again"
+            )
         self.report.elapsed_s = time.monotonic() - self._started
         return self.report
+
+    def _server_run(self) -> str:
+        """Which run of the server answers (worker/lua/index.lua, server_run)."""
+        try:
+            return text(self.client.fcall_ro(library.FN_SERVER_RUN, 1, self.keys.meta))
+        except ResponseError as error:
+            if library.is_missing_function(error):
+                raise CommandError(library.missing_message()) from None
+            raise
 
     def _layout(self, meta: dict[str, str]) -> FingerprintIndex:
         """The layout to verify against, from `{N}:meta` (checking its fields), with findings about the meta."""

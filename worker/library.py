@@ -46,6 +46,7 @@ __all__ = [
     "FN_MIGRATE_SWITCH",
     "FN_READ_NEW",
     "FN_READ_PENDING",
+    "FN_SERVER_RUN",
     "FN_SET_RETENTION",
     "FN_TRIM_CHANGES",
     "FN_TRIM_EVENTS",
@@ -104,6 +105,7 @@ FN_MIGRATE_BUILD = f"{LIBRARY_NAME}_migrate_build"
 FN_MIGRATE_SWITCH = f"{LIBRARY_NAME}_migrate_switch"
 FN_MIGRATE_ABORT = f"{LIBRARY_NAME}_migrate_abort"
 FN_MIGRATE_REMOVE = f"{LIBRARY_NAME}_migrate_remove"
+FN_SERVER_RUN = f"{LIBRARY_NAME}_server_run"
 
 
 LIBRARY_PREFIX = "incident_index_"

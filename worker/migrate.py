@@ -32,6 +32,7 @@ from . import library
 from .bands import BandLayout
 from .connection import RedisClient
 from .errors import CommandError
+from .fingerprint import parse_fingerprint
 from .index import FingerprintIndex, LayoutTarget, base_tag, layout_tag
 from .keys import IndexKeys, glob_escape
 from .replies import text
@@ -247,13 +248,14 @@ class Migrator:
         keys = [self.keys.meta, self.keys.migration, self.keys.fingerprints]
         args: list[Any] = [status.target, target.layout.bands, cursor, str(next_cursor)]
         for raw_id, raw_fp in dict(chunk).items():  # type: ignore[arg-type]
-            hex_fp = text(raw_fp)
-            if len(hex_fp) != 16:
+            try:
+                hex_fp = text(raw_fp)
+                fp = parse_fingerprint(hex_fp)
+            except ValueError:  # UnicodeDecodeError included
                 continue  # not a fingerprint (a hand edit): it is in no posting either
-            fp = int(hex_fp, 16)
             keys.append(source.posting_keys(fp)[0])
             keys += target.posting_keys(fp)
-            args += [text(raw_id), hex_fp]
+            args += [raw_id, hex_fp]  # the ID as stored (bytes from a real server), whatever its encoding
         self._fcall(library.FN_MIGRATE_BUILD, keys, args)
 
     def _switch(self, status: MigrationStatus) -> None:

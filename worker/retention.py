@@ -175,7 +175,9 @@ def expire_due(
         total.add(result)
         batches += 1
         if not result.more or not (result.expired or result.dropped):
-            total.more = result.more
+            # a full batch of which nothing went (a move to another layout builds: nothing expires until its switch)
+            # is not more to do now: said so, the upkeep would run the same pass again after every event batch
+            total.more = False
             return total
         if budget_s is not None and time.monotonic() - started >= budget_s:
             return total

@@ -290,6 +290,11 @@ class StreamWorker:
         try:
             self.redis.xgroup_create(self.target.events_stream, self.target.group, id="0", mkstream=True)
             self.log.info("consumer group created", group=self.target.group)
+        except OutOfMemoryError:
+            # refused before Redis looks for the group (maxmemory): go on when it exists, to reach the upkeep that may
+            # free the memory
+            if group_info(self.redis, self.target.events_stream, self.target.group) is None:
+                raise
         except ResponseError as error:
             if "BUSYGROUP" not in str(error):
                 raise
@@ -696,6 +701,7 @@ class StreamWorker:
             self._stop.wait(delay)
             if self.stopping:
                 break
+            self.upkeep.tick()  # expiry and trimming free memory, and run while Redis is full
             self.redis.xclaim(
                 self.target.events_stream,
                 self.target.group,

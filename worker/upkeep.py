@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ResponseError
 
 from . import replies, retention
 from .index import FingerprintIndex
@@ -77,6 +77,16 @@ def server_time_ms(client: Any) -> int:
 def _id_key(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
+
+
+_LAST_PART = 2**64 - 1
+
+
+def _id_after(ms: int, seq: int) -> str:
+    """The first entry ID after ms-seq (itself for the last possible one), as trim_events in index.lua has it."""
+    if seq < _LAST_PART:
+        return f"{ms}-{seq + 1}"
+    return f"{ms + 1}-0" if ms < _LAST_PART else f"{ms}-{seq}"
 
 
 # -- the events stream ------------------------------------------------------------------------------------------
@@ -144,7 +154,7 @@ def group_positions(client: Any, stream: str, own_group: str, max_age_ms: int) -
         info = replies.info(row)
         name = info["name"]
         ms, seq = _id_key(info.get("last-delivered-id", "0-0"))
-        position = f"{ms}-{seq + 1}"
+        position = _id_after(ms, seq)
         pending = int(info.get("pending", 0))
         if pending:
             summary = client.xpending(stream, name)
@@ -370,7 +380,10 @@ class Upkeep:
 
     def retain(self) -> bool:
         """One bounded round of retention: a backfill step, then expiry passes. True while more is due."""
-        more, added = retention.backfill_step(self.index)
+        try:
+            more, added = retention.backfill_step(self.index)
+        except OutOfMemoryError:
+            more, added = False, 0  # it adds to {N}:expiry: it waits for memory, the expiries below free some
         if added or more:
             self.log.debug("retention backfill", added=added, more=more)
         result = retention.expire_due(self.index, budget_s=RETENTION_BUDGET_S)

@@ -518,6 +518,23 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Which run of the server this is: the server's time (in us) when this library first ran a call in this process.
+-- A SCAN or HSCAN cursor stored in a key (a migration's pass, the retention backfill) is only good in the process
+-- that gave it: Redis seeds its hash function at random when it starts, so after a restart (a crash and its AOF, a
+-- failover to a replica) the same cursor walks another order and skips keys. A pass whose stored run is not this one
+-- starts again from 0 (each step of these passes may be repeated). A library loaded again (FUNCTION LOAD REPLACE)
+-- counts as a new run too: only work is lost.
+local RUN = {}
+local function server_run()
+  if RUN.id == nil then
+    local t = redis.call('TIME')
+    -- a server whose Lua tables were read-only could not keep it: then '' every time (a stored cursor is trusted,
+    -- as before) rather than a new run at every call, which would never finish a pass
+    if not pcall(function() RUN.id = t[1] .. '.' .. t[2] end) then return '' end
+  end
+  return RUN.id
+end
+
 -- Retention (docs/contract.md, "Retention"): while {N}:meta's `retention_ms` is above 0, {N}:expiry scores every
 -- indexed incident with the time of its last add or upsert (ms of the server's clock); otherwise it does not exist.
 local function retention_window(value)
@@ -1091,9 +1108,41 @@ local function claim(keys, args)
   return out
 end
 
+-- Exact arithmetic on entry IDs for trimming: each part may be any number up to 2^64 - 1 (a producer may give its own
+-- IDs), past the 53 bits a Lua number holds, where parse_id rounds (up, too: a bound past an undelivered entry).
+-- The parts are compared as decimal text, shorter first (Redis writes them without leading zeros).
+local LAST_PART = '18446744073709551615'
+
+local function split_id(id)
+  local dash = string.find(id, '-', 1, true)
+  return string.sub(id, 1, dash - 1), string.sub(id, dash + 1)
+end
+
+local function decimal_less(a, b)
+  if #a ~= #b then return #a < #b end
+  return bytes_less(a, b)
+end
+
+local function exact_id_less(a, b)
+  local am, as = split_id(a)
+  local bm, bs = split_id(b)
+  if am ~= bm then return decimal_less(am, bm) end
+  return decimal_less(as, bs)
+end
+
+local function decimal_next(n)
+  local i = #n
+  while i > 0 and string.sub(n, i, i) == '9' do i = i - 1 end
+  if i == 0 then return '1' .. string.rep('0', #n) end
+  return string.sub(n, 1, i - 1) .. string.char(string.byte(n, i) + 1) .. string.rep('0', #n - i)
+end
+
+-- The first entry ID after `id` (`id` itself for the last possible one: nothing can follow it).
 local function id_after(id)
-  local ms, seq = parse_id(id)
-  return string.format('%.0f-%.0f', ms, seq + 1)
+  local ms, seq = split_id(id)
+  if seq ~= LAST_PART then return ms .. '-' .. decimal_next(seq) end
+  if ms == LAST_PART then return id end
+  return decimal_next(ms) .. '-0'
 end
 
 -- Trim the events stream below the oldest entry any consumer group still needs, never above it.
@@ -1123,7 +1172,7 @@ local function trim_events(keys, args)
     local position = id_after(info['last-delivered-id'])
     if tonumber(info['pending']) > 0 then
       local oldest_pending = redis.call('XPENDING', stream, name)[2]
-      if oldest_pending and id_less(oldest_pending, position) then position = oldest_pending end
+      if oldest_pending and exact_id_less(oldest_pending, position) then position = oldest_pending end
     end
     local age = 0
     local first = redis.call('XRANGE', stream, position, '+', 'COUNT', 1)[1]
@@ -1132,7 +1181,7 @@ local function trim_events(keys, args)
       if age < 0 then age = 0 end
     end
     local ignored = name ~= own and max_age > 0 and age > max_age
-    if not ignored and (bound == nil or id_less(position, bound)) then bound = position end
+    if not ignored and (bound == nil or exact_id_less(position, bound)) then bound = position end
     local lag = info['lag']
     reply[#reply + 1] = name
     reply[#reply + 1] = position
@@ -1195,10 +1244,11 @@ local function set_retention(keys, args)
     redis.call('HSET', meta_key, 'retention_ms', string.format('%.0f', window))
     if not was_on then
       redis.call('UNLINK', expiry_key)
-      redis.call('HSET', meta_key, 'retention_since', now_ms(), 'retention_backfill', '0')
+      redis.call('HSET', meta_key, 'retention_since', now_ms(), 'retention_backfill', '0', 'retention_backfill_run',
+                 server_run())
     end
   else
-    redis.call('HDEL', meta_key, 'retention_ms', 'retention_since', 'retention_backfill')
+    redis.call('HDEL', meta_key, 'retention_ms', 'retention_since', 'retention_backfill', 'retention_backfill_run')
     redis.call('UNLINK', expiry_key)
   end
   return was
@@ -1215,6 +1265,8 @@ local function expiry_backfill(keys, args)
   local cursor = redis.call('HGET', meta_key, 'retention_backfill')
   local since = redis.call('HGET', meta_key, 'retention_since')
   if not cursor or not since or not retention_on(meta_key) then return {'', 0} end
+  -- a cursor of another run of the server (see server_run) would skip incidents: start the pass again (ZADD NX)
+  if redis.call('HGET', meta_key, 'retention_backfill_run') ~= server_run() then cursor = '0' end
   local reply = redis.call('HSCAN', fp_key, cursor, 'COUNT', tonumber(args[1]))
   local rows = reply[2]
   local added = 0
@@ -1233,10 +1285,10 @@ local function expiry_backfill(keys, args)
   flush()
   local next_cursor = tostring(reply[1])
   if next_cursor == '0' then
-    redis.call('HDEL', meta_key, 'retention_backfill')
+    redis.call('HDEL', meta_key, 'retention_backfill', 'retention_backfill_run')
     return {'', added}
   end
-  redis.call('HSET', meta_key, 'retention_backfill', next_cursor)
+  redis.call('HSET', meta_key, 'retention_backfill', next_cursor, 'retention_backfill_run', server_run())
   return {next_cursor, added}
 end
 
@@ -1428,7 +1480,10 @@ end
 --   e  expiry entry  id: an entry of {N}:expiry the walk found without an incident
 --
 -- keys[1] = {N}:meta   keys[2] = {N}:fp   keys[3] = {N}:migration   keys[4] = {N}:expiry   keys[5] = {N}:changes
--- args[1] = layout tag (must equal {N}:meta's `layout`; '' for a check of an index whose meta is missing)   args[2] = '1' when every incident must be in {N}:expiry
+-- args[1] = layout tag (must equal {N}:meta's `layout`; '' for a check of an index whose meta is missing)
+-- args[2] = '1' when the walk checks that every incident is in {N}:expiry; judged again here against {N}:meta, as
+--           everything else is: only while retention is on now and no backfill runs (a worker may have turned it off,
+--           or off and on again, since the walk began)
 -- args[3 ..] = the subjects
 --
 -- Returns the findings as a flat list: the subject's number (1 = the first), kind, subject, detail, ... (with
@@ -1443,7 +1498,8 @@ local function verify(keys, args, repair)
     return redis.error_reply('MIGRATING ' .. migration_key .. ' says the index is moving to another layout; ' ..
       'run verify after the move has finished or been aborted')
   end
-  local expiry_on = args[2] == '1'
+  local expiry_on = args[2] == '1' and retention_on(meta_key)
+                    and redis.call('HEXISTS', meta_key, 'retention_backfill') == 0
   local reply = {}
   local k = 6
   for a = 3, #args, 5 do
@@ -1608,7 +1664,7 @@ local function migrate_start(keys, args)
     return migration_refused(keys[2], 'missing while ' .. keys[1] .. ' says a layout is being built; run migrate --abort')
   end
   redis.call('HSET', keys[2], 'state', 'building', 'source', args[1], 'target', args[2], 'cursor', '0',
-             'visited', 0, 'written', 0, 'removed', 0, 'total', redis.call('HLEN', keys[3]),
+             'run', server_run(), 'visited', 0, 'written', 0, 'removed', 0, 'total', redis.call('HLEN', keys[3]),
              'started_at', now_ms(), unpack(slice(args, 3, #args)))
   -- from here on every apply call writes the target too (check_building)
   redis.call('HSET', keys[1], 'building', args[2])
@@ -1645,10 +1701,15 @@ local function migrate_build(keys, args)
     k = k + 1 + n
   end
   -- (HMGET and HSET, not HINCRBY: the worker's least-privilege user may run this too, deploy/redis/users.acl)
-  local counts = redis.call('HMGET', keys[2], 'visited', 'written')
-  redis.call('HSET', keys[2], 'cursor', args[4], 'visited', (tonumber(counts[1]) or 0) + visited,
-             'written', (tonumber(counts[2]) or 0) + written)
-  if args[4] == '0' then redis.call('HSET', keys[2], 'state', 'built', 'built_at', now_ms()) end
+  local counts = redis.call('HMGET', keys[2], 'visited', 'written', 'run')
+  -- the pass is only complete when one run of the server gave all of its cursors (see server_run); otherwise it starts
+  -- again from 0 (what this batch wrote stays right: each incident was checked above)
+  local next_cursor = counts[3] == server_run() and args[4] or '0'
+  redis.call('HSET', keys[2], 'cursor', next_cursor, 'run', server_run(),
+             'visited', (tonumber(counts[1]) or 0) + visited, 'written', (tonumber(counts[2]) or 0) + written)
+  if next_cursor == '0' and counts[3] == server_run() then
+    redis.call('HSET', keys[2], 'state', 'built', 'built_at', now_ms())
+  end
   return {written, visited}
 end
 
@@ -1672,7 +1733,8 @@ local function migrate_switch(keys, args)
   redis.call('HSET', keys[1], 'layout', args[1], 'previous_layouts', m[3] .. (previous and (' ' .. previous) or ''),
              unpack(slice(args, 2, #args)))
   redis.call('HDEL', keys[1], 'building')
-  redis.call('HSET', keys[2], 'state', 'cleaning', 'cursor', '0', 'removing', m[4], 'switched_at', now_ms())
+  redis.call('HSET', keys[2], 'state', 'cleaning', 'cursor', '0', 'run', server_run(), 'removing', m[4],
+             'switched_at', now_ms())
   return 'switched'
 end
 
@@ -1691,7 +1753,8 @@ local function migrate_abort(keys, args)
   end
   if m[1] ~= 'aborting' then
     redis.call('HDEL', keys[1], 'building')
-    redis.call('HSET', keys[2], 'state', 'aborting', 'cursor', '0', 'removing', m[2], 'aborted_at', now_ms())
+    redis.call('HSET', keys[2], 'state', 'aborting', 'cursor', '0', 'run', server_run(), 'removing', m[2],
+               'aborted_at', now_ms())
   end
   return 'aborting'
 end
@@ -1721,9 +1784,11 @@ local function migrate_remove(keys, args)
       removed = removed + redis.call('UNLINK', key)
     end
   end
-  if args[3] ~= '0' then
+  -- a pass of SCAN cursors from another run of the server skipped keys (see server_run): it starts again from 0
+  local same_run = redis.call('HGET', keys[2], 'run') == server_run()
+  if args[3] ~= '0' or not same_run then
     local before = tonumber(redis.call('HGET', keys[2], 'removed')) or 0
-    redis.call('HSET', keys[2], 'cursor', args[3], 'removed', before + removed)
+    redis.call('HSET', keys[2], 'cursor', same_run and args[3] or '0', 'run', server_run(), 'removed', before + removed)
     return {removed, 0}
   end
   local done = m[1] == 'cleaning' and 'moved from ' or 'aborted, stayed at '
@@ -1735,16 +1800,23 @@ end
 
 redis.register_function('incident_index_v2_apply', apply)
 redis.register_function('incident_index_v2_apply_batch', apply_batch)
-redis.register_function('incident_index_v2_trim_events', trim_events)
-redis.register_function('incident_index_v2_trim_changes', trim_changes)
-redis.register_function('incident_index_v2_lease', lease)
+-- allow-oom: the upkeep frees memory (trimming, expiry; the lease and the meta it takes first are a few bytes), and
+-- it must run while Redis is full (maxmemory with noeviction), or a full Redis stays full until someone steps in
+redis.register_function{function_name = 'incident_index_v2_trim_events', callback = trim_events, flags = {'allow-oom'}}
+redis.register_function{function_name = 'incident_index_v2_trim_changes', callback = trim_changes,
+                        flags = {'allow-oom'}}
+redis.register_function{function_name = 'incident_index_v2_lease', callback = lease, flags = {'allow-oom'}}
 redis.register_function('incident_index_v2_set_retention', set_retention)
 redis.register_function('incident_index_v2_expiry_backfill', expiry_backfill)
-redis.register_function('incident_index_v2_expire', expire)
+redis.register_function{function_name = 'incident_index_v2_expire', callback = expire, flags = {'allow-oom'}}
 redis.register_function{function_name = 'incident_index_v2_matches', callback = matches, flags = {'no-writes'}}
 redis.register_function('incident_index_v2_dead_letter', dead_letter)
-redis.register_function('incident_index_v2_ensure_meta', ensure_meta)
-redis.register_function('incident_index_v2_forget_consumer', forget_consumer)
+-- (allow-oom: it writes a few fields, once; a worker restarted while Redis is full must get to its upkeep)
+redis.register_function{function_name = 'incident_index_v2_ensure_meta', callback = ensure_meta,
+                        flags = {'allow-oom'}}
+-- (allow-oom: removing a consumer frees memory; refused while Redis is full, it stopped the worker before its upkeep)
+redis.register_function{function_name = 'incident_index_v2_forget_consumer', callback = forget_consumer,
+                        flags = {'allow-oom'}}
 -- allow-oom: reading and claiming allocate next to nothing, and a worker must keep reading while Redis is full
 -- (it then holds what it read until writes work again)
 redis.register_function{function_name = 'incident_index_v2_read_new', callback = read_new, flags = {'allow-oom'}}
@@ -1756,6 +1828,10 @@ redis.register_function{function_name = 'incident_index_v2_verify_check', callba
                         flags = {'no-writes'}}
 redis.register_function('incident_index_v2_verify_repair', verify_repair)
 redis.register_function{function_name = 'incident_index_v2_verify_postings', callback = verify_postings,
+                        flags = {'no-writes'}}
+-- Which run of the server this is (server_run): verify compares it before and after its walk, whose SCAN cursors
+-- are only good in one server process. keys[1] = {N}:meta (unused: it routes the call to the index's node)
+redis.register_function{function_name = 'incident_index_v2_server_run', callback = function() return server_run() end,
                         flags = {'no-writes'}}
 redis.register_function('incident_index_v2_migrate_start', migrate_start)
 redis.register_function('incident_index_v2_migrate_build', migrate_build)
