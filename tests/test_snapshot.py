@@ -979,3 +979,28 @@ def test_load_refuses_a_copy_emptied_by_deletes() -> None:
     index.delete("a")
     with pytest.raises(ValueError, match="new copy"):
         index.load({"b": 2})
+
+
+@pytest.mark.parametrize(
+    "mangled",
+    [
+        "zzzzzzzzzzzzzzzz",
+        "0x000000000000ab",
+        " 00000000000000a",
+        "+00000000000000a",
+        "0000_0000000000a",
+        "00000000000000AB",
+    ],
+)
+def test_a_copy_reads_a_hand_mangled_fingerprint_as_the_primary_search_does(redis_client, mangled) -> None:
+    """A value of {N}:fp edited by hand into something that is not 16 lowercase hex digits: the copy must load (the
+    worker would exit otherwise) and find what the primary's search finds (nothing, unless it is mere uppercase)."""
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.add_fingerprint("fine", 0xFF00)
+    index.add_fingerprint("mangled", 0xAB)  # its postings: those of 0xab
+    redis_client.hset(index.keys.fingerprints, "mangled", mangled)
+    follower = ChangeFollower(redis_client, index.keys, index.layout)
+    follower.load()
+    for fp in (0xAB, 0xA, 0xFF00):
+        result, primary = follower.index.search(fp), index.search(fp)
+        assert (result.match_count, result.matches) == (primary.match_count, primary.matches)

@@ -14,6 +14,7 @@ scan finished, the copy is exact at every position it reports.
 from __future__ import annotations
 
 import gc
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -32,6 +33,12 @@ __all__ = [
     "SnapshotLostError",
     "SnapshotReader",
 ]
+
+_HEX_BYTES = re.compile(rb"[0-9a-fA-F]{16}")
+_HEX_TEXT = re.compile(r"[0-9a-fA-F]{16}", re.ASCII)
+"""A stored fingerprint the index's search reads: 16 hex digits (uppercase too), as bytes or as text. Anything else (a
+value mangled by hand) it never finds, and verify reports; int() would read some of it as a number (`0x..`, `_`, `+`,
+spaces)."""
 
 CHANGES_FLOOR_FIELD = "changes_trimmed_to"
 """`{N}:meta` field: entries of `{N}:changes` below this ID may have been trimmed; a copy older than it reloads."""
@@ -77,7 +84,7 @@ class ChangeFollower:
         while True:
             cursor, chunk = self.client.hscan(self.keys.fingerprints, cursor, count=self.batch)
             for incident_id, hex_fp in chunk.items():
-                if len(hex_fp) == 16:
+                if (_HEX_BYTES if isinstance(hex_fp, bytes) else _HEX_TEXT).fullmatch(hex_fp):
                     pairs[_text(incident_id)] = int(hex_fp, 16)  # int() reads hex from bytes as from str
             if int(cursor) == 0:
                 break
