@@ -559,7 +559,7 @@ def test_follower_refuses_entries_without_fingerprints(redis_client) -> None:
 # -- the validation step alone: a stale copy's search, validated by the apply call, equals a linear scan --------
 
 from worker.index import FingerprintIndex  # noqa: E402
-from worker.library import FN_APPLY, SnapshotClaim, parse_apply  # noqa: E402
+from worker.library import FN_APPLY, FN_TRIM_CHANGES, SnapshotClaim, parse_apply  # noqa: E402
 
 
 def _claim(follower: ChangeFollower, fp: int, exclude: str, cap: int, extra: int) -> SnapshotClaim:
@@ -1004,3 +1004,41 @@ def test_a_copy_reads_a_hand_mangled_fingerprint_as_the_primary_search_does(redi
     for fp in (0xAB, 0xA, 0xFF00):
         result, primary = follower.index.search(fp), index.search(fp)
         assert (result.match_count, result.matches) == (primary.match_count, primary.matches)
+
+
+@pytest.mark.parametrize("how", ["trimmed", "reset"])
+def test_a_load_whose_log_was_trimmed_or_reset_while_it_scanned_loads_again(redis_client, how) -> None:
+    """The upkeep of another worker trims the log past the load's position while the load scans (an index idle for
+    longer than changes_keep), or the namespace is reset then: the load starts again instead of failing the worker."""
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.add_fingerprint("a", 1)
+    index.add_fingerprint("b", 2)
+
+    class Interrupted:
+        """The client, but its first HSCAN comes after the log was trimmed past every entry (or reset)."""
+
+        def __init__(self) -> None:
+            self.scans = 0
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(redis_client, name)
+
+        def hscan(self, *args: object, **kwargs: object) -> object:
+            self.scans += 1
+            if self.scans == 1 and how == "trimmed":
+                time.sleep(0.002)
+                seconds, micros = redis_client.time()
+                now = f"{int(seconds) * 1000 + int(micros) // 1000}-0"  # past every entry, before any later one
+                redis_client.fcall(FN_TRIM_CHANGES, 2, index.keys.meta, index.keys.changes, now, 100)
+            elif self.scans == 1:
+                redis_client.delete(index.keys.changes, index.keys.fingerprints)
+                time.sleep(0.002)  # (the new log's first entry must not reuse the old one's ID)
+                index.add_fingerprint("c", 3)
+            return redis_client.hscan(*args, **kwargs)
+
+    follower = ChangeFollower(Interrupted(), index.keys, index.layout)
+    follower.load()
+    assert dict(follower.index.items()) == ({"a": 1, "b": 2} if how == "trimmed" else {"c": 3})
+    index.add_fingerprint("d", 4)
+    follower.catch_up()
+    assert dict(follower.index.items()) == {k: index.get(k) for k in ("a", "b", "c", "d") if index.get(k) is not None}

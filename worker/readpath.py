@@ -67,9 +67,25 @@ class ChangeFollower:
         # the fields of the entry at the copy's position (None when the position is no entry: '0-0' or the floor)
         self._at_position: Any = None
 
-    def load(self) -> None:
-        """Read every fingerprint and replay the changes made meanwhile."""
+    def load(self, *, attempts: int = 3) -> None:
+        """Read every fingerprint and replay the changes made meanwhile.
+
+        A log that lost the load's position while it scanned (trimmed past it by another worker's upkeep, when the
+        index was idle longer than changes_keep; or reset) is no reason to fail: the load starts again, from the log
+        as it is then, up to `attempts` times in all.
+        """
         started = time.monotonic()
+        for attempt in range(attempts):
+            try:
+                self._load_once()
+                break
+            except SnapshotLostError:
+                self.loaded = False
+                if attempt == attempts - 1:
+                    raise
+        self.load_seconds = time.monotonic() - started
+
+    def _load_once(self) -> None:
         index = MemoryIndex(self.layout)
         # The position: the last change, or, when the log was trimmed empty, its floor (every change made so far is
         # below it, and trimming keeps what is not; a copy at "0-0" would be older than the floor, and never valid).
@@ -94,7 +110,6 @@ class ChangeFollower:
         self._at_position = at_position
         self.loaded = True
         self.catch_up()
-        self.load_seconds = time.monotonic() - started
 
     def _floor(self) -> str | None:
         floor = self.client.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
