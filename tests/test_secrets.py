@@ -8,6 +8,7 @@ as decoded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 from collections.abc import Iterator
@@ -356,4 +357,73 @@ def test_the_sentinels_password_is_a_secret_and_needs_sentinels(
     monkeypatch.setenv("INCIDENT_WORKER_SENTINEL_PASSWORD", sentinel_pw)
     shown = _main(f"redis://:{ENCODED}@127.0.0.1:{free_port()}/0", ["check", "--redis-only"], monkeypatch, capsys)
     assert "s3ntinel-Pw" not in shown and quote(sentinel_pw, safe="") not in shown, shown
+    assert_hidden(shown)
+
+
+# -- TLS files: a mistake in them is one of configuration, said with the setting and the path -------------------
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A self-signed certificate, its key encrypted with another passphrase than KEY_PASSPHRASE, and a non-PEM file."""
+    directory = tmp_path_factory.mktemp("tls")
+    (directory / "garbage.pem").write_text("not a certificate\n")
+    # no openssl: the cases that need a real key skip
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        subprocess.run(
+            [
+                *("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-days", "1"),
+                *("-subj", "/CN=redis", "-keyout", str(directory / "key.pem"), "-out", str(directory / "cert.pem")),
+                *("-passout", "pass:another-passphrase"),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+    return directory
+
+
+TLS_MISTAKES = {
+    "no such CA file": ("?ssl_ca_certs={d}/absent.pem", "ssl_ca_certs='{d}/absent.pem' names no file"),
+    "a CA file that is no certificate": ("?ssl_ca_certs={d}/garbage.pem", "holds no PEM certificate"),
+    "no such CA directory": ("?ssl_ca_path={d}/absent", "ssl_ca_path='{d}/absent' names no directory"),
+    "a key without its certificate": ("?ssl_keyfile={d}/key.pem", "ssl_keyfile but no ssl_certfile"),
+    "no such certificate": ("?ssl_certfile={d}/absent.pem", "ssl_certfile='{d}/absent.pem' names no file"),
+    "a certificate that is no PEM": ("?ssl_certfile={d}/garbage.pem", "not a PEM certificate and its private key"),
+    "an encrypted key without its passphrase": (
+        "?ssl_certfile={d}/cert.pem&ssl_keyfile={d}/key.pem",
+        "is encrypted: give its passphrase as the Redis URL's ssl_password",
+    ),
+    "an encrypted key with a wrong passphrase": (
+        f"?ssl_certfile={{d}}/cert.pem&ssl_keyfile={{d}}/key.pem&ssl_password={KEY_PASSPHRASE}",
+        "ssl_password does not open the key",
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", list(TLS_MISTAKES))
+@pytest.mark.parametrize("command", [["check", "--redis-only"], ["stats"]])
+def test_a_tls_file_that_cannot_be_used_is_named_as_a_configuration_error(
+    tls_files: Path,
+    mistake: str,
+    command: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """redis-py reads the files at each connection attempt: a missing or unreadable one failed as "Error 2 connecting
+    to host:port. No such file or directory" (or "[SSL] PEM lib"), naming no file, and the worker retried it as an
+    outage, forever. It is a configuration mistake: exit 2, the setting and the path said, no secret shown."""
+    import worker.logs
+    from worker.cli import main
+
+    query, expected = (part.format(d=tls_files) for part in TLS_MISTAKES[mistake])
+    if "key.pem" in query and not (tls_files / "key.pem").exists():
+        pytest.skip("openssl is not installed: no key to try")
+    monkeypatch.setattr(worker.logs, "_hidden", set())
+    url = f"rediss://default:{ENCODED}@127.0.0.1:{free_port()}/0{query}"
+    for name, value in clean_env(redis_url=url, socket_timeout_s=2, log_format="json").items():
+        monkeypatch.setenv(name, value)
+    assert main(command) == 2
+    shown = capsys.readouterr().err
+    assert expected in shown, shown
     assert_hidden(shown)
