@@ -427,3 +427,22 @@ def test_a_tls_file_that_cannot_be_used_is_named_as_a_configuration_error(
     shown = capsys.readouterr().err
     assert expected in shown, shown
     assert_hidden(shown)
+
+
+@pytest.mark.parametrize(
+    "sentinels",
+    ["watch:s3ntinel-pw@127.0.0.1:26379", "redis://:s3ntinel-pw@127.0.0.1:26379", "127.0.0.1:26379:s3ntinel-pw"],
+)
+def test_credentials_written_into_the_sentinel_addresses_are_refused_unshown(
+    sentinels: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`user:password@host:port`, the way a Redis URL carries them, was taken for a host named `user:password@host`:
+    accepted, and then every connection failure showed it ("Error -2 connecting to watch:s3ntinel-pw@127.0.0.1")."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(sentinels=f"127.0.0.1:1,{sentinels}")
+    assert "s3ntinel-pw" not in str(refused.value)
+    assert "sentinel_password" in str(refused.value) or "not host:port" in str(refused.value)
+    monkeypatch.setenv("INCIDENT_WORKER_SENTINELS", sentinels)
+    shown = _main(f"redis://127.0.0.1:{free_port()}/0", ["check", "--redis-only"], monkeypatch, capsys)
+    assert "s3ntinel-pw" not in shown, shown
+    assert "invalid settings" in shown, shown
