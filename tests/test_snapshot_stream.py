@@ -249,3 +249,33 @@ def test_a_user_refused_a_command_the_functions_send_stops_the_worker_before_it_
         limited.close()
     finally:
         real_redis.execute_command("ACL", "DELUSER", "lim")
+
+
+def test_a_user_refused_a_command_outside_the_functions_is_told_what_to_grant(
+    real_redis: redis.Redis,
+    redis_server: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The snapshot path loads its copy with HSCAN, which a hand-written ACL may lack: Redis says only "this user has
+    no permissions to run the 'hscan' command". The worker says which user, which command, and the grant; a user whose
+    keys leave out the namespace is told the pattern it needs."""
+    from worker.cli import main
+
+    real_redis.execute_command(
+        "ACL", "SETUSER", "lim", "reset", "on", ">lim-pw-1234", "~{incidents}:*", "+@all", "-hscan"
+    )
+    real_redis.execute_command("ACL", "SETUSER", "far", "reset", "on", ">far-pw-1234", "~{other}:*", "+@all")
+    try:
+        publish(real_redis, [{"incident_id": "a", "features": DOCK}])
+        for name in ("lim", "far"):
+            monkeypatch.setenv(
+                "INCIDENT_WORKER_REDIS_URL", f"redis://{name}:{name}-pw-1234@127.0.0.1:{redis_server.port}/0"
+            )
+            assert main(["run", "--until-idle", "--read-path", "snapshot", "--log-format", "json"]) == 1
+        shown = capsys.readouterr().err
+        assert "refused user 'lim' the command HSCAN: grant it (ACL SETUSER lim +hscan)" in shown, shown
+        assert "refused user 'far' a key" in shown and "ACL SETUSER far ~{incidents}:*" in shown, shown
+        assert "pw-1234" not in shown
+    finally:
+        real_redis.execute_command("ACL", "DELUSER", "lim", "far")

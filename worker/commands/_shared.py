@@ -68,6 +68,27 @@ def say(command: str, message: str) -> None:
     print(redact(f"incident-worker {command}: {message}"), file=sys.stderr, flush=True)
 
 
+def refused_permission(settings: Settings, error: BaseException) -> str:
+    """A NOPERM reply for people: which user, which command (or that a key is outside its patterns), what to grant.
+    Redis names neither the user ("this user has no permissions...") nor the key."""
+    from redis.connection import parse_url
+
+    user = parse_url(settings.redis_url.get_secret_value()).get("username") or "default"
+    shown = f"Redis at {settings.safe_redis_url} refused user {user!r}"
+    named = re.search(r"run the '([^']+)' command", str(error))
+    if named:
+        name = named.group(1).lower()
+        return (
+            f"{shown} the command {name.replace('|', ' ').upper()}: grant it (ACL SETUSER {user} +{name}), as "
+            "deploy/redis/users.acl does for the role that needs it, or run this with a user that has it"
+        )
+    tag = settings.keys.tag
+    return (
+        f"{shown} a key or channel this command uses ({error_text(error)}): its keys must include {tag}:* (ACL "
+        f"SETUSER {user} ~{tag}:*), as deploy/redis/users.acl grants the worker's user"
+    )
+
+
 def error_text(error: BaseException) -> str:
     """An exception's message for a sentence of ours: secrets redacted, no full stop of its own before our `;`."""
     return redact(str(error)).rstrip(" .")
@@ -241,6 +262,9 @@ def with_settings(command: str) -> Callable[[Callable[[argparse.Namespace, Setti
                     f"cannot reach Redis at {url}: {error_text(error)}; is it running, and is the URL "
                     f"right (--redis-url or {ENV_PREFIX}REDIS_URL)?",
                 )
+                return EXIT_FAILURE
+            except redis.exceptions.NoPermissionError as error:
+                say(command, refused_permission(settings, error))
                 return EXIT_FAILURE
             except redis.RedisError as error:
                 say(command, f"Redis at {url} refused a command: {error_text(error)}")
