@@ -446,3 +446,23 @@ def test_credentials_written_into_the_sentinel_addresses_are_refused_unshown(
     shown = _main(f"redis://127.0.0.1:{free_port()}/0", ["check", "--redis-only"], monkeypatch, capsys)
     assert "s3ntinel-pw" not in shown, shown
     assert "invalid settings" in shown, shown
+
+
+def test_a_sentinel_failure_is_said_without_the_repr_of_redis_pys_client(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """redis-py's MasterNotFoundError quotes the repr of the Sentinel client it asked (some 1,500 characters of
+    connection options) before the reason; check and the worker's retry lines showed all of it."""
+    from worker.logs import error_message
+
+    monkeypatch.setenv("INCIDENT_WORKER_SENTINELS", f"127.0.0.1:{free_port()}")
+    shown = _main(f"redis://:{ENCODED}@127.0.0.1:{free_port()}/0", ["check", "--redis-only"], monkeypatch, capsys)
+    assert "No master found for 'incidents' - " in shown and "connecting to 127.0.0.1" in shown, shown
+    assert "<redis." not in shown and len(shown) < 400, shown
+    error = redis.sentinel.MasterNotFoundError(
+        "No master found for 'incidents' : <redis.client.Redis(<redis.connection.ConnectionPool("
+        "<redis.connection.Connection(db=0,host=h,port=1)>)>)> - network:ConnectionError: Error 111 connecting to h:1."
+    )
+    assert error_message(error) == (
+        "MasterNotFoundError: No master found for 'incidents' - network:ConnectionError: Error 111 connecting to h:1."
+    )

@@ -54,7 +54,7 @@ from .library import (
     dead_letter_command,
     parse_apply,
 )
-from .logs import get_logger
+from .logs import error_message, get_logger
 from .metrics import Metrics
 from .readpath import SNAPSHOT_SEND, SnapshotReader
 from .replies import consumers_info, entry_time_ms, group_info, text
@@ -265,7 +265,7 @@ class StreamWorker:
         self.metrics.reconnects.inc()
         self.log.warning(
             message,
-            error=f"{type(error).__name__}: {error}",
+            error=error_message(error),
             attempt=failures,
             retry_in_s=round(delay, 2),
             redis=self.settings.safe_redis_url,

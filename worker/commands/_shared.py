@@ -24,7 +24,7 @@ from redis.retry import Retry
 
 from ..connection import connect
 from ..errors import CommandError, FunctionsMissingError, LayoutError, LayoutMismatchError, UsageError
-from ..logs import redact
+from ..logs import error_message, redact
 from ..settings import ENV_PREFIX, Settings, shown_default
 
 __all__ = [
@@ -91,7 +91,7 @@ def refused_permission(settings: Settings, error: BaseException) -> str:
 
 def error_text(error: BaseException) -> str:
     """An exception's message for a sentence of ours: secrets redacted, no full stop of its own before our `;`."""
-    return redact(str(error)).rstrip(" .")
+    return error_message(error, with_type=False).rstrip(" .")
 
 
 # -- settings as flags ----------------------------------------------------------------------------------------
