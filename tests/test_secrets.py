@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -466,3 +467,45 @@ def test_a_sentinel_failure_is_said_without_the_repr_of_redis_pys_client(
     assert error_message(error) == (
         "MasterNotFoundError: No master found for 'incidents' - network:ConnectionError: Error 111 connecting to h:1."
     )
+
+
+@pytest.fixture
+def sentinel_of(redis_server: RedisServer, tmp_path: Path) -> Iterator[int]:
+    """A Sentinel (a redis-server --sentinel on a port of its own) watching the session's server as `incidents`."""
+    port = free_port()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\nlogfile {tmp_path / 'sentinel.log'}\n"
+        f"sentinel monitor incidents 127.0.0.1 {redis_server.port} 1\n"
+    )
+    sentinel = subprocess.Popen(["redis-server", str(conf), "--sentinel"])
+    try:
+        with redis.Redis(port=port, retry=None) as asked:
+            for _ in range(100):
+                with contextlib.suppress(redis.ConnectionError):
+                    if asked.sentinel_get_master_addr_by_name("incidents"):
+                        break
+                time.sleep(0.05)
+        yield port
+    finally:
+        sentinel.terminate()
+        sentinel.wait(timeout=10)
+
+
+@pytest.mark.parametrize("query", ["", "?ssl_cert_reqs=none"])
+def test_a_rediss_url_reaches_the_primary_a_sentinel_names_over_tls_only(
+    real_redis: redis.Redis, sentinel_of: int, query: str
+) -> None:
+    """With sentinels, the primary's connections came from the Sentinel pool with the URL's connection class
+    dropped: a rediss:// URL talked to the primary in plain text, password and all (and one with ?ssl_...= failed
+    with a TypeError). The primary here speaks plain text only, so a client that keeps its word about TLS fails."""
+    from worker.connection import connect
+
+    base = {"sentinels": f"127.0.0.1:{sentinel_of}", "socket_timeout_s": 1}
+    plain = connect(Settings(redis_url="redis://127.0.0.1:6379/0", **base), retries=0)
+    assert plain.ping()  # the Sentinel names the primary; a plain URL reaches it in plain text
+    plain.close()
+    tls = connect(Settings(redis_url=f"rediss://127.0.0.1:6379/0{query}", **base), retries=0)
+    with pytest.raises((redis.ConnectionError, redis.TimeoutError)):  # a TLS handshake the primary never answers
+        tls.ping()
+    tls.close()

@@ -167,11 +167,16 @@ def _sentinel_credentials(settings: Settings) -> dict[str, str]:
 
 def _sentinel_primary(settings: Settings, url: str, options: dict[str, Any]) -> redis.Redis:
     """The primary of the Sentinel service: host and port come from the Sentinels, the rest of redis_url (user,
-    password, database, TLS) still applies to the primary. Sentinels are asked with the same timeouts and their own
+    password, database, TLS with rediss://) still applies to the primary (the Sentinels themselves are asked without
+    TLS). Sentinels are asked with the same timeouts and their own
     credentials, `sentinel_username` and `sentinel_password` (none by default)."""
     parsed = parse_url(url)
-    for field in ("host", "port", "path", "connection_class"):
+    for field in ("host", "port", "path"):
         parsed.pop(field, None)
+    # rediss:// makes parse_url name SSLConnection; Sentinel's pool picks its own connection class and takes TLS
+    # from `ssl` alone: without it the primary was reached in plain text (password included), whatever the URL said
+    if parsed.pop("connection_class", None) is not None and url.lower().startswith("rediss://"):
+        parsed["ssl"] = True
     sentinel = Sentinel(
         settings.sentinel_addresses,
         socket_timeout=options["socket_timeout"],

@@ -117,7 +117,8 @@ class Settings(BaseSettings):
     sentinels: str | None = Field(
         None,
         description="Redis Sentinels as host:port,host:port: the worker connects to the primary they name and "
-        "follows it after a failover (redis_url then only gives the user, password, database and TLS).",
+        "follows it after a failover (redis_url then only gives the user, password, database and TLS, rediss://, "
+        "of the primary; the Sentinels themselves are asked without TLS).",
     )
     sentinel_service: str = Field("incidents", description="The Sentinel service (master name) of the primary.")
     sentinel_username: str | None = Field(
