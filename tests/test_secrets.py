@@ -509,3 +509,28 @@ def test_a_rediss_url_reaches_the_primary_a_sentinel_names_over_tls_only(
     with pytest.raises((redis.ConnectionError, redis.TimeoutError)):  # a TLS handshake the primary never answers
         tls.ping()
     tls.close()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--redis_url", f"redis://:{ENCODED}@127.0.0.1:6379/0"],  # a flag mistyped: its value is unrecognized
+        ["stats", f"redis://:{ENCODED}@127.0.0.1:6379/0"],
+        ["run", "--sentinel_password", PASSWORD],
+        ["run", f"--sentinel_password={PASSWORD}"],
+        ["check", f"--cluster={PASSWORD}"],
+    ],
+)
+def test_a_command_line_argparse_refuses_is_not_echoed_with_its_secret(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse quoted every unrecognized word ("unrecognized arguments: --redis_url redis://:PASSWORD@..."), and
+    a value given to a switch ("ignored explicit argument 'PASSWORD'")."""
+    from worker.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    shown = capsys.readouterr().err
+    assert "error:" in shown
+    assert_hidden(shown)
