@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -533,4 +534,23 @@ def test_a_command_line_argparse_refuses_is_not_echoed_with_its_secret(
     assert stopped.value.code == 2
     shown = capsys.readouterr().err
     assert "error:" in shown
+    assert_hidden(shown)
+
+
+def test_a_mistyped_variable_is_refused_by_name_and_never_shown(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pydantic-settings ignores an INCIDENT_WORKER_* variable that is no setting: INCIDENT_WORKER_REDIS_UR (one letter
+    short) left every command on redis://localhost:6379/0, and `check` called that healthy when a Redis ran there."""
+    from worker.cli import main
+
+    for name in list(os.environ):
+        if name.startswith("INCIDENT_WORKER_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("INCIDENT_WORKER_REDIS_UR", f"redis://:{ENCODED}@127.0.0.1:{free_port()}/0")
+    monkeypatch.setenv("INCIDENT_WORKER_NO_SUCH_THING", PASSWORD)
+    assert main(["check", "--redis-only"]) == 2
+    shown = capsys.readouterr().err
+    assert "INCIDENT_WORKER_REDIS_UR is not a setting; did you mean INCIDENT_WORKER_REDIS_URL?" in shown, shown
+    assert "INCIDENT_WORKER_NO_SUCH_THING is not a setting" in shown, shown
     assert_hidden(shown)

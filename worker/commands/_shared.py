@@ -147,6 +147,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     """The settings: defaults, then the environment, then the flags given. Raises UsageError with every problem."""
     names = getattr(args, "_setting_names", ())
     overrides = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    unknown_environment()
     try:
         return Settings(**overrides)
     except ValidationError as error:
@@ -160,6 +161,30 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 continue
             problems.append(f"  {where}: {message} (flag --{where.replace('_', '-')}, env {ENV_PREFIX}{where.upper()})")
         raise UsageError("invalid settings:\n" + "\n".join(problems)) from None
+
+
+def unknown_environment() -> None:
+    """Refuse an INCIDENT_WORKER_* variable that is no setting (UsageError, exit 2): pydantic-settings ignores it, so
+    a mistyped INCIDENT_WORKER_REDIS_UR left the worker on redis://localhost:6379/0 without a word. Named, with the
+    setting meant when one is close; its value is never shown (it may be a URL with its password)."""
+    import difflib
+
+    known = [f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields]
+    unknown = sorted(name for name in os.environ if name.upper().startswith(ENV_PREFIX) and name.upper() not in known)
+    if not unknown:
+        return
+    problems = []
+    fields = list(Settings.model_fields)
+    for name in unknown:
+        meant = difflib.get_close_matches(name.upper().removeprefix(ENV_PREFIX).lower(), fields, n=1, cutoff=0.75)
+        problems.append(
+            f"  {name} is not a setting" + (f"; did you mean {ENV_PREFIX}{meant[0].upper()}?" if meant else "")
+        )
+    raise UsageError(
+        "invalid settings:\n"
+        + "\n".join(problems)
+        + f"\n  (incident-worker run --help lists every {ENV_PREFIX}* variable)"
+    )
 
 
 def setting_given(args: argparse.Namespace, name: str) -> bool:
