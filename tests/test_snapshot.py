@@ -1042,3 +1042,25 @@ def test_a_load_whose_log_was_trimmed_or_reset_while_it_scanned_loads_again(redi
     index.add_fingerprint("d", 4)
     follower.catch_up()
     assert dict(follower.index.items()) == {k: index.get(k) for k in ("a", "b", "c", "d") if index.get(k) is not None}
+
+
+def test_a_change_log_entry_with_a_mangled_fingerprint_has_the_copy_loaded_again(redis_client) -> None:
+    """An entry of {N}:changes written by hand (or another program) with a fingerprint that is not hex: applying it
+    raised ValueError out of the refresh, and every worker on the snapshot path exited, at each start, until the entry
+    was trimmed. The validation reads such a value as no fingerprint; the copy is loaded again from {N}:fp instead."""
+    from worker.readpath import SnapshotReader
+
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.add_fingerprint("a", 1)
+    reader = SnapshotReader(redis_client, index.keys, index.layout)
+    reader.refresh()
+    redis_client.xadd(index.keys.changes, {"add": "hand", "fp": "not-hex-at-all!!", "prev": ""})
+    with pytest.raises(SnapshotLostError, match="not 16 hex digits"):
+        reader.follower.catch_up()
+    index.add_fingerprint("b", 2)
+    reader.refresh()
+    assert reader.reloads == 2
+    assert dict(reader.index.items()) == {"a": 1, "b": 2}
+    index.add_fingerprint("c", 3)
+    reader.refresh()
+    assert dict(reader.index.items()) == {"a": 1, "b": 2, "c": 3}

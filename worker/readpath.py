@@ -186,6 +186,9 @@ class ChangeFollower:
                 incident_id = value  # the op's field: <op> <incident ID>
         if incident_id is None or fp is None:
             raise SnapshotLostError("a change-log entry without its fingerprint (written by an older version)")
+        if fp and not (_HEX_BYTES if isinstance(fp, bytes) else _HEX_TEXT).fullmatch(fp):
+            # not the functions' writing (by hand, or another program): the copy is loaded again, from {N}:fp
+            raise SnapshotLostError("a change-log entry whose fingerprint is not 16 hex digits")
         if fp:
             self.index.set(_text(incident_id), int(fp, 16))  # int() reads hex from bytes as from str
         else:
