@@ -274,7 +274,7 @@ def test_a_user_refused_a_command_outside_the_functions_is_told_what_to_grant(
             )
             assert main(["run", "--until-idle", "--read-path", "snapshot", "--log-format", "json"]) == 1
         shown = capsys.readouterr().err
-        assert "refused user 'lim' the command HSCAN: grant it (ACL SETUSER lim +hscan)" in shown, shown
+        assert "refused user 'lim' the command HSCAN (no permission): grant it (ACL SETUSER lim +hscan)" in shown, shown
         assert "refused user 'far' a key" in shown and "ACL SETUSER far ~{incidents}:*" in shown, shown
         assert "pw-1234" not in shown
     finally:

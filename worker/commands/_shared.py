@@ -68,9 +68,9 @@ def say(command: str, message: str) -> None:
     print(redact(f"incident-worker {command}: {message}"), file=sys.stderr, flush=True)
 
 
-def refused_permission(settings: Settings, error: BaseException) -> str:
-    """A NOPERM reply for people: which user, which command (or that a key is outside its patterns), what to grant.
-    Redis names neither the user ("this user has no permissions...") nor the key."""
+def refused_permission(settings: Settings, error: BaseException, advice: str = "") -> str:
+    """A NOPERM reply for people: which user, which command (or that a key is outside its patterns), what to grant
+    (or `advice`). Redis names neither the user ("this user has no permissions...") nor the key."""
     from redis.connection import parse_url
 
     user = parse_url(settings.redis_url.get_secret_value()).get("username") or "default"
@@ -78,14 +78,16 @@ def refused_permission(settings: Settings, error: BaseException) -> str:
     named = re.search(r"run the '([^']+)' command", str(error))
     if named:
         name = named.group(1).lower()
-        return (
-            f"{shown} the command {name.replace('|', ' ').upper()}: grant it (ACL SETUSER {user} +{name}), as "
-            "deploy/redis/users.acl does for the role that needs it, or run this with a user that has it"
+        return f"{shown} the command {name.replace('|', ' ').upper()} (no permission): " + (
+            advice
+            or f"grant it (ACL SETUSER {user} +{name}), as deploy/redis/users.acl does for the role that needs it, or "
+            "run this with a user that has it"
         )
     tag = settings.keys.tag
-    return (
-        f"{shown} a key or channel this command uses ({error_text(error)}): its keys must include {tag}:* (ACL "
-        f"SETUSER {user} ~{tag}:*), as deploy/redis/users.acl grants the worker's user"
+    return f"{shown} a key or channel this command uses (no permission: {error_text(error)}): " + (
+        advice
+        or f"its keys must include {tag}:* (ACL SETUSER {user} ~{tag}:*), as deploy/redis/users.acl grants the "
+        "worker's user"
     )
 
 
