@@ -8,8 +8,11 @@ as decoded.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -356,4 +359,198 @@ def test_the_sentinels_password_is_a_secret_and_needs_sentinels(
     monkeypatch.setenv("INCIDENT_WORKER_SENTINEL_PASSWORD", sentinel_pw)
     shown = _main(f"redis://:{ENCODED}@127.0.0.1:{free_port()}/0", ["check", "--redis-only"], monkeypatch, capsys)
     assert "s3ntinel-Pw" not in shown and quote(sentinel_pw, safe="") not in shown, shown
+    assert_hidden(shown)
+
+
+# -- TLS files: a mistake in them is one of configuration, said with the setting and the path -------------------
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A self-signed certificate, its key encrypted with another passphrase than KEY_PASSPHRASE, and a non-PEM file."""
+    directory = tmp_path_factory.mktemp("tls")
+    (directory / "garbage.pem").write_text("not a certificate\n")
+    # no openssl: the cases that need a real key skip
+    with contextlib.suppress(OSError, subprocess.CalledProcessError):
+        subprocess.run(
+            [
+                *("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-days", "1"),
+                *("-subj", "/CN=redis", "-keyout", str(directory / "key.pem"), "-out", str(directory / "cert.pem")),
+                *("-passout", "pass:another-passphrase"),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+    return directory
+
+
+TLS_MISTAKES = {
+    "no such CA file": ("?ssl_ca_certs={d}/absent.pem", "ssl_ca_certs='{d}/absent.pem' names no file"),
+    "a CA file that is no certificate": ("?ssl_ca_certs={d}/garbage.pem", "holds no PEM certificate"),
+    "no such CA directory": ("?ssl_ca_path={d}/absent", "ssl_ca_path='{d}/absent' names no directory"),
+    "a key without its certificate": ("?ssl_keyfile={d}/key.pem", "ssl_keyfile but no ssl_certfile"),
+    "no such certificate": ("?ssl_certfile={d}/absent.pem", "ssl_certfile='{d}/absent.pem' names no file"),
+    "a certificate that is no PEM": ("?ssl_certfile={d}/garbage.pem", "not a PEM certificate and its private key"),
+    "an encrypted key without its passphrase": (
+        "?ssl_certfile={d}/cert.pem&ssl_keyfile={d}/key.pem",
+        "is encrypted: give its passphrase as the Redis URL's ssl_password",
+    ),
+    "an encrypted key with a wrong passphrase": (
+        f"?ssl_certfile={{d}}/cert.pem&ssl_keyfile={{d}}/key.pem&ssl_password={KEY_PASSPHRASE}",
+        "ssl_password does not open the key",
+    ),
+}
+
+
+@pytest.mark.parametrize("mistake", list(TLS_MISTAKES))
+@pytest.mark.parametrize("command", [["check", "--redis-only"], ["stats"]])
+def test_a_tls_file_that_cannot_be_used_is_named_as_a_configuration_error(
+    tls_files: Path,
+    mistake: str,
+    command: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """redis-py reads the files at each connection attempt: a missing or unreadable one failed as "Error 2 connecting
+    to host:port. No such file or directory" (or "[SSL] PEM lib"), naming no file, and the worker retried it as an
+    outage, forever. It is a configuration mistake: exit 2, the setting and the path said, no secret shown."""
+    import worker.logs
+    from worker.cli import main
+
+    query, expected = (part.format(d=tls_files) for part in TLS_MISTAKES[mistake])
+    if "key.pem" in query and not (tls_files / "key.pem").exists():
+        pytest.skip("openssl is not installed: no key to try")
+    monkeypatch.setattr(worker.logs, "_hidden", set())
+    url = f"rediss://default:{ENCODED}@127.0.0.1:{free_port()}/0{query}"
+    for name, value in clean_env(redis_url=url, socket_timeout_s=2, log_format="json").items():
+        monkeypatch.setenv(name, value)
+    assert main(command) == 2
+    shown = capsys.readouterr().err
+    assert expected in shown, shown
+    assert_hidden(shown)
+
+
+@pytest.mark.parametrize(
+    "sentinels",
+    ["watch:s3ntinel-pw@127.0.0.1:26379", "redis://:s3ntinel-pw@127.0.0.1:26379", "127.0.0.1:26379:s3ntinel-pw"],
+)
+def test_credentials_written_into_the_sentinel_addresses_are_refused_unshown(
+    sentinels: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`user:password@host:port`, the way a Redis URL carries them, was taken for a host named `user:password@host`:
+    accepted, and then every connection failure showed it ("Error -2 connecting to watch:s3ntinel-pw@127.0.0.1")."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(sentinels=f"127.0.0.1:1,{sentinels}")
+    assert "s3ntinel-pw" not in str(refused.value)
+    assert "sentinel_password" in str(refused.value) or "not host:port" in str(refused.value)
+    monkeypatch.setenv("INCIDENT_WORKER_SENTINELS", sentinels)
+    shown = _main(f"redis://127.0.0.1:{free_port()}/0", ["check", "--redis-only"], monkeypatch, capsys)
+    assert "s3ntinel-pw" not in shown, shown
+    assert "invalid settings" in shown, shown
+
+
+def test_a_sentinel_failure_is_said_without_the_repr_of_redis_pys_client(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """redis-py's MasterNotFoundError quotes the repr of the Sentinel client it asked (some 1,500 characters of
+    connection options) before the reason; check and the worker's retry lines showed all of it."""
+    from worker.logs import error_message
+
+    monkeypatch.setenv("INCIDENT_WORKER_SENTINELS", f"127.0.0.1:{free_port()}")
+    shown = _main(f"redis://:{ENCODED}@127.0.0.1:{free_port()}/0", ["check", "--redis-only"], monkeypatch, capsys)
+    assert "No master found for 'incidents' - " in shown and "connecting to 127.0.0.1" in shown, shown
+    assert "<redis." not in shown and len(shown) < 400, shown
+    error = redis.sentinel.MasterNotFoundError(
+        "No master found for 'incidents' : <redis.client.Redis(<redis.connection.ConnectionPool("
+        "<redis.connection.Connection(db=0,host=h,port=1)>)>)> - network:ConnectionError: Error 111 connecting to h:1."
+    )
+    assert error_message(error) == (
+        "MasterNotFoundError: No master found for 'incidents' - network:ConnectionError: Error 111 connecting to h:1."
+    )
+
+
+@pytest.fixture
+def sentinel_of(redis_server: RedisServer, tmp_path: Path) -> Iterator[int]:
+    """A Sentinel (a redis-server --sentinel on a port of its own) watching the session's server as `incidents`."""
+    port = free_port()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\nlogfile {tmp_path / 'sentinel.log'}\n"
+        f"sentinel monitor incidents 127.0.0.1 {redis_server.port} 1\n"
+    )
+    sentinel = subprocess.Popen(["redis-server", str(conf), "--sentinel"])
+    try:
+        with redis.Redis(port=port, retry=None) as asked:
+            for _ in range(100):
+                with contextlib.suppress(redis.ConnectionError):
+                    if asked.sentinel_get_master_addr_by_name("incidents"):
+                        break
+                time.sleep(0.05)
+        yield port
+    finally:
+        sentinel.terminate()
+        sentinel.wait(timeout=10)
+
+
+@pytest.mark.parametrize("query", ["", "?ssl_cert_reqs=none"])
+def test_a_rediss_url_reaches_the_primary_a_sentinel_names_over_tls_only(
+    real_redis: redis.Redis, sentinel_of: int, query: str
+) -> None:
+    """With sentinels, the primary's connections came from the Sentinel pool with the URL's connection class
+    dropped: a rediss:// URL talked to the primary in plain text, password and all (and one with ?ssl_...= failed
+    with a TypeError). The primary here speaks plain text only, so a client that keeps its word about TLS fails."""
+    from worker.connection import connect
+
+    base = {"sentinels": f"127.0.0.1:{sentinel_of}", "socket_timeout_s": 1}
+    plain = connect(Settings(redis_url="redis://127.0.0.1:6379/0", **base), retries=0)
+    assert plain.ping()  # the Sentinel names the primary; a plain URL reaches it in plain text
+    plain.close()
+    tls = connect(Settings(redis_url=f"rediss://127.0.0.1:6379/0{query}", **base), retries=0)
+    with pytest.raises((redis.ConnectionError, redis.TimeoutError)):  # a TLS handshake the primary never answers
+        tls.ping()
+    tls.close()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--redis_url", f"redis://:{ENCODED}@127.0.0.1:6379/0"],  # a flag mistyped: its value is unrecognized
+        ["stats", f"redis://:{ENCODED}@127.0.0.1:6379/0"],
+        ["run", "--sentinel_password", PASSWORD],
+        ["run", f"--sentinel_password={PASSWORD}"],
+        ["check", f"--cluster={PASSWORD}"],
+    ],
+)
+def test_a_command_line_argparse_refuses_is_not_echoed_with_its_secret(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """argparse quoted every unrecognized word ("unrecognized arguments: --redis_url redis://:PASSWORD@..."), and
+    a value given to a switch ("ignored explicit argument 'PASSWORD'")."""
+    from worker.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2
+    shown = capsys.readouterr().err
+    assert "error:" in shown
+    assert_hidden(shown)
+
+
+def test_a_mistyped_variable_is_refused_by_name_and_never_shown(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pydantic-settings ignores an INCIDENT_WORKER_* variable that is no setting: INCIDENT_WORKER_REDIS_UR (one letter
+    short) left every command on redis://localhost:6379/0, and `check` called that healthy when a Redis ran there."""
+    from worker.cli import main
+
+    for name in list(os.environ):
+        if name.startswith("INCIDENT_WORKER_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("INCIDENT_WORKER_REDIS_UR", f"redis://:{ENCODED}@127.0.0.1:{free_port()}/0")
+    monkeypatch.setenv("INCIDENT_WORKER_NO_SUCH_THING", PASSWORD)
+    assert main(["check", "--redis-only"]) == 2
+    shown = capsys.readouterr().err
+    assert "INCIDENT_WORKER_REDIS_UR is not a setting; did you mean INCIDENT_WORKER_REDIS_URL?" in shown, shown
+    assert "INCIDENT_WORKER_NO_SUCH_THING is not a setting" in shown, shown
     assert_hidden(shown)

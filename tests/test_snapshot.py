@@ -559,7 +559,7 @@ def test_follower_refuses_entries_without_fingerprints(redis_client) -> None:
 # -- the validation step alone: a stale copy's search, validated by the apply call, equals a linear scan --------
 
 from worker.index import FingerprintIndex  # noqa: E402
-from worker.library import FN_APPLY, SnapshotClaim, parse_apply  # noqa: E402
+from worker.library import FN_APPLY, FN_TRIM_CHANGES, SnapshotClaim, parse_apply  # noqa: E402
 
 
 def _claim(follower: ChangeFollower, fp: int, exclude: str, cap: int, extra: int) -> SnapshotClaim:
@@ -979,3 +979,88 @@ def test_load_refuses_a_copy_emptied_by_deletes() -> None:
     index.delete("a")
     with pytest.raises(ValueError, match="new copy"):
         index.load({"b": 2})
+
+
+@pytest.mark.parametrize(
+    "mangled",
+    [
+        "zzzzzzzzzzzzzzzz",
+        "0x000000000000ab",
+        " 00000000000000a",
+        "+00000000000000a",
+        "0000_0000000000a",
+        "00000000000000AB",
+    ],
+)
+def test_a_copy_reads_a_hand_mangled_fingerprint_as_the_primary_search_does(redis_client, mangled) -> None:
+    """A value of {N}:fp edited by hand into something that is not 16 lowercase hex digits: the copy must load (the
+    worker would exit otherwise) and find what the primary's search finds (nothing, unless it is mere uppercase)."""
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.add_fingerprint("fine", 0xFF00)
+    index.add_fingerprint("mangled", 0xAB)  # its postings: those of 0xab
+    redis_client.hset(index.keys.fingerprints, "mangled", mangled)
+    follower = ChangeFollower(redis_client, index.keys, index.layout)
+    follower.load()
+    for fp in (0xAB, 0xA, 0xFF00):
+        result, primary = follower.index.search(fp), index.search(fp)
+        assert (result.match_count, result.matches) == (primary.match_count, primary.matches)
+
+
+@pytest.mark.parametrize("how", ["trimmed", "reset"])
+def test_a_load_whose_log_was_trimmed_or_reset_while_it_scanned_loads_again(redis_client, how) -> None:
+    """The upkeep of another worker trims the log past the load's position while the load scans (an index idle for
+    longer than changes_keep), or the namespace is reset then: the load starts again instead of failing the worker."""
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.add_fingerprint("a", 1)
+    index.add_fingerprint("b", 2)
+
+    class Interrupted:
+        """The client, but its first HSCAN comes after the log was trimmed past every entry (or reset)."""
+
+        def __init__(self) -> None:
+            self.scans = 0
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(redis_client, name)
+
+        def hscan(self, *args: object, **kwargs: object) -> object:
+            self.scans += 1
+            if self.scans == 1 and how == "trimmed":
+                time.sleep(0.002)
+                seconds, micros = redis_client.time()
+                now = f"{int(seconds) * 1000 + int(micros) // 1000}-0"  # past every entry, before any later one
+                redis_client.fcall(FN_TRIM_CHANGES, 2, index.keys.meta, index.keys.changes, now, 100)
+            elif self.scans == 1:
+                redis_client.delete(index.keys.changes, index.keys.fingerprints)
+                time.sleep(0.002)  # (the new log's first entry must not reuse the old one's ID)
+                index.add_fingerprint("c", 3)
+            return redis_client.hscan(*args, **kwargs)
+
+    follower = ChangeFollower(Interrupted(), index.keys, index.layout)
+    follower.load()
+    assert dict(follower.index.items()) == ({"a": 1, "b": 2} if how == "trimmed" else {"c": 3})
+    index.add_fingerprint("d", 4)
+    follower.catch_up()
+    assert dict(follower.index.items()) == {k: index.get(k) for k in ("a", "b", "c", "d") if index.get(k) is not None}
+
+
+def test_a_change_log_entry_with_a_mangled_fingerprint_has_the_copy_loaded_again(redis_client) -> None:
+    """An entry of {N}:changes written by hand (or another program) with a fingerprint that is not hex: applying it
+    raised ValueError out of the refresh, and every worker on the snapshot path exited, at each start, until the entry
+    was trimmed. The validation reads such a value as no fingerprint; the copy is loaded again from {N}:fp instead."""
+    from worker.readpath import SnapshotReader
+
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.add_fingerprint("a", 1)
+    reader = SnapshotReader(redis_client, index.keys, index.layout)
+    reader.refresh()
+    redis_client.xadd(index.keys.changes, {"add": "hand", "fp": "not-hex-at-all!!", "prev": ""})
+    with pytest.raises(SnapshotLostError, match="not 16 hex digits"):
+        reader.follower.catch_up()
+    index.add_fingerprint("b", 2)
+    reader.refresh()
+    assert reader.reloads == 2
+    assert dict(reader.index.items()) == {"a": 1, "b": 2}
+    index.add_fingerprint("c", 3)
+    reader.refresh()
+    assert dict(reader.index.items()) == {"a": 1, "b": 2, "c": 3}

@@ -14,8 +14,10 @@ import pytest
 import redis
 
 from tests.oracle import Oracle
+from tests.redis_server import RedisServer
 from tests.streams import FP, alerts, assert_pairs_reported_once, dead_letters, fingerprints, pending_count, publish
 from worker.devtools.workload import Workload
+from worker.errors import PreflightError
 from worker.fingerprint import fingerprint
 from worker.readpath import CHANGES_FLOOR_FIELD
 from worker.settings import Settings
@@ -211,3 +213,69 @@ def test_snapshot_workers_killed_at_random_moments_lose_and_duplicate_nothing(se
     assert steady.wait(timeout=30) == 0
     _check_run(client, events, bad)
     assert '"event": "snapshot loaded"' in (tmp_path / "steady.log").read_text()
+
+
+@pytest.mark.parametrize("read_path", ["primary", "snapshot"])
+def test_a_stream_key_of_another_type_stops_the_worker_before_it_indexes(client: redis.Redis, read_path: str) -> None:
+    """A function stops at the first command that fails and keeps what it wrote before: with the alerts key holding
+    a string, the apply call indexed the incident, then failed at its XADD; the retry found it indexed, a repeat,
+    and acknowledged it without an alert (the pair was lost), and the change log missed it too."""
+    client.set("{incidents}:alerts", "not a stream")
+    publish(client, [{"incident_id": n, "features": DOCK} for n in ("a", "b")])
+    with pytest.raises(PreflightError, match=r"\{incidents\}:alerts holds another type than a stream"):
+        worker(client, read_path=read_path).run(until_idle=True)
+    assert client.hlen(FP) == 0
+
+
+def test_a_user_refused_a_command_the_functions_send_stops_the_worker_before_it_indexes(
+    real_redis: redis.Redis, redis_server: RedisServer
+) -> None:
+    """The worker's user may not XADD (an ACL written by hand, missing one grant): the apply call indexed the
+    incident, then was refused its change-log entry; the retry took it for a repeat and acknowledged it, without an
+    alert or a change a snapshot copy could follow. The worker now refuses to start, naming user, command and grant."""
+    real_redis.execute_command(
+        "ACL", "SETUSER", "lim", "reset", "on", ">lim-pw-1234", "~{incidents}:*", "+@all", "-xadd"
+    )
+    try:
+        publish(real_redis, [{"incident_id": n, "features": DOCK} for n in ("a", "b")])
+        limited = redis.Redis(port=redis_server.port, username="lim", password="lim-pw-1234")
+        url = f"redis://lim:lim-pw-1234@127.0.0.1:{redis_server.port}/0"
+        with pytest.raises(PreflightError) as refused:
+            worker(limited, redis_url=url).run(until_idle=True)
+        message = str(refused.value)
+        assert "'lim' may not run XADD on {incidents}:changes" in message
+        assert "ACL SETUSER lim +xadd" in message
+        assert real_redis.hlen(FP) == 0
+        limited.close()
+    finally:
+        real_redis.execute_command("ACL", "DELUSER", "lim")
+
+
+def test_a_user_refused_a_command_outside_the_functions_is_told_what_to_grant(
+    real_redis: redis.Redis,
+    redis_server: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The snapshot path loads its copy with HSCAN, which a hand-written ACL may lack: Redis says only "this user has
+    no permissions to run the 'hscan' command". The worker says which user, which command, and the grant; a user whose
+    keys leave out the namespace is told the pattern it needs."""
+    from worker.cli import main
+
+    real_redis.execute_command(
+        "ACL", "SETUSER", "lim", "reset", "on", ">lim-pw-1234", "~{incidents}:*", "+@all", "-hscan"
+    )
+    real_redis.execute_command("ACL", "SETUSER", "far", "reset", "on", ">far-pw-1234", "~{other}:*", "+@all")
+    try:
+        publish(real_redis, [{"incident_id": "a", "features": DOCK}])
+        for name in ("lim", "far"):
+            monkeypatch.setenv(
+                "INCIDENT_WORKER_REDIS_URL", f"redis://{name}:{name}-pw-1234@127.0.0.1:{redis_server.port}/0"
+            )
+            assert main(["run", "--until-idle", "--read-path", "snapshot", "--log-format", "json"]) == 1
+        shown = capsys.readouterr().err
+        assert "refused user 'lim' the command HSCAN (no permission): grant it (ACL SETUSER lim +hscan)" in shown, shown
+        assert "refused user 'far' a key" in shown and "ACL SETUSER far ~{incidents}:*" in shown, shown
+        assert "pw-1234" not in shown
+    finally:
+        real_redis.execute_command("ACL", "DELUSER", "lim", "far")

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 import traceback
 import types
+import typing
 from collections.abc import Sequence
 
 from . import __version__
@@ -20,10 +22,30 @@ from .commands._shared import EXIT_OK, EXIT_USAGE, UsageError
 __all__ = ["build_parser", "main"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but its errors show no secret: "unrecognized arguments: --redis_url redis://:PASSWORD@host" (a flag
+    mistyped, its value then unrecognized too) quoted every word, a password among them. Such values are left out,
+    and any message is redacted."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        from .logs import redact
+
+        head = "unrecognized arguments: "
+        if message.startswith(head):
+            words = message[len(head) :].split(" ")
+            shown = [word.split("=", 1)[0] + ("=..." if "=" in word else "") for word in words if word.startswith("-")]
+            hidden = len(words) - len(shown)
+            if hidden:
+                shown.append(f"({hidden} value{'s' if hidden > 1 else ''}, not shown)")
+            message = head + " ".join(shown)
+        message = re.sub(r"explicit argument '.*'", "explicit argument (not shown)", message)
+        super().error(redact(message))
+
+
 def build_parser(chosen: str | None = None) -> argparse.ArgumentParser:
     """The parser of every subcommand (`chosen` None), or of the top level and `chosen` only, the others listed
     by name and summary without importing their modules."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="incident-worker",
         description="Finds near-duplicate incidents in a Redis stream (SimHash-64 fingerprints, banded index).",
         epilog="Exit codes: 0 ok, 1 failure (or unhealthy, for check), 2 bad usage or configuration; 130 (143) "

@@ -7,6 +7,8 @@ package creates one.
 
 from __future__ import annotations
 
+import os
+import ssl
 from typing import Any, TypeAlias
 
 import redis
@@ -56,12 +58,86 @@ def connect(
     # whatever goes wrong from here on, its message and log lines show none of the URL's secrets
     hide_secrets(*settings.secrets())
     url = settings.redis_url.get_secret_value()
+    check_tls_files(url)
     if settings.cluster:
         options.pop("health_check_interval")
         return _cluster(settings, url, options)
     if settings.sentinels:
         return _sentinel_primary(settings, url, options)
     return redis.Redis.from_url(url, **options)
+
+
+class _NoPassphraseError(Exception):
+    """An encrypted key, and no ssl_password to open it."""
+
+
+def _no_passphrase() -> str:
+    # without ssl_password, OpenSSL would ask for an encrypted key's passphrase on the terminal (and wait)
+    raise _NoPassphraseError
+
+
+def check_tls_files(url: str) -> None:
+    """Read a rediss:// URL's certificate and key files as its connections will, before the first one.
+
+    redis-py reads them at each connection attempt, and a missing or unreadable file then fails as a connection
+    error that names no file ("Error 2 connecting to host:6379. No such file or directory", "[SSL] PEM lib"): the
+    worker retried it as an outage, forever. A mistake in them is one of configuration (UsageError, exit 2), said
+    with the setting and the path (never the key's passphrase).
+    """
+    if not url.lower().startswith("rediss://"):
+        return
+    params = parse_url(url)
+    certfile, keyfile = params.get("ssl_certfile"), params.get("ssl_keyfile")
+    ca_certs, ca_path = params.get("ssl_ca_certs"), params.get("ssl_ca_path")
+    for name, path, directory in (
+        ("ssl_ca_certs", ca_certs, False),
+        ("ssl_ca_path", ca_path, True),
+        ("ssl_certfile", certfile, False),
+        ("ssl_keyfile", keyfile, False),
+    ):
+        if not path:
+            continue
+        kind = "directory" if directory else "file"
+        if not (os.path.isdir(path) if directory else os.path.isfile(path)):
+            raise UsageError(
+                f"the Redis URL's {name}={path!r} names no {kind} here; give the path of the {kind} as this "
+                "process sees it (in a container: where the secret is mounted)"
+            )
+        if not os.access(path, os.R_OK | (os.X_OK if directory else 0)):
+            raise UsageError(
+                f"the Redis URL's {name}={path!r} cannot be read by this process (uid {os.getuid()}); "
+                f"make the {kind} readable to it"
+            )
+    if keyfile and not certfile:
+        raise UsageError(
+            "the Redis URL gives ssl_keyfile but no ssl_certfile: a client certificate is the pair, give the "
+            "certificate as ssl_certfile too"
+        )
+    context = ssl.create_default_context()
+    if certfile:
+        password = params.get("ssl_password")
+        try:
+            context.load_cert_chain(certfile, keyfile, password=_no_passphrase if password is None else password)
+        except _NoPassphraseError:
+            raise UsageError(
+                f"the private key in {keyfile or certfile!r} is encrypted: give its passphrase as the Redis URL's "
+                "ssl_password (percent-encoded)"
+            ) from None
+        except (ssl.SSLError, ValueError):
+            pair = f"ssl_certfile={certfile!r}" + (f" with ssl_keyfile={keyfile!r}" if keyfile else "")
+            raise UsageError(
+                f"the Redis URL's {pair}: not a PEM certificate and its private key, or ssl_password does not "
+                "open the key; check the files (openssl x509 -in CERT -noout; openssl pkey -in KEY -noout) and the "
+                "passphrase"
+            ) from None
+    if ca_certs:
+        try:
+            context.load_verify_locations(cafile=ca_certs)
+        except ssl.SSLError:
+            raise UsageError(
+                f"the Redis URL's ssl_ca_certs={ca_certs!r} holds no PEM certificate; give the file of the "
+                "certificate authority that signed the server's certificate"
+            ) from None
 
 
 def _cluster(settings: Settings, url: str, options: dict[str, Any]) -> RedisCluster:
@@ -91,11 +167,16 @@ def _sentinel_credentials(settings: Settings) -> dict[str, str]:
 
 def _sentinel_primary(settings: Settings, url: str, options: dict[str, Any]) -> redis.Redis:
     """The primary of the Sentinel service: host and port come from the Sentinels, the rest of redis_url (user,
-    password, database, TLS) still applies to the primary. Sentinels are asked with the same timeouts and their own
+    password, database, TLS with rediss://) still applies to the primary (the Sentinels themselves are asked without
+    TLS). Sentinels are asked with the same timeouts and their own
     credentials, `sentinel_username` and `sentinel_password` (none by default)."""
     parsed = parse_url(url)
-    for field in ("host", "port", "path", "connection_class"):
+    for field in ("host", "port", "path"):
         parsed.pop(field, None)
+    # rediss:// makes parse_url name SSLConnection; Sentinel's pool picks its own connection class and takes TLS
+    # from `ssl` alone: without it the primary was reached in plain text (password included), whatever the URL said
+    if parsed.pop("connection_class", None) is not None and url.lower().startswith("rediss://"):
+        parsed["ssl"] = True
     sentinel = Sentinel(
         settings.sentinel_addresses,
         socket_timeout=options["socket_timeout"],

@@ -12,6 +12,8 @@ Library errors (what a caller of `worker.fingerprint`, `worker.bands` or `worker
   * `FunctionsMissingError`: Redis has no functions library of this code's version; an administrator loads it
     (`incident-worker load-functions`), since a worker may not load code.
   * `StaleRetriesExhaustedError`: an upsert or delete kept racing another client rewriting the same incident.
+  * `PreflightError`: the worker's Redis user may not run a command the index's functions send, or one of the
+    namespace's keys holds another type; a call would stop midway, keeping what it wrote before.
 
 Command-line errors (how a subcommand ends without a traceback):
 
@@ -31,6 +33,7 @@ __all__ = [
     "InvalidLineError",
     "LayoutError",
     "LayoutMismatchError",
+    "PreflightError",
     "RedisUrlError",
     "StaleRetriesExhaustedError",
     "UsageError",
@@ -86,6 +89,12 @@ class FunctionsMissingError(FingerprintIndexError):
     """Redis has no functions library of this code's version: never loaded, lost, or only another version's.
 
     Workers may not load code (docs/contract.md#who-may-do-what); the message says what an administrator runs."""
+
+
+class PreflightError(FingerprintIndexError):
+    """The worker's Redis user may not run a command the index's functions send, or a key of the namespace holds
+    another type: a function stops at the first command refused and keeps what it wrote before it (an incident
+    indexed without its change-log entry or its alert), so a worker does not start so. The message says what to do."""
 
 
 class StaleRetriesExhaustedError(FingerprintIndexError):

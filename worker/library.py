@@ -44,6 +44,7 @@ __all__ = [
     "FN_MIGRATE_REMOVE",
     "FN_MIGRATE_START",
     "FN_MIGRATE_SWITCH",
+    "FN_PREFLIGHT",
     "FN_READ_NEW",
     "FN_READ_PENDING",
     "FN_SERVER_RUN",
@@ -87,6 +88,7 @@ FN_APPLY_BATCH = f"{LIBRARY_NAME}_apply_batch"
 FN_MATCHES = f"{LIBRARY_NAME}_matches"
 FN_DEAD_LETTER = f"{LIBRARY_NAME}_dead_letter"
 FN_ENSURE_META = f"{LIBRARY_NAME}_ensure_meta"
+FN_PREFLIGHT = f"{LIBRARY_NAME}_preflight"
 FN_FORGET_CONSUMER = f"{LIBRARY_NAME}_forget_consumer"
 FN_READ_NEW = f"{LIBRARY_NAME}_read_new"
 FN_READ_PENDING = f"{LIBRARY_NAME}_read_pending"

@@ -10,7 +10,7 @@ from typing import Any, TextIO
 
 import structlog
 
-__all__ = ["configure_logging", "get_logger", "hide_secrets", "printable", "redact"]
+__all__ = ["configure_logging", "error_message", "get_logger", "hide_secrets", "printable", "redact"]
 
 # scheme://user:password@ (the password up to the last '@' of the word, so an unencoded '@' in it is covered too),
 # and scheme://password@ (a user-info part without ':')
@@ -41,6 +41,19 @@ def redact(text: str) -> str:
     if "=" in text:
         text = _QUERY_SECRET.sub(r"\g<head>***", text)
     return text
+
+
+# redis-py's Sentinel errors quote the repr of the client they asked, every option of its connection (some 1,500
+# characters: "No master found for 'incidents' : <redis.client.Redis(<redis.connection.ConnectionPool(...)>)>)> -
+# network:ConnectionError: ..."); what a person needs is around it
+_CLIENT_REPR = re.compile(r"\s*:?\s*<redis\.[\w.]+\(.*\)>(?=\s+-\s|$)")
+
+
+def error_message(error: BaseException, *, with_type: bool = True) -> str:
+    """An exception as `Type: message` (or the message alone) for a person: without secrets, nor the repr of a
+    redis-py client."""
+    text = _CLIENT_REPR.sub("", str(error))
+    return redact(f"{type(error).__name__}: {text}" if with_type else text)
 
 
 def _redact_processor(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:

@@ -14,6 +14,7 @@ scan finished, the copy is exact at every position it reports.
 from __future__ import annotations
 
 import gc
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -32,6 +33,12 @@ __all__ = [
     "SnapshotLostError",
     "SnapshotReader",
 ]
+
+_HEX_BYTES = re.compile(rb"[0-9a-fA-F]{16}")
+_HEX_TEXT = re.compile(r"[0-9a-fA-F]{16}", re.ASCII)
+"""A stored fingerprint the index's search reads: 16 hex digits (uppercase too), as bytes or as text. Anything else (a
+value mangled by hand) it never finds, and verify reports; int() would read some of it as a number (`0x..`, `_`, `+`,
+spaces)."""
 
 CHANGES_FLOOR_FIELD = "changes_trimmed_to"
 """`{N}:meta` field: entries of `{N}:changes` below this ID may have been trimmed; a copy older than it reloads."""
@@ -60,9 +67,25 @@ class ChangeFollower:
         # the fields of the entry at the copy's position (None when the position is no entry: '0-0' or the floor)
         self._at_position: Any = None
 
-    def load(self) -> None:
-        """Read every fingerprint and replay the changes made meanwhile."""
+    def load(self, *, attempts: int = 3) -> None:
+        """Read every fingerprint and replay the changes made meanwhile.
+
+        A log that lost the load's position while it scanned (trimmed past it by another worker's upkeep, when the
+        index was idle longer than changes_keep; or reset) is no reason to fail: the load starts again, from the log
+        as it is then, up to `attempts` times in all.
+        """
         started = time.monotonic()
+        for attempt in range(attempts):
+            try:
+                self._load_once()
+                break
+            except SnapshotLostError:
+                self.loaded = False
+                if attempt == attempts - 1:
+                    raise
+        self.load_seconds = time.monotonic() - started
+
+    def _load_once(self) -> None:
         index = MemoryIndex(self.layout)
         # The position: the last change, or, when the log was trimmed empty, its floor (every change made so far is
         # below it, and trimming keeps what is not; a copy at "0-0" would be older than the floor, and never valid).
@@ -77,7 +100,7 @@ class ChangeFollower:
         while True:
             cursor, chunk = self.client.hscan(self.keys.fingerprints, cursor, count=self.batch)
             for incident_id, hex_fp in chunk.items():
-                if len(hex_fp) == 16:
+                if (_HEX_BYTES if isinstance(hex_fp, bytes) else _HEX_TEXT).fullmatch(hex_fp):
                     pairs[_text(incident_id)] = int(hex_fp, 16)  # int() reads hex from bytes as from str
             if int(cursor) == 0:
                 break
@@ -87,7 +110,6 @@ class ChangeFollower:
         self._at_position = at_position
         self.loaded = True
         self.catch_up()
-        self.load_seconds = time.monotonic() - started
 
     def _floor(self) -> str | None:
         floor = self.client.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
@@ -164,6 +186,9 @@ class ChangeFollower:
                 incident_id = value  # the op's field: <op> <incident ID>
         if incident_id is None or fp is None:
             raise SnapshotLostError("a change-log entry without its fingerprint (written by an older version)")
+        if fp and not (_HEX_BYTES if isinstance(fp, bytes) else _HEX_TEXT).fullmatch(fp):
+            # not the functions' writing (by hand, or another program): the copy is loaded again, from {N}:fp
+            raise SnapshotLostError("a change-log entry whose fingerprint is not 16 hex digits")
         if fp:
             self.index.set(_text(incident_id), int(fp, 16))  # int() reads hex from bytes as from str
         else:

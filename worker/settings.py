@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 from typing import Any, Literal
 
@@ -25,6 +26,20 @@ ENV_PREFIX = "INCIDENT_WORKER_"
 
 _LIMITS = EventLimits()
 """The event size limits' defaults live with `EventLimits`; the settings only expose them as flags."""
+
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def _is_host(host: str) -> bool:
+    """A host name, an IPv4 address, or an IPv6 one (written bare, as in ::1:26379)."""
+    if _HOST_NAME.fullmatch(host):
+        return True
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _default_consumer() -> str:
@@ -102,7 +117,8 @@ class Settings(BaseSettings):
     sentinels: str | None = Field(
         None,
         description="Redis Sentinels as host:port,host:port: the worker connects to the primary they name and "
-        "follows it after a failover (redis_url then only gives the user, password, database and TLS).",
+        "follows it after a failover (redis_url then only gives the user, password, database and TLS, rediss://, "
+        "of the primary; the Sentinels themselves are asked without TLS).",
     )
     sentinel_service: str = Field("incidents", description="The Sentinel service (master name) of the primary.")
     sentinel_username: str | None = Field(
@@ -346,10 +362,19 @@ class Settings(BaseSettings):
     def _check_sentinels(cls, value: str | None) -> str | None:
         if not value:
             return None
-        for address in value.split(","):
+        # An address is not quoted when refused: credentials written into it (user:password@host:port, as in a
+        # Redis URL; host:port:password) would be shown, and taken for a host name they reach every connection error.
+        addresses = value.split(",")
+        for number, address in enumerate(addresses, 1):
+            which = f"sentinel address {number} of {len(addresses)}"
+            if "@" in address or "/" in address:
+                raise ValueError(
+                    f"{which} holds an '@' or a '/': give host:port only, as in sentinel-0:26379; the Sentinels' own "
+                    "user and password go in sentinel_username and sentinel_password, the primary's in redis_url"
+                )
             host, _, port = address.strip().rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(f"sentinel address {address.strip()!r} is not host:port, as in sentinel-0:26379")
+            if not _is_host(host) or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{which} is not host:port, as in sentinel-0:26379")
         return value
 
     @property

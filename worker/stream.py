@@ -33,17 +33,19 @@ from typing import Any
 import redis as redis_lib
 from pydantic import ValidationError
 from redis.backoff import ExponentialBackoff
+from redis.connection import parse_url
 from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, ResponseError, TryAgainError
 
 from .connection import RedisClient
 from .entries import Entry, next_id, parse_entries
-from .errors import DuplicateIncidentError, LayoutMismatchError
+from .errors import DuplicateIncidentError, LayoutMismatchError, PreflightError
 from .fingerprint import format_fingerprint
 from .formats import MAX_INCIDENT_ID_LENGTH, DeadLetter, Heartbeat, IncidentEvent, event_error
 from .index import FingerprintIndex, retry_while_stale
 from .library import (
     FN_APPLY,
     FN_CLAIM,
+    FN_PREFLIGHT,
     FN_READ_NEW,
     FN_READ_PENDING,
     SnapshotClaim,
@@ -52,7 +54,7 @@ from .library import (
     dead_letter_command,
     parse_apply,
 )
-from .logs import get_logger
+from .logs import error_message, get_logger
 from .metrics import Metrics
 from .readpath import SNAPSHOT_SEND, SnapshotReader
 from .replies import consumers_info, entry_time_ms, group_info, text
@@ -263,7 +265,7 @@ class StreamWorker:
         self.metrics.reconnects.inc()
         self.log.warning(
             message,
-            error=f"{type(error).__name__}: {error}",
+            error=error_message(error),
             attempt=failures,
             retry_in_s=round(delay, 2),
             redis=self.settings.safe_redis_url,
@@ -299,6 +301,7 @@ class StreamWorker:
             if "BUSYGROUP" not in str(error):
                 raise
         self.index.open()
+        self.preflight()
         if self.index.adopted:
             self.log.warning(
                 "the index was moved to another layout (incident-worker migrate); using the index's",
@@ -310,6 +313,44 @@ class StreamWorker:
         self.upkeep.configure()
         self.choose_read_path()
         self.heartbeat()
+
+    def preflight(self) -> None:
+        """Refuse to start (PreflightError) when this worker's Redis user may not run a command the index's functions
+        send, or one of the namespace's keys holds another type: a call would stop there, keeping what it wrote before
+        (an incident indexed without its change-log entry or its alert, which its retry takes for a repeat)."""
+        keys, target = self.index.keys, self.target
+        reply = self.index.call(
+            FN_PREFLIGHT,
+            [
+                *(keys.meta, keys.fingerprints, keys.changes),
+                *(target.events_stream, target.alerts_stream, target.dead_stream),
+                *(self.index.posting_keys(0)[0], keys.twins("0" * 16), keys.expiry),
+            ],
+            [target.group],
+        )
+        found = [text(value) for value in reply]
+        problems = []
+        denied = [(found[k + 1], found[k + 2]) for k in range(0, len(found), 3) if found[k] == "denied"]
+        if denied:
+            user = parse_url(self.settings.redis_url.get_secret_value()).get("username") or "default"
+            refused = ", ".join(f"{command} on {key}" if key else command for command, key in denied)
+            grants = " ".join(sorted({f"+{command.lower()}" for command, _ in denied}))
+            problems.append(
+                f"the Redis user {user!r} may not run {refused}, which the index's functions send; grant them "
+                f"(ACL SETUSER {user} {grants}; the user's keys must include {keys.tag}:*), as deploy/redis/users.acl "
+                "does for incident-worker"
+            )
+        for k in range(0, len(found), 3):
+            if found[k] == "type":
+                problems.append(
+                    f"{found[k + 1]} holds another type than a {found[k + 2]}, which the index writes there: rename "
+                    "or delete it (or give the worker other stream names)"
+                )
+        if problems:
+            raise PreflightError(
+                "; and ".join(problems) + ". A call refused midway would keep what it wrote before (an incident "
+                "indexed without its alert), so the worker does not start"
+            )
 
     def choose_read_path(self) -> None:
         """Search a copy of the index in this worker once the settings (or, with auto, the index's size) ask for it.

@@ -16,6 +16,7 @@ from typing import Any
 import redis as redis_lib
 
 from .connection import RedisClient
+from .logs import error_message
 
 __all__ = ["ANSWER_WITHIN_S", "Watchdog"]
 
@@ -59,7 +60,7 @@ class Watchdog:
         except redis_lib.RedisError as error:
             # refused, reset, LOADING, BUSY...: the worker's loop logs and waits these out itself
             self._reset()
-            self.log.debug("watchdog ping failed", error=f"{type(error).__name__}: {error}")
+            self.log.debug("watchdog ping failed", error=error_message(error))
             return False
         if not self.answering:
             self.log.warning("redis answers again", silent_s=round(time.monotonic() - self._silent_since, 1))
@@ -93,4 +94,4 @@ class Watchdog:
             try:
                 self.check()
             except Exception as error:  # never let the watchdog take the worker down
-                self.log.debug("watchdog error", error=f"{type(error).__name__}: {error}")
+                self.log.debug("watchdog error", error=error_message(error))

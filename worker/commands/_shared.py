@@ -24,7 +24,7 @@ from redis.retry import Retry
 
 from ..connection import connect
 from ..errors import CommandError, FunctionsMissingError, LayoutError, LayoutMismatchError, UsageError
-from ..logs import redact
+from ..logs import error_message, redact
 from ..settings import ENV_PREFIX, Settings, shown_default
 
 __all__ = [
@@ -68,9 +68,32 @@ def say(command: str, message: str) -> None:
     print(redact(f"incident-worker {command}: {message}"), file=sys.stderr, flush=True)
 
 
+def refused_permission(settings: Settings, error: BaseException, advice: str = "") -> str:
+    """A NOPERM reply for people: which user, which command (or that a key is outside its patterns), what to grant
+    (or `advice`). Redis names neither the user ("this user has no permissions...") nor the key."""
+    from redis.connection import parse_url
+
+    user = parse_url(settings.redis_url.get_secret_value()).get("username") or "default"
+    shown = f"Redis at {settings.safe_redis_url} refused user {user!r}"
+    named = re.search(r"run the '([^']+)' command", str(error))
+    if named:
+        name = named.group(1).lower()
+        return f"{shown} the command {name.replace('|', ' ').upper()} (no permission): " + (
+            advice
+            or f"grant it (ACL SETUSER {user} +{name}), as deploy/redis/users.acl does for the role that needs it, or "
+            "run this with a user that has it"
+        )
+    tag = settings.keys.tag
+    return f"{shown} a key or channel this command uses (no permission: {error_text(error)}): " + (
+        advice
+        or f"its keys must include {tag}:* (ACL SETUSER {user} ~{tag}:*), as deploy/redis/users.acl grants the "
+        "worker's user"
+    )
+
+
 def error_text(error: BaseException) -> str:
     """An exception's message for a sentence of ours: secrets redacted, no full stop of its own before our `;`."""
-    return redact(str(error)).rstrip(" .")
+    return error_message(error, with_type=False).rstrip(" .")
 
 
 # -- settings as flags ----------------------------------------------------------------------------------------
@@ -126,6 +149,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     """The settings: defaults, then the environment, then the flags given. Raises UsageError with every problem."""
     names = getattr(args, "_setting_names", ())
     overrides = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    unknown_environment()
     try:
         return Settings(**overrides)
     except ValidationError as error:
@@ -139,6 +163,30 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                 continue
             problems.append(f"  {where}: {message} (flag --{where.replace('_', '-')}, env {ENV_PREFIX}{where.upper()})")
         raise UsageError("invalid settings:\n" + "\n".join(problems)) from None
+
+
+def unknown_environment() -> None:
+    """Refuse an INCIDENT_WORKER_* variable that is no setting (UsageError, exit 2): pydantic-settings ignores it, so
+    a mistyped INCIDENT_WORKER_REDIS_UR left the worker on redis://localhost:6379/0 without a word. Named, with the
+    setting meant when one is close; its value is never shown (it may be a URL with its password)."""
+    import difflib
+
+    known = [f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields]
+    unknown = sorted(name for name in os.environ if name.upper().startswith(ENV_PREFIX) and name.upper() not in known)
+    if not unknown:
+        return
+    problems = []
+    fields = list(Settings.model_fields)
+    for name in unknown:
+        meant = difflib.get_close_matches(name.upper().removeprefix(ENV_PREFIX).lower(), fields, n=1, cutoff=0.75)
+        problems.append(
+            f"  {name} is not a setting" + (f"; did you mean {ENV_PREFIX}{meant[0].upper()}?" if meant else "")
+        )
+    raise UsageError(
+        "invalid settings:\n"
+        + "\n".join(problems)
+        + f"\n  (incident-worker run --help lists every {ENV_PREFIX}* variable)"
+    )
 
 
 def setting_given(args: argparse.Namespace, name: str) -> bool:
@@ -241,6 +289,9 @@ def with_settings(command: str) -> Callable[[Callable[[argparse.Namespace, Setti
                     f"cannot reach Redis at {url}: {error_text(error)}; is it running, and is the URL "
                     f"right (--redis-url or {ENV_PREFIX}REDIS_URL)?",
                 )
+                return EXIT_FAILURE
+            except redis.exceptions.NoPermissionError as error:
+                say(command, refused_permission(settings, error))
                 return EXIT_FAILURE
             except redis.RedisError as error:
                 say(command, f"Redis at {url} refused a command: {error_text(error)}")

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 
+import redis
+
 from .. import __version__
+from ..errors import CommandError
 from ..settings import Settings
 from ._format import json_line
-from ._shared import EXIT_OK, add_settings_flags, describe, json_flag, with_settings
+from ._shared import EXIT_OK, add_settings_flags, describe, json_flag, refused_permission, with_settings
 
 __all__ = ["configure"]
 
@@ -26,8 +29,19 @@ def _load_functions(args: argparse.Namespace, settings: Settings) -> int:
     admin_url = settings.admin_redis_url or settings.redis_url
     admin = settings.model_copy(update={"redis_url": admin_url})
     client = connect(admin, client_name="incident-worker-load-functions")
-    library.load(client)
-    others = [name for name in library.installed_versions(client) if name != library.LIBRARY_NAME]
+    try:
+        library.load(client)
+        others = [name for name in library.installed_versions(client) if name != library.LIBRARY_NAME]
+    except redis.exceptions.NoPermissionError as error:
+        # not a grant to add: the workers' user must never load code (docs/contract.md, "Who may do what")
+        raise CommandError(
+            refused_permission(
+                admin,
+                error,
+                "loading the functions is an administrator's step: give an admin's URL as --admin-redis-url (or "
+                "INCIDENT_WORKER_ADMIN_REDIS_URL), never the workers' user",
+            )
+        ) from None
     if args.delete_other_versions:
         for name in others:
             client.function_delete(name)

@@ -60,7 +60,7 @@ def install_stop_signals(stop: Callable[[], None], stopped: threading.Event | No
 @with_settings("run")
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     from ..connection import connect
-    from ..errors import FunctionsMissingError, LayoutMismatchError, TokenizerMismatchError
+    from ..errors import FunctionsMissingError, LayoutMismatchError, PreflightError, TokenizerMismatchError
     from ..logs import configure_logging, get_logger
     from ..stream import StreamWorker
     from ..watchdog import ANSWER_WITHIN_S, Watchdog
@@ -88,6 +88,9 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     except FunctionsMissingError as error:
         # the entries in hand stay pending: a worker started once the library is loaded takes them over
         log.error("functions library missing; stopping", error=str(error))
+        return EXIT_USAGE
+    except PreflightError as error:
+        log.error("redis user or keys not fit for the worker; not starting", error=str(error))
         return EXIT_USAGE
     return EXIT_OK
 

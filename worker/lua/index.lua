@@ -949,6 +949,58 @@ local function forget_consumer(keys, args)
   return 1
 end
 
+-- What the calling user may not do among the commands the apply, apply_batch and dead_letter functions send, and
+-- which of the keys they write hold another type: checked once, when a worker starts. A function stops at the first
+-- command refused and keeps what it wrote before it (Redis rolls nothing back), so a call refused its XADD to the
+-- change log or the alerts, or its XACK, after indexing left an entry indexed without its change or its alert, and
+-- its retry found the incident indexed already: a repeat, acknowledged without an alert.
+--
+-- keys[1] = {N}:meta   keys[2] = {N}:fp   keys[3] = {N}:changes   keys[4] = events stream   keys[5] = alerts stream
+-- keys[6] = dead-letter stream   keys[7] = a posting set key   keys[8] = a twin group key   keys[9] = {N}:expiry
+-- args[1] = consumer group
+--
+-- Returns a flat list: 'denied', command, key (or ''), ... and 'type', key, the type it must be, ...
+local function preflight(keys, args)
+  local out = {}
+  if redis.acl_check_cmd then  -- (Redis 7; fakeredis has no ACL)
+    local g = args[1]
+    local checks = {
+      {'HGET', keys[1], 'f'}, {'HSET', keys[1], 'f', 'v'}, {'HGETALL', keys[1]}, {'EXISTS', keys[1]},
+      {'HGET', keys[2], 'i'}, {'HMGET', keys[2], 'i'}, {'HSET', keys[2], 'i', 'v'}, {'HDEL', keys[2], 'i'},
+      {'XADD', keys[3], '*', 'f', 'v'}, {'XRANGE', keys[3], '-', '+'},
+      {'XACK', keys[4], g, '0-1'}, {'XPENDING', keys[4], g, '-', '+', '1'},
+      {'XADD', keys[5], 'MAXLEN', '~', '1', '*', 'f', 'v'}, {'XADD', keys[6], 'MAXLEN', '~', '1', '*', 'f', 'v'},
+      {'SADD', keys[7], 'i'}, {'SREM', keys[7], 'i'}, {'SMEMBERS', keys[7]}, {'SUNION', keys[7], keys[7]},
+      {'SINTER', keys[7], keys[7]},
+      {'ZADD', keys[8], '0', 'i'}, {'ZREM', keys[8], 'i'}, {'ZRANGE', keys[8], '0', '0'}, {'ZCARD', keys[8]},
+      {'DEL', keys[8]},
+      {'ZADD', keys[9], '0', 'i'}, {'ZREM', keys[9], 'i'}, {'ZSCORE', keys[9], 'i'},
+      {'TIME'},
+    }
+    for i = 1, #checks do
+      local check = checks[i]
+      if not redis.acl_check_cmd(unpack(check)) then
+        out[#out + 1] = 'denied'
+        out[#out + 1] = check[1]
+        out[#out + 1] = check[2] or ''
+      end
+    end
+  end
+  -- The keys written after a call's first write (probed with commands a worker's user has: TYPE is not among them).
+  -- {N}:meta and {N}:fp are read before anything is written: of another type, every call fails whole, as poison.
+  local probes = {{'XLEN', keys[3], 'stream'}, {'XLEN', keys[5], 'stream'}, {'XLEN', keys[6], 'stream'},
+                  {'ZCARD', keys[9], 'sorted set'}}
+  for i = 1, #probes do
+    local reply = redis.pcall(probes[i][1], probes[i][2])
+    if type(reply) == 'table' and reply.err and string.find(tostring(reply.err), 'WRONGTYPE', 1, true) then
+      out[#out + 1] = 'type'
+      out[#out + 1] = probes[i][2]
+      out[#out + 1] = probes[i][3]
+    end
+  end
+  return out
+end
+
 -- Write the index's meta on first use; report what is there.
 --
 -- keys[1] = {N}:meta   args[1] = layout tag   args[2 ..] = the other meta field, value pairs
@@ -1814,6 +1866,7 @@ redis.register_function('incident_index_v2_dead_letter', dead_letter)
 -- (allow-oom: it writes a few fields, once; a worker restarted while Redis is full must get to its upkeep)
 redis.register_function{function_name = 'incident_index_v2_ensure_meta', callback = ensure_meta,
                         flags = {'allow-oom'}}
+redis.register_function{function_name = 'incident_index_v2_preflight', callback = preflight, flags = {'no-writes'}}
 -- (allow-oom: removing a consumer frees memory; refused while Redis is full, it stopped the worker before its upkeep)
 redis.register_function{function_name = 'incident_index_v2_forget_consumer', callback = forget_consumer,
                         flags = {'allow-oom'}}
