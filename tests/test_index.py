@@ -186,6 +186,24 @@ def test_repeated_add_changes_nothing_and_other_fingerprint_is_refused(redis_cli
     assert index.get("a") == fingerprint({"x": 1})
 
 
+def test_upsert_and_delete_replace_a_stored_value_that_is_not_a_fingerprint(redis_client: redis.Redis) -> None:
+    # values of {N}:fp mangled by hand: before, reading them as fingerprints raised ValueError and nothing was done
+    index = FingerprintIndex(redis_client)
+    fp = 0x0123456789ABCDEF
+    index.add_fingerprint("twin-1", fp)
+    index.add_fingerprint("twin-2", fp)
+    index.add_fingerprint("upper", fp ^ 0x0F00)
+    redis_client.hset(index.keys.fingerprints, "upper", format_fingerprint(fp ^ 0x0F00).upper())
+    redis_client.hset(index.keys.fingerprints, mapping={"junk": "not-a-fingerprint", "junk16": "z" * 16})
+    with pytest.raises(DuplicateIncidentError, match=r"'junk'.*not a fingerprint.*upsert"):
+        index.add_fingerprint("junk", fp)
+    assert index.upsert_fingerprint("junk", fp) == [("twin-1", 0), ("twin-2", 0), ("upper", 4)]
+    assert index.upsert_fingerprint("upper", fp ^ 1) == [("junk", 1), ("twin-1", 1), ("twin-2", 1)]
+    assert index.delete("junk16") is True
+    assert {i: index.get(i) for i in ("junk", "junk16", "upper")} == {"junk": fp, "junk16": None, "upper": fp ^ 1}
+    assert_postings_match(redis_client, "incidents", 4)
+
+
 def test_upsert_never_matches_its_old_self(redis_client: redis.Redis) -> None:
     index = FingerprintIndex(redis_client)
     fp = 0x0123456789ABCDEF
