@@ -705,6 +705,16 @@ def _as_read(fields: dict[str, Any]) -> dict[bytes, bytes]:
     }
 
 
+@pytest.mark.parametrize("digits", [17, 4300, 4301, 20_000])
+def test_a_weight_with_too_many_digits_is_a_bad_weight_not_bad_json(digits: int) -> None:
+    # before, a weight past Python's int-from-text limit (4,300 digits) was bad_json, "use sys.set_int_max_str_digits()"
+    entry = {"incident_id": "x", "features": '{"dock": ' + "9" * digits + "}"}
+    with pytest.raises(ValidationError) as caught:
+        IncidentEvent.from_fields(entry, EventLimits(max_entry_bytes=1 << 20))
+    reason, detail = event_error(caught.value)
+    assert reason == "bad_weight" and "2**53 - 1" in detail and "sys." not in detail
+
+
 def test_an_event_as_read_validates_like_pydantic_on_the_hostile_corpus() -> None:
     limits = EventLimits(**LIMITS)
     entries = corpus(7, valid=300, hostile_every=1)
