@@ -256,6 +256,16 @@ def test_upsert_and_delete_replace_a_stored_value_that_is_not_a_fingerprint(redi
     assert_postings_match(redis_client, "incidents", 4)
 
 
+def test_postings_of_a_fingerprint_whose_holder_was_mangled_are_read_without_raising(redis_client: redis.Redis) -> None:
+    # before, twin_group and postings (incident-worker inspect) raised ValueError on the holder's stored value
+    index = FingerprintIndex(redis_client)
+    fp = 0x0123456789ABCDEF
+    index.add_fingerprint("holder", fp)
+    redis_client.hset(index.keys.fingerprints, "holder", "not-a-fingerprint")
+    assert index.twin_group(fp) == (0, None)
+    assert [(p.size, p.member) for p in index.postings("other", fp)] == [(1, False)] * 4
+
+
 def test_upsert_never_matches_its_old_self(redis_client: redis.Redis) -> None:
     index = FingerprintIndex(redis_client)
     fp = 0x0123456789ABCDEF
