@@ -293,6 +293,18 @@ def test_inspect_shows_fingerprint_bands_posting_sets_and_neighbours(
     assert "'no-such-incident' is not indexed" in missing.stderr
 
 
+def test_inspect_of_an_incident_whose_stored_value_is_not_a_fingerprint_says_so(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    # before, a traceback (ValueError: a fingerprint is 16 hex digits)
+    FingerprintIndex(client).add("47", DOCK)
+    client.hset("{incidents}:fp", "mangled", "not-a-fingerprint")
+    done = cli(server, "inspect", "mangled")
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "'not-a-fingerprint'" in done.stderr and "not a fingerprint" in done.stderr
+    assert "incident-worker verify --repair" in done.stderr
+
+
 # -- stats ------------------------------------------------------------------------------------------------------
 
 

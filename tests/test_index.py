@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 import redis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from tests.oracle import Oracle, assert_postings_match, clustered, flip, hamming
 from worker import library
-from worker.bands import MAX_PROBES, probe_count
+from worker.bands import MAX_PROBES, BandLayout, probe_count
 from worker.errors import DuplicateIncidentError, FunctionsMissingError, LayoutMismatchError
 from worker.fingerprint import fingerprint, format_fingerprint
 from worker.index import FingerprintIndex
@@ -113,6 +113,58 @@ def test_fingerprints_reachable_through_one_band_only_are_found(
         assert index.matches_of(query, limit) == oracle.matches(query, limit)
 
 
+def _tight_layouts() -> list[tuple[int, int]]:
+    """Every layout the product accepts up to distance 24 in which the tightest cases below can be built."""
+    found = []
+    for bands in range(1, 65):
+        for max_distance in range(25):
+            if probe_count(bands, max_distance) > MAX_PROBES:
+                continue
+            layout = BandLayout(bands, max_distance)
+            if all(radius + 1 <= width for radius, width in zip(layout.radii, layout.widths, strict=True)):
+                found.append((bands, max_distance))
+    return found
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(layout=st.sampled_from(_tight_layouts()), seed=st.integers(0, 2**32), edges=st.booleans())
+def test_every_layout_finds_the_tightest_cases_at_band_edges(
+    redis_client: redis.Redis, layout: tuple[int, int], seed: int, edges: bool
+) -> None:
+    """For every layout offered: for each probed band, a fingerprint at exactly r reachable through that band alone,
+    one at r + 1 reachable through none, and an exact twin, the differing bits at the edges of their bands when
+    `edges` (the band's lowest and highest bits first); every answer equals the linear scan."""
+    bands, max_distance = layout
+    redis_client.flushall()
+    rng = random.Random(seed)
+    index = FingerprintIndex(redis_client, "tight", bands=bands, max_distance=max_distance)
+    oracle = Oracle(max_distance)
+
+    def spread(query: int, distances: list[int]) -> int:
+        fp = query
+        for offset, width, d in zip(index.layout.offsets, index.layout.widths, distances, strict=True):
+            bits = [0, width - 1] if edges and width > 1 else [0]
+            bits += rng.sample([b for b in range(width) if b not in bits], width - len(bits))
+            for bit in bits[:d] if edges else rng.sample(range(width), d):
+                fp ^= 1 << (offset + bit)
+        return fp
+
+    query = rng.getrandbits(64)
+    beyond = [p + 1 for p in index.layout.radii]
+    fps = {"twin": query, "far": spread(query, beyond)}
+    for band, radius in enumerate(index.layout.radii):
+        if radius >= 0:
+            fps[f"only-{band}"] = spread(query, [*beyond[:band], radius, *beyond[band + 1 :]])
+    assert hamming(fps["far"], query) == max_distance + 1
+    for incident_id, fp in fps.items():
+        assert index.add_fingerprint(incident_id, fp) == oracle.add(incident_id, fp)
+    assert index.matches_of(query) == oracle.matches(query)
+    assert len(oracle.matches(query)) == 1 + index.layout.probed_bands
+    assert index.add_fingerprint("query", query) == oracle.add("query", query)
+    limit = rng.randint(0, max_distance)  # a narrower query probes its own, tighter radii
+    assert index.matches_of(query ^ 1, limit) == oracle.matches(query ^ 1, limit)
+
+
 @pytest.mark.parametrize(("bands", "max_distance"), [(8, 3), (4, 2), (5, 3), (3, 7), (4, 7)])
 def test_a_call_verifies_exactly_the_incidents_of_the_probed_band_values(
     redis_client: redis.Redis, bands: int, max_distance: int
@@ -184,6 +236,34 @@ def test_repeated_add_changes_nothing_and_other_fingerprint_is_refused(redis_cli
     after = {text(k): redis_client.dump(k) for k in redis_client.keys("{incidents}:*")}
     assert before == after
     assert index.get("a") == fingerprint({"x": 1})
+
+
+def test_upsert_and_delete_replace_a_stored_value_that_is_not_a_fingerprint(redis_client: redis.Redis) -> None:
+    # values of {N}:fp mangled by hand: before, reading them as fingerprints raised ValueError and nothing was done
+    index = FingerprintIndex(redis_client)
+    fp = 0x0123456789ABCDEF
+    index.add_fingerprint("twin-1", fp)
+    index.add_fingerprint("twin-2", fp)
+    index.add_fingerprint("upper", fp ^ 0x0F00)
+    redis_client.hset(index.keys.fingerprints, "upper", format_fingerprint(fp ^ 0x0F00).upper())
+    redis_client.hset(index.keys.fingerprints, mapping={"junk": "not-a-fingerprint", "junk16": "z" * 16})
+    with pytest.raises(DuplicateIncidentError, match=r"'junk'.*not a fingerprint.*upsert"):
+        index.add_fingerprint("junk", fp)
+    assert index.upsert_fingerprint("junk", fp) == [("twin-1", 0), ("twin-2", 0), ("upper", 4)]
+    assert index.upsert_fingerprint("upper", fp ^ 1) == [("junk", 1), ("twin-1", 1), ("twin-2", 1)]
+    assert index.delete("junk16") is True
+    assert {i: index.get(i) for i in ("junk", "junk16", "upper")} == {"junk": fp, "junk16": None, "upper": fp ^ 1}
+    assert_postings_match(redis_client, "incidents", 4)
+
+
+def test_postings_of_a_fingerprint_whose_holder_was_mangled_are_read_without_raising(redis_client: redis.Redis) -> None:
+    # before, twin_group and postings (incident-worker inspect) raised ValueError on the holder's stored value
+    index = FingerprintIndex(redis_client)
+    fp = 0x0123456789ABCDEF
+    index.add_fingerprint("holder", fp)
+    redis_client.hset(index.keys.fingerprints, "holder", "not-a-fingerprint")
+    assert index.twin_group(fp) == (0, None)
+    assert [(p.size, p.member) for p in index.postings("other", fp)] == [(1, False)] * 4
 
 
 def test_upsert_never_matches_its_old_self(redis_client: redis.Redis) -> None:

@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from tests.conftest import fast_settings
+from tests.oracle import assert_postings_match
 from tests.streams import (
     ALERTS,
     DEAD,
@@ -225,6 +226,39 @@ def test_changes_of_one_incident_in_one_batch_apply_in_order(redis_client: redis
     assert redis_client.hget(FP, "a") == format_fingerprint(fingerprint(DOCK)).encode()
     assert dead_letters(redis_client) == [] and alerts(redis_client) == []
     assert pending_count(redis_client) == 0
+
+
+def test_a_stored_value_that_is_not_a_fingerprint_stops_neither_the_worker_nor_other_entries(
+    redis_client: redis.Redis,
+) -> None:
+    # {N}:fp values mangled by hand (verify reports them as bad values): the entries about those incidents are
+    # handled like any other, and the worker goes on; before, reading them as fingerprints raised out of run()
+    dock = format_fingerprint(fingerprint(DOCK))
+    publish(redis_client, [{"incident_id": "47", "features": DOCK}])
+    run_worker(redis_client)
+    redis_client.hset(FP, mapping={"m1": "not-a-fingerprint", "m2": dock.upper(), "m3": "z" * 16})
+    publish(
+        redis_client,
+        [
+            {"incident_id": "m1", "features": DOCK},  # an add over the mangled value: a duplicate_id dead letter
+            {"incident_id": "m1", "features": DOCK, "op": "upsert"},  # an upsert replaces it
+            {"incident_id": "m2", "op": "delete"},
+            {"incident_id": "m3", "features": ROAD, "op": "upsert"},
+            {"incident_id": "after", "features": ROAD},
+        ],
+    )
+    run_worker(redis_client)
+    [letter] = dead_letters(redis_client)
+    assert letter.reason == "duplicate_id" and "not-a-fingerprint" in letter.detail and "upsert" in letter.detail
+    assert [(a.incident_id, [(m.incident_id, m.distance) for m in a.matches]) for a in alerts(redis_client)] == [
+        ("m1", [("47", 0)]),
+        ("after", [("m3", 0)]),
+    ]
+    stored = {k.decode(): v.decode() for k, v in redis_client.hgetall(FP).items()}
+    road = format_fingerprint(fingerprint(ROAD))
+    assert stored == {"47": dock, "m1": dock, "m3": road, "after": road}
+    assert pending_count(redis_client) == 0
+    assert_postings_match(redis_client, "incidents", 4)
 
 
 def test_segments_cut_where_an_incident_changes_twice() -> None:
@@ -669,6 +703,16 @@ def _as_read(fields: dict[str, Any]) -> dict[bytes, bytes]:
         else v
         for k, v in fields.items()
     }
+
+
+@pytest.mark.parametrize("digits", [17, 4300, 4301, 20_000])
+def test_a_weight_with_too_many_digits_is_a_bad_weight_not_bad_json(digits: int) -> None:
+    # before, a weight past Python's int-from-text limit (4,300 digits) was bad_json, "use sys.set_int_max_str_digits()"
+    entry = {"incident_id": "x", "features": '{"dock": ' + "9" * digits + "}"}
+    with pytest.raises(ValidationError) as caught:
+        IncidentEvent.from_fields(entry, EventLimits(max_entry_bytes=1 << 20))
+    reason, detail = event_error(caught.value)
+    assert reason == "bad_weight" and "2**53 - 1" in detail and "sys." not in detail
 
 
 def test_an_event_as_read_validates_like_pydantic_on_the_hostile_corpus() -> None:

@@ -63,10 +63,14 @@ class FingerprintIndexError(Exception):
 class DuplicateIncidentError(FingerprintIndexError):
     """`add` of an incident ID that is already indexed with another fingerprint."""
 
-    def __init__(self, incident_id: str, stored: int, new: int) -> None:
+    def __init__(self, incident_id: str, stored: int | str, new: int) -> None:
+        if isinstance(stored, str):  # {N}:fp holds something else for it, mangled by hand (verify reports it)
+            held = f"a value that is not a fingerprint ({stored[:40]!r}: not 16 lowercase hex digits)"
+        else:
+            held = f"fingerprint {stored:016x}"
         super().__init__(
-            f"incident {incident_id!r} is already indexed with fingerprint {stored:016x}, "
-            f"not {new:016x}; use upsert to replace it, or another ID"
+            f"incident {incident_id!r} is already indexed with {held}, not {new:016x}; "
+            "use upsert to replace it, or another ID"
         )
         self.incident_id = incident_id
         self.stored = stored

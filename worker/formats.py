@@ -26,7 +26,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from .errors import InvalidFeaturesError
-from .fingerprint import fingerprint, format_fingerprint, parse_fingerprint
+from .fingerprint import MAX_WEIGHT, fingerprint, format_fingerprint, parse_fingerprint
 from .replies import text as _text
 from .text import features_from_text
 
@@ -178,7 +178,9 @@ class IncidentEvent(BaseModel):
     def _parse_features(cls, value: Any) -> Any:
         if isinstance(value, str):
             try:
-                value = json.loads(value)
+                value = json.loads(value, parse_int=_json_int)
+            except PydanticCustomError:
+                raise
             except ValueError as error:
                 raise _error("bad_json", f"features is not valid JSON: {error}") from None
             except RecursionError:
@@ -306,6 +308,19 @@ class IncidentEvent(BaseModel):
         if self.op != "add":
             fields["op"] = self.op
         return fields
+
+
+def _json_int(digits: str) -> int:
+    """An integer of a features JSON; one too long for Python to read (over 4,300 digits) is a weight out of range,
+    not bad JSON."""
+    try:
+        return int(digits)
+    except ValueError:
+        raise _error(
+            "bad_weight",
+            f"a weight of {len(digits.lstrip('-'))} digits is out of range; weights must be integers from 1 to "
+            f"2**53 - 1 ({MAX_WEIGHT})",
+        ) from None
 
 
 def _byte_size(value: Any) -> int:

@@ -31,7 +31,7 @@ from .errors import (
 from .fingerprint import fingerprint, format_fingerprint, parse_fingerprint
 from .formats import incident_id_problem
 from .keys import DEFAULT_NAMESPACE, IndexKeys
-from .library import ApplyResult, SnapshotClaim, StreamTarget, parse_apply
+from .library import ApplyResult, SnapshotClaim, StreamTarget, parse_apply, stored_value
 from .replies import pairs, text
 from .text import TOKENIZER_VERSION
 from .transport import Command, Transport, execute, open_transport
@@ -55,6 +55,8 @@ FORMAT_VERSION = 2
 1: every incident in the posting sets of its bands. 2: one incident per distinct fingerprint in the posting sets,
 its exact twins in a `{N}:twins:<fingerprint>` group, so that a storm of duplicates costs no more per event.
 """
+
+_HEX = frozenset("0123456789abcdefABCDEF")
 
 STALE_RETRIES = 32
 """Upsert and delete retry when another client changed the incident between their read and their write."""
@@ -417,7 +419,7 @@ class FingerprintIndex:
         incident_id: str,
         fp: int | None,
         *,
-        expected: int | Literal["*"] | None = ANY,
+        expected: int | str | None = ANY,
         stream: StreamTarget | None = None,
         entry_id: str = "",
         max_matches: int = 0,
@@ -427,7 +429,8 @@ class FingerprintIndex:
     ) -> tuple[list[str], list[Any]]:
         """Keys and arguments of one apply call (see index.lua): for a pipeline, or for `_fcall`.
 
-        `expected` is the fingerprint the caller believes is stored (None: not indexed; ANY, "*": don't check).
+        `expected` is the fingerprint the caller believes is stored (None: not indexed; ANY, "*": don't check; any
+        other text: the stored value as it is when that is not a fingerprint, see `library.stored_value`).
         `max_matches` caps the matches listed (0: all); `match_count` always counts them all.
         With `snapshot`, the call validates what a search of a copy of the index found instead of searching the
         postings (no probe keys are sent; see worker/readpath.py).
@@ -439,19 +442,31 @@ class FingerprintIndex:
             own = self.posting_keys(fp)
         elif fp is not None:
             own, probed, others = self.probe_keys(fp)
+        replaced: int | None = None  # the fingerprint whose postings and group the call takes the incident out of
+        mangled = isinstance(expected, str) and expected != ANY
         if isinstance(expected, int):
-            old = [] if op == "add" else self.posting_keys(expected)
-            expected_hex = format_fingerprint(expected)
+            replaced, expected_hex = expected, format_fingerprint(expected)
+        elif isinstance(expected, str) and mangled:
+            # named as stored, for the call compares it byte for byte; hex digits in upper case still name the
+            # postings and group of their value (the server's search reads them as that fingerprint), other text none
+            expected_hex = expected
+            replaced = int(expected, 16) if len(expected) == 16 and all(c in _HEX for c in expected) else None
         else:
-            old, expected_hex = [], "-" if expected is None else ANY
-        new_hex = expected_hex if fp is None else format_fingerprint(fp)
-        new_group = self.keys.twins(new_hex)
+            expected_hex = "-" if expected is None else ANY
+        old = [] if op == "add" or replaced is None else self.posting_keys(replaced)
+        if replaced is not None:
+            old_group = self.keys.twins(format_fingerprint(replaced))
+        elif fp is not None and not mangled:
+            old_group = self.keys.twins(format_fingerprint(fp))  # nothing replaced: the same key as the new group
+        else:
+            old_group = self.keys.twins("-")  # names no group
+        new_group = self.keys.twins(format_fingerprint(fp)) if fp is not None else old_group
         target = self.building  # a migration under way: the change goes into its layout too
         target_new: list[str] = []
         target_old: list[str] = []
         if target is not None:
             target_new = target.posting_keys(fp) if fp is not None else []
-            target_old = target.posting_keys(expected) if isinstance(expected, int) and old else []
+            target_old = target.posting_keys(replaced) if replaced is not None and old else []
         return library.apply_call(
             meta=self.keys.meta,
             fingerprints=self.keys.fingerprints,
@@ -459,7 +474,7 @@ class FingerprintIndex:
             events=stream.events_stream if stream else self.keys.events_stream,
             alerts=stream.alerts_stream if stream else self.keys.alerts_stream,
             new_group=new_group,
-            old_group=self.keys.twins(expected_hex) if len(expected_hex) == 16 else new_group,
+            old_group=old_group,
             expiry=self.keys.expiry,
             new_keys=own,
             old_keys=old,
@@ -467,7 +482,7 @@ class FingerprintIndex:
             probed=probed,
             op=op,
             incident_id=incident_id,
-            fingerprint="" if fp is None else new_hex,
+            fingerprint="" if fp is None else format_fingerprint(fp),
             expected=expected_hex,
             layout_tag=self.layout_tag,
             max_distance=self.layout.max_distance,
@@ -506,6 +521,14 @@ class FingerprintIndex:
             return {}
         stored = self.redis.hmget(self.keys.fingerprints, list(incident_ids))
         return {i: None if v is None else parse_fingerprint(v) for i, v in zip(incident_ids, stored, strict=True)}
+
+    def stored_values(self, incident_ids: Sequence[str]) -> dict[str, int | str | None]:
+        """What `{N}:fp` holds for each ID, as an upsert or delete of it names what it replaces: the fingerprint,
+        None when not indexed, or the text itself when that is not a fingerprint (`library.stored_value`)."""
+        if not incident_ids:
+            return {}
+        stored = self.redis.hmget(self.keys.fingerprints, list(incident_ids))
+        return {i: stored_value(v) for i, v in zip(incident_ids, stored, strict=True)}
 
     def bulk_load(self, items: Iterable[tuple[str, int]], *, chunk: int = 5000) -> int:
         """Index many (incident ID, fingerprint) pairs without looking for matches; returns how many.
@@ -616,7 +639,9 @@ class FingerprintIndex:
 
     def _retrying(self, op: str, incident_id: str, fp: int | None, max_matches: int = 0) -> ApplyResult:
         result = retry_while_stale(
-            lambda: self._apply(op, incident_id, fp, expected=self.get(incident_id), max_matches=max_matches),
+            lambda: self._apply(
+                op, incident_id, fp, expected=self.stored_values([incident_id])[incident_id], max_matches=max_matches
+            ),
             lambda r: r.status,
         )
         if result is None:
@@ -685,7 +710,7 @@ class FingerprintIndex:
         pipe.sinter(keys)
         size, holders = pipe.execute()
         holders = sorted(text(h) for h in holders)
-        stored = self.fingerprints_of(holders)
+        stored = self.stored_values(holders)  # a value mangled by hand holds no fingerprint (and must not raise)
         representative = next((h for h in holders if stored[h] == fp), None)
         if not size:
             size = 0 if representative is None else 1

@@ -24,7 +24,6 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from .connection import RedisClient
-from .fingerprint import parse_fingerprint
 from .replies import pairs, text
 from .transport import Command
 
@@ -68,6 +67,7 @@ __all__ = [
     "load",
     "missing_message",
     "parse_apply",
+    "stored_value",
 ]
 
 _SOURCE_NAME = "incident_index_v2"
@@ -217,7 +217,23 @@ class ApplyResult:
     candidates: int = 0
     alert_id: str | None = None
     matches: list[tuple[str, int]] = field(default_factory=list)
-    stored: int | None = None  # for a duplicate: the fingerprint already indexed
+    stored: int | str | None = None
+    """For a duplicate: the fingerprint already indexed, or the stored text when it is not one (`stored_value`)."""
+
+
+def stored_value(value: Any) -> int | str | None:
+    """A value of `{N}:fp` (bytes or str; None: no field) as a fingerprint, or as the text itself when it is not 16
+    lowercase hex digits: a value mangled by hand (`incident-worker verify` reports it), which a call that replaces
+    or removes it must name exactly as stored, and which must not stop a worker."""
+    if value is None:
+        return None
+    stored = text(value)
+    if len(stored) == 16 and all(c in _LOWER_HEX for c in stored):
+        return int(stored, 16)
+    return stored
+
+
+_LOWER_HEX = frozenset("0123456789abcdef")
 
 
 def parse_apply(reply: Sequence[Any]) -> ApplyResult:
@@ -225,7 +241,7 @@ def parse_apply(reply: Sequence[Any]) -> ApplyResult:
     status = text(reply[0])
     extra = text(reply[3])
     if status == "duplicate":
-        return ApplyResult(status, stored=parse_fingerprint(extra))
+        return ApplyResult(status, stored=stored_value(extra))
     return ApplyResult(
         status,
         match_count=int(reply[1]),

@@ -616,7 +616,7 @@ class StreamWorker:
     def _send(self, items: list[_Item]) -> list[Any]:
         """Run one call per item (upserts and deletes with what they replace, read first); returns the replies."""
         changing = [item.event.incident_id for item in items if item.event and item.event.op != "add"]
-        expected = self.index.fingerprints_of(changing)
+        expected = self.index.stored_values(changing)
         if self.snapshot is not None and self.snapshot.layout != self.index.layout:
             self.snapshot.relayout(self.index.layout)  # a migration switched the layout (the max distance, say)
         if self.snapshot is None:
@@ -758,7 +758,9 @@ class StreamWorker:
         if items:
             self.log.warning("stopping while redis is out of memory; the entries stay pending", entries=len(items))
 
-    def _command(self, item: _Item, expected: Mapping[str, int | None], claim: SnapshotClaim | None = None) -> Command:
+    def _command(
+        self, item: _Item, expected: Mapping[str, int | str | None], claim: SnapshotClaim | None = None
+    ) -> Command:
         """The call of one item: its dead letter, or its apply call (validating `claim` on the snapshot path)."""
         if item.dead is not None:
             return self._dead_command(item, *item.dead)
@@ -875,7 +877,7 @@ class StreamWorker:
         assert event is not None
 
         def attempt() -> Any:
-            expected = self.index.fingerprints_of([event.incident_id])
+            expected = self.index.stored_values([event.incident_id])
             [reply] = self.index.execute([self._command(item, expected)])
             if isinstance(reply, Exception):
                 raise reply

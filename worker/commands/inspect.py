@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import string
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +84,14 @@ def _hex(posting: Posting) -> str:
 def inspect_incident(client: RedisClient, settings: Settings, incident_id: str) -> Inspection:
     """Read what the index holds for the incident; CommandError when it is not indexed."""
     index, _ = stored_index(client, settings)
-    fp = index.get(incident_id) if index is not None else None
+    stored = index.stored_values([incident_id])[incident_id] if index is not None else None
+    if isinstance(stored, str) and not (len(stored) == 16 and all(c in string.hexdigits for c in stored)):
+        raise CommandError(
+            f"incident {shown(incident_id)!r} is stored in {settings.keys.fingerprints} as {shown(stored[:40])!r}, "
+            "which is not a fingerprint (16 hex digits); `incident-worker verify --repair` removes it, then send "
+            "its event again"
+        )
+    fp = int(stored, 16) if isinstance(stored, str) else stored  # hex digits in upper case: the same number
     if index is None or fp is None:
         raise CommandError(
             f"incident {shown(incident_id)!r} is not indexed in namespace {settings.namespace!r} "

@@ -280,15 +280,17 @@ local function unindex(id, group, postings)
     for i = 1, #postings do redis.call('SREM', postings[i], id) end
     return
   end
-  redis.call('ZREM', group, id)
-  if redis.call('SISMEMBER', postings[1], id) == 1 then
+  local removed = redis.call('ZREM', group, id)
+  if #postings > 0 and redis.call('SISMEMBER', postings[1], id) == 1 then
     local heir = redis.call('ZRANGE', group, 0, 0)[1]
     for i = 1, #postings do
       redis.call('SREM', postings[i], id)
       if heir then redis.call('SADD', postings[i], heir) end
     end
   end
-  if size <= 2 then redis.call('DEL', group) end
+  -- (only a group `id` was in is left with one member: an ID stored with its fingerprint mangled by hand, in
+  -- upper case, is no member of the group of its value, which keeps its two)
+  if removed == 1 and size <= 2 then redis.call('DEL', group) end
 end
 
 -- Index `id` under its fingerprint: a fingerprint not indexed yet gets `id` as its representative in the
