@@ -174,7 +174,11 @@ def _for(seconds: float, step: Callable[[], None], pause: float) -> None:
 
 
 def test_connection_kill_storm_makes_no_poison(fresh: RedisServer, tmp_path: Path) -> None:
-    """CLIENT KILL of every worker connection every 5 ms for 3 s: many reconnects, each re-reading own entries."""
+    """CLIENT KILL of every worker connection every 5 ms for 3 s: many reconnects, each re-reading own entries.
+
+    The storm is shorter than claim_idle_ms (5 s here), the bound the contract gives: a worker cut off for longer loses
+    its entries to a peer, and each takeover counts a delivery (README, "What it does not promise"). With the suite's
+    usual 1 s, a loaded machine let claims through the storm: entries taken over back and forth turned to poison."""
     admin = fresh.client()
     killed: list[int] = []
 
@@ -185,7 +189,7 @@ def test_connection_kill_storm_makes_no_poison(fresh: RedisServer, tmp_path: Pat
 
         _for(3.0, kill, 0.005)
 
-    _, logs = scenario(fresh, tmp_path, storm, seed=11)
+    _, logs = scenario(fresh, tmp_path, storm, seed=11, claim_idle_ms=5000)
     assert sum(killed) > 20, f"only {sum(killed)} connections killed"
     assert "redis unavailable; retrying" in "".join(log.read_text() for log in logs)
 
