@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import fakeredis
@@ -76,6 +77,20 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def aof_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of this test's own that keeps an append-only file (fsync always), with the library loaded: for
+    tests that kill it (`kill`) and start it again (`start`) to see what a crash and restart do."""
+    require_redis_server()
+    server = RedisServer(tmp_path, appendonly=True)
+    server.start()
+    try:
+        library.load(server.client())
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import pytest
 import redis
 
 from tests.oracle import Oracle, assert_postings_match, clustered, flip
+from tests.redis_server import RedisServer
 from worker import library
 from worker.bands import BandLayout
 from worker.errors import CommandError, LayoutMismatchError
@@ -284,59 +285,50 @@ def test_every_call_of_a_batch_built_before_the_switch_is_sent_again(redis_clien
 
 
 @pytest.mark.parametrize("restart_when", ["building", "cleaning", "aborting"])
-def test_a_redis_restart_during_a_pass_does_not_skip_keys(tmp_path: Any, restart_when: str) -> None:
+def test_a_redis_restart_during_a_pass_does_not_skip_keys(aof_server: RedisServer, restart_when: str) -> None:
     """Redis seeds its hash function at random when it starts, so a SCAN or HSCAN cursor stored before a restart walks
     another order after it: the pass resumed from it must not skip incidents (they would be in no posting of the new
     layout, never found again) or old posting keys (left behind)."""
-    from tests.conftest import require_redis_server
-    from tests.redis_server import RedisServer
 
-    require_redis_server()
-    server = RedisServer(tmp_path, appendonly=True)
-    server.start()
-    try:
-        client = server.client()
-        library.load(client)
-        client.config_set("hash-max-listpack-entries", 16)
-        rng = random.Random(11)
-        _, oracle = _seed(client, rng, 1500)
-        keys = IndexKeys(NS)
-        migrator = Migrator(client, NS, batch=50)
-        index = FingerprintIndex.stored(client, NS)
-        assert index is not None
-        migrator._start(index, BandLayout(3, 7))
-        if restart_when != "building":
-            while (migration_status(client, keys) or Any).state == "building":
-                migrator.step()
-            if restart_when == "aborting":
-                client.fcall(library.FN_MIGRATE_ABORT, 2, keys.meta, keys.migration)
-            else:
-                migrator.step()  # the switch
-        for _ in range(8):
+    client = aof_server.client()
+    client.config_set("hash-max-listpack-entries", 16)
+    rng = random.Random(11)
+    _, oracle = _seed(client, rng, 1500)
+    keys = IndexKeys(NS)
+    migrator = Migrator(client, NS, batch=50)
+    index = FingerprintIndex.stored(client, NS)
+    assert index is not None
+    migrator._start(index, BandLayout(3, 7))
+    if restart_when != "building":
+        while (migration_status(client, keys) or Any).state == "building":
             migrator.step()
-        status = migration_status(client, keys)
-        assert status is not None and status.state == restart_when and status.fields["cursor"] != "0"
-        server.kill()
-        server.start()
-        client = server.client()
-        client.config_set("hash-max-listpack-entries", 16)
-        migrator = Migrator(client, NS, batch=50)
         if restart_when == "aborting":
-            assert migrator.abort().startswith("aborted")
-            assert_postings_match(client, NS, 4)
+            client.fcall(library.FN_MIGRATE_ABORT, 2, keys.meta, keys.migration)
         else:
-            assert migrator.migrate(3).startswith("moved from")
-            assert_postings_match(client, NS, 3, generation=1)
-        leftovers = [text(k) for k in client.scan_iter(match="{" + NS + "}:band:*", count=1000)]
-        prefix = "{" + NS + "}:band:" + ("g1:" if restart_when == "aborting" else "")
-        stale = [k for k in leftovers if k.startswith(prefix) and k[len(prefix)].isdigit()]
-        assert stale == [], f"{len(stale)} posting keys of the layout left behind"
-        stored = FingerprintIndex.stored(client, NS)
-        assert stored is not None
-        for fp in list(oracle.fps.values())[:100]:
-            assert stored.matches_of(fp) == oracle.matches(fp)
-    finally:
-        server.stop()
+            migrator.step()  # the switch
+    for _ in range(8):
+        migrator.step()
+    status = migration_status(client, keys)
+    assert status is not None and status.state == restart_when and status.fields["cursor"] != "0"
+    aof_server.kill()
+    aof_server.start()
+    client = aof_server.client()
+    client.config_set("hash-max-listpack-entries", 16)
+    migrator = Migrator(client, NS, batch=50)
+    if restart_when == "aborting":
+        assert migrator.abort().startswith("aborted")
+        assert_postings_match(client, NS, 4)
+    else:
+        assert migrator.migrate(3).startswith("moved from")
+        assert_postings_match(client, NS, 3, generation=1)
+    leftovers = [text(k) for k in client.scan_iter(match="{" + NS + "}:band:*", count=1000)]
+    prefix = "{" + NS + "}:band:" + ("g1:" if restart_when == "aborting" else "")
+    stale = [k for k in leftovers if k.startswith(prefix) and k[len(prefix)].isdigit()]
+    assert stale == [], f"{len(stale)} posting keys of the layout left behind"
+    stored = FingerprintIndex.stored(client, NS)
+    assert stored is not None
+    for fp in list(oracle.fps.values())[:100]:
+        assert stored.matches_of(fp) == oracle.matches(fp)
 
 
 def test_a_mangled_fingerprint_does_not_stop_the_move(redis_client: Any) -> None:

@@ -575,30 +575,23 @@ def test_expiry_waits_while_a_migration_builds_and_follows_its_switch(redis_clie
     assert redis_client.hlen(index.keys.fingerprints) == 0
 
 
-def test_a_backfill_resumed_after_a_redis_restart_misses_nothing(tmp_path: Path) -> None:
+def test_a_backfill_resumed_after_a_redis_restart_misses_nothing(aof_server: RedisServer) -> None:
     """The backfill's HSCAN cursor, stored in {N}:meta, is only good in the server process that gave it (Redis seeds
     its hash function at random at start): resumed after a restart it must not skip incidents, which would then never
     expire."""
-    server = RedisServer(tmp_path, appendonly=True)
-    server.start()
-    try:
-        client = server.client()
-        from worker import library
+    client = aof_server.client()
 
-        library.load(client)
-        index = _index(client)
-        index.bulk_load((f"i{n}", n * 7919) for n in range(3000))
-        retention.set_window(index, 60_000)
-        for _ in range(10):
-            assert retention.backfill_step(index, count=50)[0]
-        server.kill()
-        server.start()
-        client = server.client()
-        index = _index(client)
-        while retention.backfill_step(index, count=50)[0]:
-            pass
-        tracked = {text(m) for m in client.zrange(index.keys.expiry, 0, -1)}
-        assert len(tracked) == 3000, f"{3000 - len(tracked)} incidents never entered the retention bookkeeping"
-        _assert_consistent(client, index)
-    finally:
-        server.stop()
+    index = _index(client)
+    index.bulk_load((f"i{n}", n * 7919) for n in range(3000))
+    retention.set_window(index, 60_000)
+    for _ in range(10):
+        assert retention.backfill_step(index, count=50)[0]
+    aof_server.kill()
+    aof_server.start()
+    client = aof_server.client()
+    index = _index(client)
+    while retention.backfill_step(index, count=50)[0]:
+        pass
+    tracked = {text(m) for m in client.zrange(index.keys.expiry, 0, -1)}
+    assert len(tracked) == 3000, f"{3000 - len(tracked)} incidents never entered the retention bookkeeping"
+    _assert_consistent(client, index)

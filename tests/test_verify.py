@@ -520,32 +520,24 @@ def test_retention_turned_off_or_restarted_during_the_walk_is_no_finding(
     assert _verify(redis_client, repair=repair).counts == {}
 
 
-def test_a_redis_restart_during_the_walk_is_not_reported_clean(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_redis_restart_during_the_walk_is_not_reported_clean(
+    aof_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The walk's SCAN and HSCAN cursors are only good in one server process (Redis seeds its hash function at random
     when it starts): a walk that went on across a restart may have skipped keys, so it says so instead of 'clean'."""
-    from tests.conftest import require_redis_server
     from worker.errors import CommandError
 
-    require_redis_server()
-    server = RedisServer(tmp_path, appendonly=True)
-    server.start()
-    try:
-        client = server.client()
-        from worker import library
+    client = aof_server.client()
+    Built(client)
+    assert _verify(client).clean
+    walk = Verifier._walk_postings
 
-        library.load(client)
-        Built(client)
-        assert _verify(client).clean
-        walk = Verifier._walk_postings
+    def restarted_meanwhile(self: Verifier) -> None:
+        aof_server.kill()
+        aof_server.start()
+        self.client.connection_pool.disconnect()
+        walk(self)
 
-        def restarted_meanwhile(self: Verifier) -> None:
-            server.kill()
-            server.start()
-            self.client.connection_pool.disconnect()
-            walk(self)
-
-        monkeypatch.setattr(Verifier, "_walk_postings", restarted_meanwhile)
-        with pytest.raises(CommandError, match=r"restarted.*Run verify again"):
-            Verifier(client, NS).run()
-    finally:
-        server.stop()
+    monkeypatch.setattr(Verifier, "_walk_postings", restarted_meanwhile)
+    with pytest.raises(CommandError, match=r"restarted.*Run verify again"):
+        Verifier(client, NS).run()

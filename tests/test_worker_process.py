@@ -159,30 +159,24 @@ def test_three_workers_at_once(server: RedisServer, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_redis_restart_mid_run(tmp_path: Path) -> None:
-    server = RedisServer(tmp_path, appendonly=True)
-    server.start()
-    try:
-        client = server.client()
-        library.load(client)
-        events, bad = _workload(5000, seed=6, bad_every=101)
-        publish(client, events)
-        worker = start_worker(
-            server.url, "--until-idle", log=tmp_path / "w.log", batch_size=50, reconnect_max_backoff_s=1, **FAST
-        )
-        deadline = time.monotonic() + 30
-        while client.hlen(FP) < 1000 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        server.kill()  # a crash: only the AOF (fsync always) survives
-        time.sleep(1.5)
-        server.start()
-        client = server.client()
-        assert _wait(worker, 240) == 0
-        _check_run(client, events, bad)
-        log = (tmp_path / "w.log").read_text()
-        assert "redis unavailable; retrying" in log
-    finally:
-        server.stop()
+def test_redis_restart_mid_run(aof_server: RedisServer, tmp_path: Path) -> None:
+    client = aof_server.client()
+    events, bad = _workload(5000, seed=6, bad_every=101)
+    publish(client, events)
+    worker = start_worker(
+        aof_server.url, "--until-idle", log=tmp_path / "w.log", batch_size=50, reconnect_max_backoff_s=1, **FAST
+    )
+    deadline = time.monotonic() + 30
+    while client.hlen(FP) < 1000 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    aof_server.kill()  # a crash: only the AOF (fsync always) survives
+    time.sleep(1.5)
+    aof_server.start()
+    client = aof_server.client()
+    assert _wait(worker, 240) == 0
+    _check_run(client, events, bad)
+    log = (tmp_path / "w.log").read_text()
+    assert "redis unavailable; retrying" in log
 
 
 def test_password_never_reaches_the_logs(tmp_path: Path) -> None:
