@@ -391,6 +391,56 @@ def test_alerts_follow_prints_a_new_alert_and_exits_0_on_sigint(server: RedisSer
             reader.close()
 
 
+@pytest.mark.parametrize("persistent", [True, False], ids=["aof", "no-persistence"])
+@pytest.mark.parametrize("grouped", [False, True], ids=["since", "group"])
+def test_alerts_follow_resumes_after_a_redis_restart(tmp_path: Path, grouped: bool, persistent: bool) -> None:
+    """`--follow` keeps waiting until Ctrl-C: a Redis restart (with its AOF, or without any data, the group gone
+    with it) is waited out, and the follower prints the next alert once, without the one it printed before."""
+    from tests.conftest import require_redis_server
+
+    require_redis_server()
+    server = RedisServer(tmp_path, appendonly=persistent)
+    server.start()
+    follower: subprocess.Popen[bytes] | None = None
+    try:
+        with server.client() as connection:
+            add_alert(connection, "before", [("a", 1)])
+        group = ["--group", "pager", "--from-start"] if grouped else ["--since", "0"]
+        follower = subprocess.Popen(
+            [*worker_command(), "alerts", "--follow", "--json", *group],
+            env=clean_env(redis_url=server.url),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        reader = LineReader(follower)
+        assert json.loads(reader.next())["incident_id"] == "before"
+        if grouped:  # printed, then acknowledged: wait for the acknowledgement before the crash
+            with server.client() as connection:
+                deadline = time.monotonic() + 10
+                while connection.xpending(ALERTS, "pager")["pending"] and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        server.kill()
+        server.start()
+        with server.client() as connection:
+            added = add_alert(connection, "after", [("b", 2)])
+        line = json.loads(reader.next(timeout=30))
+        assert (line["incident_id"], line["entry_id"]) == ("after", added)
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(timeout=10) == 0
+        reader.close()
+        assert reader.lines.empty()  # nothing printed twice
+        assert follower.stderr is not None and b"Traceback" not in follower.stderr.read()
+    finally:
+        if follower is not None:
+            if follower.poll() is None:
+                follower.kill()
+                follower.wait()
+            for pipe in (follower.stdout, follower.stderr):
+                if pipe is not None:
+                    pipe.close()
+        server.stop()
+
+
 def test_alerts_group_gives_each_alert_once_across_invocations(server: RedisServer, client: redis.Redis) -> None:
     for n in range(3):
         add_alert(client, f"a{n}", [("x", 1)])
