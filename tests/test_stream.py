@@ -134,6 +134,35 @@ def test_bad_input_is_dead_lettered_and_good_entries_around_it_are_processed(
     assert pending_count(redis_client) == 0
 
 
+def test_replay_refuses_a_dead_letter_that_kept_only_prefixes_of_its_fields(redis_client: redis.Redis) -> None:
+    """A dead letter of an entry over max_entry_bytes keeps only the first bytes of each field: replaying those would
+    queue another event (a cut text indexes fine, under a wrong fingerprint). It is skipped, and kept; one whose
+    fields all fit the prefix is whole and replays."""
+    from worker.commands.dead import replay
+
+    cut = {"incident_id": "cut", "text": "disk full on db-07 " * 100}  # its text is cut to 1,024 bytes
+    whole = {"incident_id": "whole", "features": json.dumps(DOCK), "note": "n" * 600}  # every field under 1,024
+    [cut_entry, whole_entry] = publish(redis_client, [cut, whole])
+    run_worker(redis_client, max_entry_bytes=512)
+    letters = {letter.source_entry: entry_id for entry_id, letter in dead_letters_with_ids(redis_client)}
+    assert set(letters) == {cut_entry, whole_entry}
+    events_before = redis_client.xlen(EVENTS)
+    report = replay(redis_client, settings(), ids=[], reason="too_large", dry_run=False)
+    assert [item["dead_entry"] for item in report.replayed] == [letters[whole_entry]]
+    assert [item["dead_entry"] for item in report.skipped] == [letters[cut_entry]]
+    assert "max_entry_bytes" in report.skipped[0]["why"]
+    assert redis_client.xlen(EVENTS) == events_before + 1
+    [(_, requeued)] = redis_client.xrevrange(EVENTS, count=1)
+    assert requeued == {name.encode(): value.encode() for name, value in whole.items()}
+    assert [e.decode() for e, _ in redis_client.xrange(DEAD)] == [letters[cut_entry]]  # kept, not lost
+    run_worker(redis_client)
+    assert redis_client.hexists(FP, "whole") and not redis_client.hexists(FP, "cut")
+
+
+def dead_letters_with_ids(client: Any) -> list[tuple[str, DeadLetter]]:
+    return [(entry_id.decode(), DeadLetter.from_fields(fields)) for entry_id, fields in client.xrange(DEAD)]
+
+
 def test_dead_letter_keeps_an_original_field_named_like_its_own(redis_client: redis.Redis) -> None:
     publish(redis_client, [{"incident_id": "x", "features": "{}", "reason": "mine", "original_note": "n"}])
     run_worker(redis_client)
