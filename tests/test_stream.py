@@ -163,6 +163,16 @@ def dead_letters_with_ids(client: Any) -> list[tuple[str, DeadLetter]]:
     return [(entry_id.decode(), DeadLetter.from_fields(fields)) for entry_id, fields in client.xrange(DEAD)]
 
 
+def test_metrics_gauges_say_where_things_stand_from_the_start(redis_client: redis.Redis) -> None:
+    """The gauges of /metrics (index size, group lag and pending) are right from the worker's first steps, not only
+    after its first summary interval: a restarted worker must not read as an empty index with no lag for 30 s."""
+    publish(redis_client, [{"incident_id": f"i{n}", "features": {f"t{n}": 2, "x": 1}} for n in range(3)])
+    run_worker(redis_client)
+    worker = run_worker(redis_client, consumer="w2", summary_interval_s=3600)
+    assert worker.metrics.index_size._value.get() == 3
+    assert worker.metrics.group_lag._value.get() == 0 and worker.metrics.group_pending._value.get() == 0
+
+
 def test_dead_letter_keeps_an_original_field_named_like_its_own(redis_client: redis.Redis) -> None:
     publish(redis_client, [{"incident_id": "x", "features": "{}", "reason": "mine", "original_note": "n"}])
     run_worker(redis_client)

@@ -152,7 +152,7 @@ class StreamWorker:
         self._heartbeat_key = settings.keys.heartbeat(settings.consumer)
         self._next_heartbeat = 0.0
         self._next_claim = 0.0
-        self._next_summary = time.monotonic() + settings.summary_interval_s
+        self._next_summary = 0.0  # at once: the gauges of /metrics (lag, pending, index size) say where things stand
         self._started = time.time()
         self.upkeep = Upkeep(self.index, settings, self.log, self.metrics)
         self.snapshot: SnapshotReader | None = None
