@@ -630,6 +630,9 @@ def test_commands_fail_with_exit_1_and_a_redacted_url_when_redis_is_down() -> No
         (["query", "--max-distance", "70", "--features", '{"a": 1}'], "Hamming distance"),
         (["publish", "/no/such/file.jsonl"], "cannot read /no/such/file.jsonl"),
         (["alerts", "--since", "yesterday"], "not a stream entry ID"),
+        (["alerts", "--since", "18446744073709551616"], "not a stream entry ID"),  # past Redis's 64-bit IDs
+        (["alerts", "--since", "1-18446744073709551616"], "not a stream entry ID"),
+        (["dead", "replay", "18446744073709551616-0"], "not a stream entry ID"),
         (["alerts", "--from-start"], "--from-start needs --group"),
         (["alerts", "--group", "g", "--since", "0"], "--since does not apply with --group"),
         (["dead", "replay"], "choose what to replay"),

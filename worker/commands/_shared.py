@@ -41,6 +41,7 @@ __all__ = [
     "count_arg",
     "describe",
     "distance_arg",
+    "entry_id_in_range",
     "error_text",
     "json_flag",
     "positive_arg",
@@ -235,6 +236,11 @@ def count_arg(value: str) -> int:
     if count < 0:
         raise argparse.ArgumentTypeError(f"{count} is negative; use 0 or more")
     return count
+
+
+def entry_id_in_range(entry_id: str) -> bool:
+    """Whether each part of a stream entry ID of digits (`ms` or `ms-seq`) fits the 64 bits Redis gives it."""
+    return all(int(part) < 2**64 for part in entry_id.split("-"))
 
 
 def positive_arg(value: str) -> int:

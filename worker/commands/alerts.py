@@ -29,6 +29,7 @@ from ._shared import (
     command_client,
     count_arg,
     describe,
+    entry_id_in_range,
     error_text,
     json_flag,
     say,
@@ -188,7 +189,7 @@ def read_as_group(
 
 
 def _check_usage(args: argparse.Namespace) -> None:
-    if args.since is not None and not _SINCE.match(args.since):
+    if args.since is not None and not (_SINCE.match(args.since) and entry_id_in_range(args.since)):
         raise UsageError(
             f"--since {args.since!r} is not a stream entry ID like 1714564800123-0 (or a time in "
             "milliseconds like 1714564800123); use the entry_id of the last alert you saw"

@@ -29,6 +29,7 @@ from ._shared import (
     command_client,
     count_arg,
     describe,
+    entry_id_in_range,
     json_flag,
     say,
     with_settings,
@@ -305,7 +306,7 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
             "them), --reason R, or --all"
         )
     known_reason(args.replay_reason, "--reason")
-    bad = [entry_id for entry_id in args.ids if not _ENTRY_ID.match(entry_id)]
+    bad = [entry_id for entry_id in args.ids if not (_ENTRY_ID.match(entry_id) and entry_id_in_range(entry_id))]
     if bad:
         raise UsageError(
             f"{bad[0]!r} is not a stream entry ID like 1714564800123-0; copy the IDs from `incident-worker dead`"
