@@ -335,8 +335,15 @@ def test_stuck_entries_of_a_silent_consumer_are_claimed(redis_client: redis.Redi
 
 def test_poison_entries_are_dead_lettered_after_max_deliveries(redis_client: redis.Redis) -> None:
     publish(redis_client, [{"incident_id": "a", "features": DOCK}])
-    redis_client.set(FP, "not a hash")  # every apply now fails with WRONGTYPE: the entry can never be processed
-    run_worker(redis_client, max_deliveries=3)
+    worker = StreamWorker(redis_client, settings(max_deliveries=3))
+    checked = worker.preflight
+
+    def then_break() -> None:  # (a worker refuses to start on such a key: it is broken once the worker runs)
+        checked()
+        redis_client.set(FP, "not a hash")  # every apply now fails with WRONGTYPE: the entry can never be processed
+
+    worker.preflight = then_break  # type: ignore[method-assign]
+    worker.run(until_idle=True)
     [letter] = dead_letters(redis_client)
     assert letter.reason == "poison" and letter.deliveries == 4 and "max_deliveries=3" in letter.detail
     assert pending_count(redis_client) == 0
