@@ -261,7 +261,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 """,
         exits="""
   0  printed (also after Ctrl-C or SIGTERM while following)
-  1  Redis failed
+  1  Redis failed (while following, a lost Redis is waited for: only a refused login or command ends it)
   2  bad usage: --since not an entry ID, --since with --group, --from-start without --group
 """,
     )
