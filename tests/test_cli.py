@@ -598,6 +598,21 @@ def test_plain_check_finds_a_named_worker_of_this_host_and_names_those_elsewhere
         assert stop(worker) == 0
 
 
+def test_run_says_so_when_the_metrics_port_is_taken(server: RedisServer) -> None:
+    """A port already in use (another worker on the host, a leftover) is a configuration error for people: one line
+    naming the address and the setting, exit 2, not a traceback."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = cli(server, "run", "--until-idle", metrics_port=port, log_format="json", **FAST)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"127.0.0.1:{port}" in done.stderr and "METRICS_PORT" in done.stderr
+
+
 def test_check_fails_fast_with_one_line_when_redis_is_down() -> None:
     url = f"redis://:hunter2-secret@127.0.0.1:{free_port()}/0"
     started = time.monotonic()
