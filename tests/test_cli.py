@@ -598,6 +598,19 @@ def test_plain_check_finds_a_named_worker_of_this_host_and_names_those_elsewhere
         assert stop(worker) == 0
 
 
+@pytest.mark.parametrize("args", [["migrate", "--bands", "3"], ["migrate", "--abort"]])
+def test_commands_that_call_the_functions_say_what_to_run_when_they_are_missing(
+    server: RedisServer, client: redis.Redis, args: list[str]
+) -> None:
+    """After an upgrade, before `load-functions` ran: the message names the library and what to run, as the
+    worker's does, rather than Redis's bare 'Function not found'."""
+    FingerprintIndex(client).add("47", DOCK)  # an index to move
+    client.function_flush()
+    done = cli(server, *args)
+    assert done.returncode == 1, done.stderr
+    assert "load-functions" in done.stderr and "Function not found" not in done.stderr, done.stderr
+
+
 def test_run_says_so_when_the_metrics_port_is_taken(server: RedisServer) -> None:
     """A port already in use (another worker on the host, a leftover) is a configuration error for people: one line
     naming the address and the setting, exit 2, not a traceback."""

@@ -300,6 +300,11 @@ def with_settings(command: str) -> Callable[[Callable[[argparse.Namespace, Setti
                 say(command, refused_permission(settings, error))
                 return EXIT_FAILURE
             except redis.RedisError as error:
+                from ..library import is_missing_function, missing_message  # only now: `check` stays light
+
+                if isinstance(error, redis.ResponseError) and is_missing_function(error):
+                    say(command, missing_message())  # (an upgrade before load-functions ran): what to run
+                    return EXIT_FAILURE
                 say(command, f"Redis at {url} refused a command: {error_text(error)}")
                 return EXIT_FAILURE
             except BrokenPipeError:
