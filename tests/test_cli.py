@@ -403,6 +403,56 @@ def test_alerts_follow_prints_a_new_alert_and_exits_0_on_sigint(server: RedisSer
             reader.close()
 
 
+@pytest.mark.parametrize("persistent", [True, False], ids=["aof", "no-persistence"])
+@pytest.mark.parametrize("grouped", [False, True], ids=["since", "group"])
+def test_alerts_follow_resumes_after_a_redis_restart(tmp_path: Path, grouped: bool, persistent: bool) -> None:
+    """`--follow` keeps waiting until Ctrl-C: a Redis restart (with its AOF, or without any data, the group gone
+    with it) is waited out, and the follower prints the next alert once, without the one it printed before."""
+    from tests.conftest import require_redis_server
+
+    require_redis_server()
+    server = RedisServer(tmp_path, appendonly=persistent)
+    server.start()
+    follower: subprocess.Popen[bytes] | None = None
+    try:
+        with server.client() as connection:
+            add_alert(connection, "before", [("a", 1)])
+        group = ["--group", "pager", "--from-start"] if grouped else ["--since", "0"]
+        follower = subprocess.Popen(
+            [*worker_command(), "alerts", "--follow", "--json", *group],
+            env=clean_env(redis_url=server.url),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        reader = LineReader(follower)
+        assert json.loads(reader.next())["incident_id"] == "before"
+        if grouped:  # printed, then acknowledged: wait for the acknowledgement before the crash
+            with server.client() as connection:
+                deadline = time.monotonic() + 10
+                while connection.xpending(ALERTS, "pager")["pending"] and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        server.kill()
+        server.start()
+        with server.client() as connection:
+            added = add_alert(connection, "after", [("b", 2)])
+        line = json.loads(reader.next(timeout=30))
+        assert (line["incident_id"], line["entry_id"]) == ("after", added)
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(timeout=10) == 0
+        reader.close()
+        assert reader.lines.empty()  # nothing printed twice
+        assert follower.stderr is not None and b"Traceback" not in follower.stderr.read()
+    finally:
+        if follower is not None:
+            if follower.poll() is None:
+                follower.kill()
+                follower.wait()
+            for pipe in (follower.stdout, follower.stderr):
+                if pipe is not None:
+                    pipe.close()
+        server.stop()
+
+
 def test_alerts_group_gives_each_alert_once_across_invocations(server: RedisServer, client: redis.Redis) -> None:
     for n in range(3):
         add_alert(client, f"a{n}", [("x", 1)])
@@ -560,6 +610,34 @@ def test_plain_check_finds_a_named_worker_of_this_host_and_names_those_elsewhere
         assert stop(worker) == 0
 
 
+@pytest.mark.parametrize("args", [["migrate", "--bands", "3"], ["migrate", "--abort"]])
+def test_commands_that_call_the_functions_say_what_to_run_when_they_are_missing(
+    server: RedisServer, client: redis.Redis, args: list[str]
+) -> None:
+    """After an upgrade, before `load-functions` ran: the message names the library and what to run, as the
+    worker's does, rather than Redis's bare 'Function not found'."""
+    FingerprintIndex(client).add("47", DOCK)  # an index to move
+    client.function_flush()
+    done = cli(server, *args)
+    assert done.returncode == 1, done.stderr
+    assert "load-functions" in done.stderr and "Function not found" not in done.stderr, done.stderr
+
+
+def test_run_says_so_when_the_metrics_port_is_taken(server: RedisServer) -> None:
+    """A port already in use (another worker on the host, a leftover) is a configuration error for people: one line
+    naming the address and the setting, exit 2, not a traceback."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        done = cli(server, "run", "--until-idle", metrics_port=port, log_format="json", **FAST)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"127.0.0.1:{port}" in done.stderr and "METRICS_PORT" in done.stderr
+
+
 def test_check_fails_fast_with_one_line_when_redis_is_down() -> None:
     url = f"redis://:hunter2-secret@127.0.0.1:{free_port()}/0"
     started = time.monotonic()
@@ -592,6 +670,9 @@ def test_commands_fail_with_exit_1_and_a_redacted_url_when_redis_is_down() -> No
         (["query", "--max-distance", "70", "--features", '{"a": 1}'], "Hamming distance"),
         (["publish", "/no/such/file.jsonl"], "cannot read /no/such/file.jsonl"),
         (["alerts", "--since", "yesterday"], "not a stream entry ID"),
+        (["alerts", "--since", "18446744073709551616"], "not a stream entry ID"),  # past Redis's 64-bit IDs
+        (["alerts", "--since", "1-18446744073709551616"], "not a stream entry ID"),
+        (["dead", "replay", "18446744073709551616-0"], "not a stream entry ID"),
         (["alerts", "--from-start"], "--from-start needs --group"),
         (["alerts", "--group", "g", "--since", "0"], "--since does not apply with --group"),
         (["dead", "replay"], "choose what to replay"),

@@ -8,6 +8,7 @@ matches between a copy's search and its validation, a change log trimmed under a
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 import pytest
@@ -225,6 +226,22 @@ def test_a_stream_key_of_another_type_stops_the_worker_before_it_indexes(client:
     with pytest.raises(PreflightError, match=r"\{incidents\}:alerts holds another type than a stream"):
         worker(client, read_path=read_path).run(until_idle=True)
     assert client.hlen(FP) == 0
+
+
+@pytest.mark.parametrize(
+    ("key", "kind"), [("{incidents}:fp", "hash"), ("{incidents}:meta", "hash"), ("{incidents}:events", "stream")]
+)
+def test_an_index_key_of_another_type_stops_the_worker_and_names_it(client: redis.Redis, key: str, kind: str) -> None:
+    """Every call reads {N}:fp first: a string there failed each call whole, so every event of the stream went to the
+    dead letters as poison. {N}:meta or the events stream of another type ended the worker with a bare WRONGTYPE
+    (exit 1). Each now stops the worker at its start (exit 2), naming the key and the type it must be."""
+    publish(client, [{"incident_id": n, "features": DOCK} for n in ("a", "b")])
+    if key.endswith(":events"):
+        client.delete(key)
+    client.set(key, "not ours")
+    with pytest.raises(PreflightError, match=rf"{re.escape(key)} holds another type than a {kind}"):
+        worker(client, max_deliveries=1).run(until_idle=True)
+    assert client.xlen("{incidents}:dead") == 0
 
 
 def test_a_user_refused_a_command_the_functions_send_stops_the_worker_before_it_indexes(

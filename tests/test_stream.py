@@ -135,6 +135,45 @@ def test_bad_input_is_dead_lettered_and_good_entries_around_it_are_processed(
     assert pending_count(redis_client) == 0
 
 
+def test_replay_refuses_a_dead_letter_that_kept_only_prefixes_of_its_fields(redis_client: redis.Redis) -> None:
+    """A dead letter of an entry over max_entry_bytes keeps only the first bytes of each field: replaying those would
+    queue another event (a cut text indexes fine, under a wrong fingerprint). It is skipped, and kept; one whose
+    fields all fit the prefix is whole and replays."""
+    from worker.commands.dead import replay
+
+    cut = {"incident_id": "cut", "text": "disk full on db-07 " * 100}  # its text is cut to 1,024 bytes
+    whole = {"incident_id": "whole", "features": json.dumps(DOCK), "note": "n" * 600}  # every field under 1,024
+    [cut_entry, whole_entry] = publish(redis_client, [cut, whole])
+    run_worker(redis_client, max_entry_bytes=512)
+    letters = {letter.source_entry: entry_id for entry_id, letter in dead_letters_with_ids(redis_client)}
+    assert set(letters) == {cut_entry, whole_entry}
+    events_before = redis_client.xlen(EVENTS)
+    report = replay(redis_client, settings(), ids=[], reason="too_large", dry_run=False)
+    assert [item["dead_entry"] for item in report.replayed] == [letters[whole_entry]]
+    assert [item["dead_entry"] for item in report.skipped] == [letters[cut_entry]]
+    assert "max_entry_bytes" in report.skipped[0]["why"]
+    assert redis_client.xlen(EVENTS) == events_before + 1
+    [(_, requeued)] = redis_client.xrevrange(EVENTS, count=1)
+    assert requeued == {name.encode(): value.encode() for name, value in whole.items()}
+    assert [e.decode() for e, _ in redis_client.xrange(DEAD)] == [letters[cut_entry]]  # kept, not lost
+    run_worker(redis_client)
+    assert redis_client.hexists(FP, "whole") and not redis_client.hexists(FP, "cut")
+
+
+def dead_letters_with_ids(client: Any) -> list[tuple[str, DeadLetter]]:
+    return [(entry_id.decode(), DeadLetter.from_fields(fields)) for entry_id, fields in client.xrange(DEAD)]
+
+
+def test_metrics_gauges_say_where_things_stand_from_the_start(redis_client: redis.Redis) -> None:
+    """The gauges of /metrics (index size, group lag and pending) are right from the worker's first steps, not only
+    after its first summary interval: a restarted worker must not read as an empty index with no lag for 30 s."""
+    publish(redis_client, [{"incident_id": f"i{n}", "features": {f"t{n}": 2, "x": 1}} for n in range(3)])
+    run_worker(redis_client)
+    worker = run_worker(redis_client, consumer="w2", summary_interval_s=3600)
+    assert worker.metrics.index_size._value.get() == 3
+    assert worker.metrics.group_lag._value.get() == 0 and worker.metrics.group_pending._value.get() == 0
+
+
 def test_dead_letter_keeps_an_original_field_named_like_its_own(redis_client: redis.Redis) -> None:
     publish(redis_client, [{"incident_id": "x", "features": "{}", "reason": "mine", "original_note": "n"}])
     run_worker(redis_client)
@@ -330,8 +369,15 @@ def test_stuck_entries_of_a_silent_consumer_are_claimed(redis_client: redis.Redi
 
 def test_poison_entries_are_dead_lettered_after_max_deliveries(redis_client: redis.Redis) -> None:
     publish(redis_client, [{"incident_id": "a", "features": DOCK}])
-    redis_client.set(FP, "not a hash")  # every apply now fails with WRONGTYPE: the entry can never be processed
-    run_worker(redis_client, max_deliveries=3)
+    worker = StreamWorker(redis_client, settings(max_deliveries=3))
+    checked = worker.preflight
+
+    def then_break() -> None:  # (a worker refuses to start on such a key: it is broken once the worker runs)
+        checked()
+        redis_client.set(FP, "not a hash")  # every apply now fails with WRONGTYPE: the entry can never be processed
+
+    worker.preflight = then_break  # type: ignore[method-assign]
+    worker.run(until_idle=True)
     [letter] = dead_letters(redis_client)
     assert letter.reason == "poison" and letter.deliveries == 4 and "max_deliveries=3" in letter.detail
     assert pending_count(redis_client) == 0

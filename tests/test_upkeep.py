@@ -324,7 +324,28 @@ def test_a_worker_refused_memory_usage_keeps_the_length_caps_and_says_so_once(mo
     job.trim_memory()
     warned = [fields for level, event, fields in job.log.lines if "cannot measure" in event]
     assert len(warned) == 2 and {f["stream"] for f in warned} == {"{incidents}:alerts", "{incidents}:dead"}
-    assert all("+memory|usage" in f["hint"] for f in warned) and fake.xlen("{incidents}:alerts") == 1
+    # fakeredis has no MEMORY command at all: no user to grant it to (a refusal by ACL: tests/test_deploy.py)
+    assert all("no MEMORY USAGE command" in f["hint"] and "+memory" not in f["hint"] for f in warned)
+    assert {f["hint"].split(":")[1].split("=")[0].strip().split()[-1] for f in warned} == {
+        "alerts_max_memory",
+        "dead_max_memory",
+    }
+    assert fake.xlen("{incidents}:alerts") == 1
+
+
+def test_a_worker_user_refused_memory_usage_is_told_what_to_grant(
+    client: redis.Redis, redis_server: RedisServer
+) -> None:
+    client.acl_setuser("nomemory", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-memory"])
+    try:
+        with redis.Redis(port=redis_server.port, username="nomemory", password="pw") as user:
+            user.xadd("{incidents}:alerts", {"incident_id": "1"})
+            job = upkeep.Upkeep(FingerprintIndex(user), _settings(), _Log())
+            job.trim_memory()
+        warned = [fields for level, event, fields in job.log.lines if "cannot measure" in event]
+        assert len(warned) == 2 and all("+memory|usage" in f["hint"] for f in warned)
+    finally:
+        client.acl_deluser("nomemory")
 
 
 def test_retention_and_trimming_free_a_full_redis_by_themselves(

@@ -110,6 +110,17 @@ class WorkerStats:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
 
+def _key_of_another_type(error: ResponseError, key: str, kind: str) -> Exception:
+    """A WRONGTYPE reply about `key` as the PreflightError that stops the worker (exit 2) naming it; others as they
+    are."""
+    if not str(error).startswith("WRONGTYPE"):
+        return error
+    return PreflightError(
+        f"{key} holds another type than a {kind}, which the index keeps there: rename or delete it (or give the "
+        "worker another namespace or stream names), so the worker does not start"
+    )
+
+
 class StreamWorker:
     """Consumes `settings.events_stream` as `settings.consumer` of `settings.group` until `stop()` is called."""
 
@@ -152,7 +163,7 @@ class StreamWorker:
         self._heartbeat_key = settings.keys.heartbeat(settings.consumer)
         self._next_heartbeat = 0.0
         self._next_claim = 0.0
-        self._next_summary = time.monotonic() + settings.summary_interval_s
+        self._next_summary = 0.0  # at once: the gauges of /metrics (lag, pending, index size) say where things stand
         self._started = time.time()
         self.upkeep = Upkeep(self.index, settings, self.log, self.metrics)
         self.snapshot: SnapshotReader | None = None
@@ -299,8 +310,11 @@ class StreamWorker:
                 raise
         except ResponseError as error:
             if "BUSYGROUP" not in str(error):
-                raise
-        self.index.open()
+                raise _key_of_another_type(error, self.target.events_stream, "stream") from None
+        try:
+            self.index.open()
+        except ResponseError as error:
+            raise _key_of_another_type(error, self.index.keys.meta, "hash") from None
         self.preflight()
         if self.index.adopted:
             self.log.warning(

@@ -346,8 +346,13 @@ class Upkeep:
                     f"cannot measure the {kind} stream's memory; its {setting} budget is not enforced",
                     stream=stream,
                     error=str(error),
-                    hint="grant the worker's Redis user +memory|usage (deploy/redis/users.acl); its length cap "
-                    "still applies",
+                    hint=(
+                        f"this Redis has no MEMORY USAGE command (disabled or renamed): set {setting}=off to rely on "
+                        "the length cap alone, which still applies"
+                        if "unknown command" in str(error).lower()
+                        else "grant the worker's Redis user +memory|usage (deploy/redis/users.acl); its length cap "
+                        "still applies"
+                    ),
                 )
                 continue
             if removed:

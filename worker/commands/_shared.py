@@ -41,6 +41,7 @@ __all__ = [
     "count_arg",
     "describe",
     "distance_arg",
+    "entry_id_in_range",
     "error_text",
     "json_flag",
     "positive_arg",
@@ -237,6 +238,11 @@ def count_arg(value: str) -> int:
     return count
 
 
+def entry_id_in_range(entry_id: str) -> bool:
+    """Whether each part of a stream entry ID of digits (`ms` or `ms-seq`) fits the 64 bits Redis gives it."""
+    return all(int(part) < 2**64 for part in entry_id.split("-"))
+
+
 def positive_arg(value: str) -> int:
     count = count_arg(value)
     if count == 0:
@@ -294,6 +300,11 @@ def with_settings(command: str) -> Callable[[Callable[[argparse.Namespace, Setti
                 say(command, refused_permission(settings, error))
                 return EXIT_FAILURE
             except redis.RedisError as error:
+                from ..library import is_missing_function, missing_message  # only now: `check` stays light
+
+                if isinstance(error, redis.ResponseError) and is_missing_function(error):
+                    say(command, missing_message())  # (an upgrade before load-functions ran): what to run
+                    return EXIT_FAILURE
                 say(command, f"Redis at {url} refused a command: {error_text(error)}")
                 return EXIT_FAILURE
             except BrokenPipeError:

@@ -4,9 +4,11 @@ consumer group). The readers hand each entry to an `AlertPrinter`; `alert_line` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import signal
 import socket
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +29,8 @@ from ._shared import (
     command_client,
     count_arg,
     describe,
+    entry_id_in_range,
+    error_text,
     json_flag,
     say,
     with_settings,
@@ -36,6 +40,9 @@ __all__ = ["AlertPrinter", "alert_line", "configure"]
 
 FOLLOW_BLOCK_MS = 1000
 """One blocking read while following: below any socket timeout, and a Ctrl-C is handled at once anyway."""
+
+FOLLOW_RETRY_MAX_S = 2.0
+"""Longest pause between two attempts to reach a lost Redis while following."""
 
 _SINCE = re.compile(r"^\d+(-\d+)?$")
 
@@ -78,6 +85,29 @@ def _raise_interrupt(_signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+class _Outage:
+    """While following, a lost Redis (a restart, a failover, a dropped connection) is waited for with capped
+    backoff, as the worker does, instead of ending the command: `--follow` stops only on Ctrl-C or SIGTERM.
+    A refused password is no outage: it ends the command as any other error does."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.delay = 0.0
+
+    def wait(self, error: redis.RedisError) -> None:
+        if isinstance(error, redis.AuthenticationError | redis.exceptions.AuthorizationError):
+            raise error
+        if not self.delay:
+            say("alerts", f"lost Redis at {self.url} ({error_text(error)}); waiting for it, to resume where it stopped")
+        self.delay = min(FOLLOW_RETRY_MAX_S, max(0.1, self.delay * 2))
+        time.sleep(self.delay)
+
+    def over(self) -> None:
+        if self.delay:
+            say("alerts", f"Redis at {self.url} answers again; following")
+        self.delay = 0.0
+
+
 def read_backlog(client: RedisClient, stream: str, since: str | None, count: int | None, emit: AlertPrinter) -> str:
     """Emit the newest `count` alerts (default 10), or those after `since`; returns the ID to follow from."""
     if since is not None:
@@ -99,8 +129,12 @@ def read_backlog(client: RedisClient, stream: str, since: str | None, count: int
     return text(newest[0][0])
 
 
-def read_as_group(client: RedisClient, stream: str, args: argparse.Namespace, emit: AlertPrinter) -> None:
-    """Read as a consumer of a group of the alerts stream: own pending alerts first, then new ones; ack each batch."""
+def read_as_group(
+    client: RedisClient, stream: str, args: argparse.Namespace, emit: AlertPrinter, outage: _Outage
+) -> None:
+    """Read as a consumer of a group of the alerts stream: own pending alerts first, then new ones; ack each batch.
+    Following, a lost Redis is waited for, then this consumer's pending alerts are read again (printed, never
+    acknowledged); a group gone with Redis's data is created again at the stream's start (every alert since)."""
     group, consumer = args.subscriber_group, args.consumer_name
     try:
         client.xgroup_create(stream, group, id="0" if args.from_start else "$", mkstream=True)
@@ -114,7 +148,23 @@ def read_as_group(client: RedisClient, stream: str, args: argparse.Namespace, em
     while left is None or left > 0:
         block = FOLLOW_BLOCK_MS if args.follow and cursor == ">" else None
         size = 100 if left is None else min(100, left)
-        found = stream_entries(client.xreadgroup(group, consumer, {stream: cursor}, count=size, block=block))
+        try:
+            found = stream_entries(client.xreadgroup(group, consumer, {stream: cursor}, count=size, block=block))
+            outage.over()
+        except (redis.ConnectionError, redis.TimeoutError) as error:
+            if not args.follow:
+                raise
+            outage.wait(error)
+            cursor = "0"
+            continue
+        except redis.ResponseError as error:
+            if not args.follow or "NOGROUP" not in str(error):
+                raise
+            say("alerts", f"group {group!r} is gone (Redis restarted without its data?); created again at the start")
+            with contextlib.suppress(redis.ResponseError):  # BUSYGROUP: another reader of the group was first
+                client.xgroup_create(stream, group, id="0", mkstream=True)
+            cursor = "0"
+            continue
         if not found:
             if cursor != ">":
                 cursor = ">"
@@ -124,7 +174,14 @@ def read_as_group(client: RedisClient, stream: str, args: argparse.Namespace, em
             return
         for entry_id, fields in found:
             emit(entry_id, fields)
-        client.xack(stream, group, *[entry_id for entry_id, _ in found])
+        try:
+            client.xack(stream, group, *[entry_id for entry_id, _ in found])
+        except (redis.ConnectionError, redis.TimeoutError) as error:
+            if not args.follow:
+                raise
+            outage.wait(error)  # unacknowledged: printed again from the pending list, as after a crash
+            cursor = "0"
+            continue
         if cursor != ">":
             cursor = found[-1][0]
         if left is not None:
@@ -132,7 +189,7 @@ def read_as_group(client: RedisClient, stream: str, args: argparse.Namespace, em
 
 
 def _check_usage(args: argparse.Namespace) -> None:
-    if args.since is not None and not _SINCE.match(args.since):
+    if args.since is not None and not (_SINCE.match(args.since) and entry_id_in_range(args.since)):
         raise UsageError(
             f"--since {args.since!r} is not a stream entry ID like 1714564800123-0 (or a time in "
             "milliseconds like 1714564800123); use the entry_id of the last alert you saw"
@@ -157,10 +214,11 @@ def _alerts(args: argparse.Namespace, settings: Settings) -> int:
     _check_usage(args)
     client = command_client(settings, "alerts")
     emit = AlertPrinter(args.json)
+    outage = _Outage(settings.safe_redis_url)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         if args.subscriber_group is not None:
-            read_as_group(client, settings.alerts_stream, args, emit)
+            read_as_group(client, settings.alerts_stream, args, emit, outage)
             if not emit.printed and not args.json:
                 say("alerts", f"no new alerts for group {args.subscriber_group!r} in {settings.alerts_stream}")
             return EXIT_OK
@@ -170,7 +228,12 @@ def _alerts(args: argparse.Namespace, settings: Settings) -> int:
             after = f"after {args.since} " if args.since else ""
             say("alerts", f"no alerts {after}in {settings.alerts_stream}{waiting}")
         while args.follow:
-            reply = client.xread({settings.alerts_stream: last}, count=100, block=FOLLOW_BLOCK_MS)
+            try:
+                reply = client.xread({settings.alerts_stream: last}, count=100, block=FOLLOW_BLOCK_MS)
+                outage.over()
+            except (redis.ConnectionError, redis.TimeoutError) as error:
+                outage.wait(error)  # then on from the last alert printed: none twice, none skipped
+                continue
             for entry_id, fields in stream_entries(reply):
                 emit(entry_id, fields)
                 last = entry_id
@@ -185,7 +248,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     describe(
         parser,
         "Print near-duplicate alerts, one a line: the newest --count (default 10), or every alert "
-        "after --since ID. --follow keeps waiting for new ones until Ctrl-C or SIGTERM (exit 0). --group NAME reads "
+        "after --since ID. --follow keeps waiting for new ones until Ctrl-C or SIGTERM (exit 0), and waits out a lost "
+        "Redis (a restart, a failover), then resumes after the last alert printed. --group NAME reads "
         "as a consumer group of its own on the alerts stream (created at the stream's end, or at its start with "
         "--from-start), acknowledging each alert once printed: every subscriber group sees each alert, each "
         "alert is printed once per group, and an alert printed just before a crash is printed again on restart.",
@@ -197,7 +261,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 """,
         exits="""
   0  printed (also after Ctrl-C or SIGTERM while following)
-  1  Redis failed
+  1  Redis failed (while following, a lost Redis is waited for: only a refused login or command ends it)
   2  bad usage: --since not an entry ID, --since with --group, --from-start without --group
 """,
     )

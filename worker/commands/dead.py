@@ -29,6 +29,7 @@ from ._shared import (
     command_client,
     count_arg,
     describe,
+    entry_id_in_range,
     json_flag,
     say,
     with_settings,
@@ -171,8 +172,26 @@ def _choose(
             why = "no original fields to replay (the entry was deleted before it was processed)"
             skipped.append({"dead_entry": entry_id, "why": why})
             continue
+        if not _whole(letter, original):
+            why = (
+                "keeps only the first bytes of the entry's fields (it was over max_entry_bytes): replaying them would "
+                "queue another event; send the event again from its producer"
+            )
+            skipped.append({"dead_entry": entry_id, "why": why})
+            continue
         chosen.append((entry_id, letter, original))
     return chosen, skipped
+
+
+def _whole(letter: DeadLetter, original: dict[bytes, bytes]) -> bool:
+    """Whether a dead letter holds its entry whole: not one of an oversized entry with a field cut to its prefix or
+    fields past the first 1,000 dropped (`original_sizes` gives each kept field's full size)."""
+    if letter.original_fields_dropped:
+        return False
+    if letter.original_sizes is None:
+        return True
+    kept = [(len(name), len(value)) for name, value in original.items()]
+    return kept == [tuple(size) for size in letter.original_sizes]
 
 
 def _replay_transaction(
@@ -287,7 +306,7 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
             "them), --reason R, or --all"
         )
     known_reason(args.replay_reason, "--reason")
-    bad = [entry_id for entry_id in args.ids if not _ENTRY_ID.match(entry_id)]
+    bad = [entry_id for entry_id in args.ids if not (_ENTRY_ID.match(entry_id) and entry_id_in_range(entry_id))]
     if bad:
         raise UsageError(
             f"{bad[0]!r} is not a stream entry ID like 1714564800123-0; copy the IDs from `incident-worker dead`"
@@ -358,7 +377,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 """,
         exits="""
   0  every chosen dead letter was replayed (or would be, with --dry-run), or none matched
-  1  a given ID was not found or had nothing to replay, or Redis failed
+  1  a chosen dead letter was skipped (not found, nothing to replay, or only prefixes of an entry over
+     max_entry_bytes: send that event again), or Redis failed
   2  bad usage: nothing chosen, more than one way of choosing, an ID that is not an entry ID, an unknown --reason
 """,
     )

@@ -127,7 +127,16 @@ def run_demo(port: int = 0, keep: bool = False, out: Any = None) -> int:
     port = server.server_address[1]
     url = f"redis://127.0.0.1:{port}/0"
     configure_logging("console", "warning")
-    settings = Settings(redis_url=url, consumer="demo", block_ms=200, claim_interval_ms=1000, alert_text_chars=60)
+    settings = Settings(
+        redis_url=url,
+        consumer="demo",
+        block_ms=200,
+        claim_interval_ms=1000,
+        alert_text_chars=60,
+        # fakeredis has no MEMORY USAGE to measure the streams with; their length caps apply
+        alerts_max_memory="off",
+        dead_max_memory="off",
+    )
     client = redis.Redis(port=port)
     library.load(client)  # the deployment's administrator step (load-functions), done here for the demo
     worker = StreamWorker(client, settings)

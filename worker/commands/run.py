@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..settings import Settings
+from ..settings import ENV_PREFIX, Settings
 from ._shared import EXIT_OK, EXIT_USAGE, add_settings_flags, with_settings
 
 __all__ = ["configure", "install_stop_signals"]
@@ -72,7 +72,17 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     )
     worker = StreamWorker(connect(settings), settings, watchdog=Watchdog(probe, log))
     if settings.metrics_port:
-        worker.metrics.serve(settings.metrics_port, settings.metrics_address)
+        try:
+            worker.metrics.serve(settings.metrics_port, settings.metrics_address)
+        except OSError as error:  # in use, or an address this machine does not have
+            log.error(
+                "cannot serve /metrics; not starting",
+                address=f"{settings.metrics_address}:{settings.metrics_port}",
+                error=error.strerror or str(error),
+                hint=f"choose another {ENV_PREFIX}METRICS_PORT (--metrics-port), or an address of this machine for "
+                f"{ENV_PREFIX}METRICS_ADDRESS, or stop what listens there",
+            )
+            return EXIT_USAGE
         log.info(
             "metrics endpoint listening", address=settings.metrics_address, port=settings.metrics_port, path="/metrics"
         )

@@ -988,10 +988,11 @@ local function preflight(keys, args)
       end
     end
   end
-  -- The keys written after a call's first write (probed with commands a worker's user has: TYPE is not among them).
-  -- {N}:meta and {N}:fp are read before anything is written: of another type, every call fails whole, as poison.
+  -- The keys written after a call's first write (probed with commands a worker's user has: TYPE is not among them),
+  -- and {N}:fp: read before anything is written, so a call fails whole, but every call does, and each entry of the
+  -- stream would end as poison.
   local probes = {{'XLEN', keys[3], 'stream'}, {'XLEN', keys[5], 'stream'}, {'XLEN', keys[6], 'stream'},
-                  {'ZCARD', keys[9], 'sorted set'}}
+                  {'ZCARD', keys[9], 'sorted set'}, {'HLEN', keys[2], 'hash'}}
   for i = 1, #probes do
     local reply = redis.pcall(probes[i][1], probes[i][2])
     if type(reply) == 'table' and reply.err and string.find(tostring(reply.err), 'WRONGTYPE', 1, true) then
