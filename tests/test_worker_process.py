@@ -190,12 +190,14 @@ def test_password_never_reaches_the_logs(tmp_path: Path) -> None:
         publish(client, [{"incident_id": "1", "features": {"a": 1}}, {"incident_id": "2", "features": "{"}])
         assert _wait(start_worker(url, "--until-idle", log=log, log_level="debug", **FAST), 30) == 0
         wrong = f"redis://:wrong-pa55@127.0.0.1:{server.port}/0"
-        failing = start_worker(wrong, log=log, reconnect_max_backoff_s=0.2)
-        time.sleep(2)
-        stop(failing, signal.SIGTERM)
+        # credentials refused at start are a configuration mistake: exit 2 at once, not retries forever
+        assert _wait(start_worker(wrong, log=log, reconnect_max_backoff_s=0.2), 30) == 2
         text = log.read_text()
         assert "s3cret-pa55" not in text and "wrong-pa55" not in text
         assert "redis://:***@127.0.0.1" in text
+        [refusal] = [json.loads(line) for line in text.splitlines() if '"level": "error"' in line]
+        assert refusal["event"] == "redis refused the worker's credentials; not starting"
+        assert "check the user name and password of REDIS_URL" in refusal["error"]
     finally:
         server.stop()
 

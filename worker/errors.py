@@ -101,6 +101,11 @@ class PreflightError(FingerprintIndexError):
     indexed without its change-log entry or its alert), so a worker does not start so. The message says what to do."""
 
 
+class CredentialsRefusedError(FingerprintIndexError):
+    """Redis refused the worker's user name and password before the worker had ever set up: a configuration
+    mistake, not an outage (a later refusal, say while an administrator reloads the ACL, is waited out)."""
+
+
 class StaleRetriesExhaustedError(FingerprintIndexError):
     """An upsert or delete found the incident changed between its read and its write, too many times in a row."""
 

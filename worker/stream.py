@@ -38,7 +38,7 @@ from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, 
 
 from .connection import RedisClient
 from .entries import Entry, next_id, parse_entries
-from .errors import DuplicateIncidentError, LayoutMismatchError, PreflightError
+from .errors import CredentialsRefusedError, DuplicateIncidentError, LayoutMismatchError, PreflightError
 from .fingerprint import format_fingerprint
 from .formats import MAX_INCIDENT_ID_LENGTH, DeadLetter, Heartbeat, IncidentEvent, event_error
 from .index import FingerprintIndex, retry_while_stale
@@ -208,11 +208,12 @@ class StreamWorker:
     def _loop(self, until_idle: bool) -> None:
         failures = 0
         ready = False
+        started = False  # set up once: a refusal of the credentials after that is waited out like an outage
         while not self.stopping:
             try:
                 if not ready:
                     self.setup()
-                    ready = True
+                    ready = started = True
                     self.recover_own_pending()
                 self.maintain()
                 read = self.read_and_process()
@@ -227,6 +228,16 @@ class StreamWorker:
                 self._stop.wait(self._idle_wait)
             except LayoutMismatchError:
                 raise
+            except redis_lib.AuthenticationError as error:
+                if not started:
+                    raise CredentialsRefusedError(
+                        f"Redis at {self.settings.safe_redis_url} refused the worker's credentials "
+                        f"({error_message(error)}): check the user name and password of REDIS_URL (or the secret it "
+                        "comes from) against the server's users (ACL LIST; deploy/ holds the worker's)"
+                    ) from None
+                failures += 1
+                ready = False
+                self._reconnect_pause(error, failures, "redis refused the worker's credentials; retrying")
             except (
                 redis_lib.ConnectionError,
                 redis_lib.TimeoutError,

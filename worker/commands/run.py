@@ -60,7 +60,13 @@ def install_stop_signals(stop: Callable[[], None], stopped: threading.Event | No
 @with_settings("run")
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     from ..connection import connect
-    from ..errors import FunctionsMissingError, LayoutMismatchError, PreflightError, TokenizerMismatchError
+    from ..errors import (
+        CredentialsRefusedError,
+        FunctionsMissingError,
+        LayoutMismatchError,
+        PreflightError,
+        TokenizerMismatchError,
+    )
     from ..logs import configure_logging, get_logger
     from ..stream import StreamWorker
     from ..watchdog import ANSWER_WITHIN_S, Watchdog
@@ -99,6 +105,9 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         # the entries in hand stay pending: a worker started once the library is loaded takes them over
         log.error("functions library missing; stopping", error=str(error))
         return EXIT_USAGE
+    except CredentialsRefusedError as error:
+        log.error("redis refused the worker's credentials; not starting", error=str(error))
+        return EXIT_USAGE
     except PreflightError as error:
         log.error("redis user or keys not fit for the worker; not starting", error=str(error))
         return EXIT_USAGE
@@ -114,7 +123,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.epilog = (
         "Exit codes: 0 stopped cleanly (or idle, with --until-idle), 1 Redis refused a command, 2 bad configuration, "
-        "a layout mismatch, or the functions library not loaded (see load-functions), 130 or 143 stopped at once "
+        "a layout mismatch, credentials Redis refused at start, or the functions library not loaded (see "
+        "load-functions), 130 or 143 stopped at once "
         "by a second Ctrl-C or SIGTERM."
     )
     parser.add_argument(
