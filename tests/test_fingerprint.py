@@ -24,6 +24,7 @@ from worker.fingerprint import (
     fingerprint_reference,
     format_fingerprint,
     parse_fingerprint,
+    stored_fingerprint,
 )
 
 fpmod = importlib.import_module("worker.fingerprint")  # the package re-exports a function of the same name
@@ -219,3 +220,18 @@ def test_importing_the_pure_core_imports_no_redis_client_nor_pydantic() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.strip() == "", f"the pure modules imported {done.stdout.strip()}"
+
+
+@given(st.integers(0, 2**64 - 1))
+def test_a_stored_fingerprint_reads_back_in_either_case_as_text_or_bytes(fp: int) -> None:
+    hex_fp = format_fingerprint(fp)
+    for value in (hex_fp, hex_fp.upper(), hex_fp.encode(), hex_fp.upper().encode()):
+        assert stored_fingerprint(value) == fp
+
+
+@pytest.mark.parametrize(
+    "value", ["", "0" * 15, "0" * 17, "0x" + "0" * 14, "00000000_0000000", " " + "0" * 15, "+" + "0" * 15, "zz" * 8]
+)
+def test_a_value_the_search_does_not_read_is_no_stored_fingerprint(value: str) -> None:
+    """What int(value, 16) would read (0x, _, a sign, spaces) is no fingerprint: the index's search never finds it."""
+    assert stored_fingerprint(value) is None and stored_fingerprint(value.encode()) is None

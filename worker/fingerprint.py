@@ -22,6 +22,7 @@ Every input is validated first: a bad bag raises `InvalidFeaturesError` (a `Valu
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Mapping
 from operator import mul
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = [
     "fingerprint_reference",
     "format_fingerprint",
     "parse_fingerprint",
+    "stored_fingerprint",
     "token_hash",
 ]
 
@@ -264,6 +266,18 @@ def parse_fingerprint(text: str | bytes) -> int:
     if len(text) != 16:
         raise ValueError(f"a fingerprint is 16 hex digits, got {text!r}")
     return int(text, 16)
+
+
+_STORED_TEXT = re.compile(r"[0-9a-fA-F]{16}", re.ASCII)
+_STORED_BYTES = re.compile(rb"[0-9a-fA-F]{16}")
+
+
+def stored_fingerprint(value: str | bytes) -> int | None:
+    """The fingerprint the index's search reads in a value of `{N}:fp` or the change log: 16 hex digits, uppercase
+    too. None for anything else (a value mangled by hand, which the search never finds and verify reports); unlike
+    `parse_fingerprint` (and `int`), it takes no ``0x``, ``_``, sign or space."""
+    pattern = _STORED_BYTES if isinstance(value, bytes) else _STORED_TEXT
+    return int(value, 16) if pattern.fullmatch(value) else None  # type: ignore[arg-type]
 
 
 def distance(a: int, b: int) -> int:

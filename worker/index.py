@@ -28,7 +28,7 @@ from .errors import (
     StaleRetriesExhaustedError,
     TokenizerMismatchError,
 )
-from .fingerprint import fingerprint, format_fingerprint, parse_fingerprint
+from .fingerprint import fingerprint, format_fingerprint, parse_fingerprint, stored_fingerprint
 from .formats import incident_id_problem
 from .keys import DEFAULT_NAMESPACE, IndexKeys
 from .library import ApplyResult, SnapshotClaim, StreamTarget, parse_apply, stored_value
@@ -55,8 +55,6 @@ FORMAT_VERSION = 2
 1: every incident in the posting sets of its bands. 2: one incident per distinct fingerprint in the posting sets,
 its exact twins in a `{N}:twins:<fingerprint>` group, so that a storm of duplicates costs no more per event.
 """
-
-_HEX = frozenset("0123456789abcdefABCDEF")
 
 STALE_RETRIES = 32
 """Upsert and delete retry when another client changed the incident between their read and their write."""
@@ -450,7 +448,7 @@ class FingerprintIndex:
             # named as stored, for the call compares it byte for byte; hex digits in upper case still name the
             # postings and group of their value (the server's search reads them as that fingerprint), other text none
             expected_hex = expected
-            replaced = int(expected, 16) if len(expected) == 16 and all(c in _HEX for c in expected) else None
+            replaced = stored_fingerprint(expected)
         else:
             expected_hex = "-" if expected is None else ANY
         old = [] if op == "add" or replaced is None else self.posting_keys(replaced)

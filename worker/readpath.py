@@ -14,12 +14,12 @@ scan finished, the copy is exact at every position it reports.
 from __future__ import annotations
 
 import gc
-import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .bands import BandLayout
+from .fingerprint import stored_fingerprint
 from .keys import IndexKeys
 from .library import SnapshotClaim
 from .replies import text as _text
@@ -33,12 +33,6 @@ __all__ = [
     "SnapshotLostError",
     "SnapshotReader",
 ]
-
-_HEX_BYTES = re.compile(rb"[0-9a-fA-F]{16}")
-_HEX_TEXT = re.compile(r"[0-9a-fA-F]{16}", re.ASCII)
-"""A stored fingerprint the index's search reads: 16 hex digits (uppercase too), as bytes or as text. Anything else (a
-value mangled by hand) it never finds, and verify reports; int() would read some of it as a number (`0x..`, `_`, `+`,
-spaces)."""
 
 CHANGES_FLOOR_FIELD = "changes_trimmed_to"
 """`{N}:meta` field: entries of `{N}:changes` below this ID may have been trimmed; a copy older than it reloads."""
@@ -99,9 +93,10 @@ class ChangeFollower:
         pairs: dict[str, int] = {}  # HSCAN may return an incident twice
         while True:
             cursor, chunk = self.client.hscan(self.keys.fingerprints, cursor, count=self.batch)
-            for incident_id, hex_fp in chunk.items():
-                if (_HEX_BYTES if isinstance(hex_fp, bytes) else _HEX_TEXT).fullmatch(hex_fp):
-                    pairs[_text(incident_id)] = int(hex_fp, 16)  # int() reads hex from bytes as from str
+            for incident_id, value in chunk.items():
+                fp = stored_fingerprint(value)  # a value the search does not read (mangled by hand) is left out
+                if fp is not None:
+                    pairs[_text(incident_id)] = fp
             if int(cursor) == 0:
                 break
         index.load(pairs)  # taken over, not copied
@@ -186,11 +181,12 @@ class ChangeFollower:
                 incident_id = value  # the op's field: <op> <incident ID>
         if incident_id is None or fp is None:
             raise SnapshotLostError("a change-log entry without its fingerprint (written by an older version)")
-        if fp and not (_HEX_BYTES if isinstance(fp, bytes) else _HEX_TEXT).fullmatch(fp):
-            # not the functions' writing (by hand, or another program): the copy is loaded again, from {N}:fp
-            raise SnapshotLostError("a change-log entry whose fingerprint is not 16 hex digits")
         if fp:
-            self.index.set(_text(incident_id), int(fp, 16))  # int() reads hex from bytes as from str
+            value = stored_fingerprint(fp)
+            if value is None:
+                # not the functions' writing (by hand, or another program): the copy is loaded again, from {N}:fp
+                raise SnapshotLostError("a change-log entry whose fingerprint is not 16 hex digits")
+            self.index.set(_text(incident_id), value)
         else:
             self.index.delete(_text(incident_id))
 

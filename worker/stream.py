@@ -110,15 +110,20 @@ class WorkerStats:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
 
+def _another_type(key: str, kind: str) -> str:
+    """What to say of a key of the namespace that holds another type than the index keeps there."""
+    return (
+        f"{key} holds another type than a {kind}, which the index keeps there: rename or delete it (or give the "
+        "worker another namespace or stream names)"
+    )
+
+
 def _key_of_another_type(error: ResponseError, key: str, kind: str) -> Exception:
     """A WRONGTYPE reply about `key` as the PreflightError that stops the worker (exit 2) naming it; others as they
     are."""
     if not str(error).startswith("WRONGTYPE"):
         return error
-    return PreflightError(
-        f"{key} holds another type than a {kind}, which the index keeps there: rename or delete it (or give the "
-        "worker another namespace or stream names), so the worker does not start"
-    )
+    return PreflightError(_another_type(key, kind) + ", so the worker does not start")
 
 
 class StreamWorker:
@@ -365,12 +370,7 @@ class StreamWorker:
                 f"(ACL SETUSER {user} {grants}; the user's keys must include {keys.tag}:*), as deploy/redis/users.acl "
                 "does for incident-worker"
             )
-        for k in range(0, len(found), 3):
-            if found[k] == "type":
-                problems.append(
-                    f"{found[k + 1]} holds another type than a {found[k + 2]}, which the index writes there: rename "
-                    "or delete it (or give the worker other stream names)"
-                )
+        problems += [_another_type(found[k + 1], found[k + 2]) for k in range(0, len(found), 3) if found[k] == "type"]
         if problems:
             raise PreflightError(
                 "; and ".join(problems) + ". A call refused midway would keep what it wrote before (an incident "

@@ -93,23 +93,18 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
             "metrics endpoint listening", address=settings.metrics_address, port=settings.metrics_port, path="/metrics"
         )
     install_stop_signals(worker.stop, worker.stopped, log)
+    stops = (  # what stops the worker with exit 2, and its log line (first match: a tokenizer mismatch is a layout's)
+        (TokenizerMismatchError, "the index's text incidents come from another tokenizer version; stopping"),
+        (LayoutMismatchError, "index layout mismatch; stopping"),
+        # the entries in hand stay pending: a worker started once the library is loaded takes them over
+        (FunctionsMissingError, "functions library missing; stopping"),
+        (CredentialsRefusedError, "redis refused the worker's credentials; not starting"),
+        (PreflightError, "redis user or keys not fit for the worker; not starting"),
+    )
     try:
         worker.run(until_idle=args.until_idle)
-    except TokenizerMismatchError as error:  # at start, or met by a text event's call (its entry stays pending)
-        log.error("the index's text incidents come from another tokenizer version; stopping", error=str(error))
-        return EXIT_USAGE
-    except LayoutMismatchError as error:
-        log.error("index layout mismatch; stopping", error=str(error))
-        return EXIT_USAGE
-    except FunctionsMissingError as error:
-        # the entries in hand stay pending: a worker started once the library is loaded takes them over
-        log.error("functions library missing; stopping", error=str(error))
-        return EXIT_USAGE
-    except CredentialsRefusedError as error:
-        log.error("redis refused the worker's credentials; not starting", error=str(error))
-        return EXIT_USAGE
-    except PreflightError as error:
-        log.error("redis user or keys not fit for the worker; not starting", error=str(error))
+    except tuple(kind for kind, _ in stops) as error:  # a tokenizer mismatch is met at start or by a text's call
+        log.error(next(event for kind, event in stops if isinstance(error, kind)), error=str(error))
         return EXIT_USAGE
     return EXIT_OK
 
