@@ -2,7 +2,7 @@
 
 `features_from_text` lowercases the text, cuts it into words, masks the variable ones and weighs them. Lines of one
 kind (the same message on another host, at another time, with another ID, path or user) get nearly the same bag, so
-their fingerprints land close together. The rules (version 5):
+their fingerprints land close together. The rules (version 6):
 
 1. Bring the text to Unicode's compatibility composed form (NFKC), lowercase it (``str.lower``) and cut it at white
    space into chunks. NFKC gives one form to every way of writing the same characters: ``e`` and a combining accent
@@ -31,10 +31,13 @@ their fingerprints land close together. The rules (version 5):
 4. Four rules read a word's neighbour:
    * the word after ``user`` is a value: ``invalid user admin`` -> ``invalid user <*>`` (a user name is a parameter;
      only the next word, and a value never makes the word after it one);
-   * the name of a well-known account (``root``, ``nobody``, ``ftp``, ``sshd``, ``mysql``...: `ACCOUNT_NAMES`, the
-     accounts Unix systems and their common services create) right after ``for`` is a value: ``Failed password for
-     root`` -> ``failed password for <*>``, as sshd, PAM, su and sudo name an account; ``waiting for jobs`` and
-     ``mysql started`` keep their words;
+   * the name of a system account (``root``, ``nobody``, ``ftp``, ``sshd``, ``mysql``...: `ACCOUNT_NAMES`, the
+     accounts Unix systems and their common services create) right after ``for``, or as the value of the key
+     ``user=``, is a value: ``Failed password for root`` -> ``failed password for <*>``, as sshd, PAM, su and sudo
+     name an account, and ``user=ftp`` -> ``user <*>`` (the key then reads as the word ``user``, which weighs as a
+     word, so the line stays apart from the same line without the key). ``waiting for jobs`` and ``mysql started``
+     keep their words, and so do the names people choose or installers offer (``user=guest``, ``for admin``:
+     `DEFAULT_LOGINS`, not system accounts);
    * a month name (``jan`` ... ``december``) beside a number is part of a date, and so is a weekday just before such
      a month: ``Sat Jul  9 12:59:44 2005`` -> five ``<*>``; ``in jul`` keeps its words;
    * a unit of size or time right after a number goes with it: ``8.8 KB`` and ``384.0 B`` -> ``<*>``, ``5 ms`` ->
@@ -53,6 +56,7 @@ in pairs of one template that version 2 left farther apart than 7:
 * paths up to the next space: files at different depths, request paths and query strings of one HTTP endpoint;
 * the word after ``user``: user names, the largest loss of all in authentication logs;
 * an account after ``for``: ``for root`` beside ``for ftp`` in sshd's most common line (version 4);
+* an account as the value of ``user=``: ``user=root`` beside ``user=ftp`` in PAM's authentication failure (version 6);
 * units, second-level country domains: sizes printed as ``B`` or ``KB``, a host name that was left whole.
 
 Counting each word once keeps a line that is mostly numbers from being mostly the placeholder (whose hash then set
@@ -62,12 +66,15 @@ and lines of different templates that differ by one word move farther apart). On
 keeps a value that is sometimes an address and sometimes a host name, or a hex ID without a letter a-f, from giving
 lines of one template different tokens.
 
-Measured and not taken: the value after the key ``user=`` read as a value (`TextRules.user_key`) and the names of
-well-known accounts masked wherever they stand (`TextRules.accounts`). The first wins the pairs of one template still
-lost in authentication logs (``user=root`` and ``user=ftp``), but another sample labels ``user=root`` and
-``user=guest`` as two templates of the same line, and leave-one-system-out takes it only when that sample is held
-out, where it costs most of its pure alerts. The second would also mask a service's name (``mysql``, ``nginx``,
-``git``) in any text, where an incident's title needs it; after ``for`` only, it costs nothing measured.
+Measured and not taken: every value after the key ``user=`` read as a value (`TextRules.user_key`), the names of
+system accounts masked wherever they stand (`TextRules.accounts`), and ``admin``, ``administrator``, ``guest`` and
+``test`` read as accounts (`TextRules.default_logins`, version 4 and 5's list). Two samples label PAM's
+authentication failure: one puts ``user=root`` and ``user=ftp`` (``uucp``, ``git``, ``sshd``, ``mysql``) in one
+template, the other makes ``user=root``, ``user=guest`` and ``user=test`` three. Every name read as a value (the
+first and third levers) merges the second sample's three and costs most of its pure alerts; system accounts only is
+the rule both samples' labels agree with (and the labels of ``for admin`` beside ``for root``, two templates, agree
+too). The second lever would also mask a service's name (``mysql``, ``nginx``, ``git``) in any text, where an
+incident's title needs it; after ``for`` and ``user=`` only, it costs nothing measured.
 
 Speed: the text is cut at white space first, and most chunks need no pattern: a chunk of letters only (most of a
 log line), or one in brackets or before a comma, is a word; a chunk that is one number (digits joined by single dots
@@ -100,6 +107,7 @@ from unicodedata import normalize
 
 __all__ = [
     "ACCOUNT_NAMES",
+    "DEFAULT_LOGINS",
     "DEFAULT_RULES",
     "PLACEHOLDER",
     "TOKENIZER_VERSION",
@@ -109,11 +117,12 @@ __all__ = [
     "words",
 ]
 
-TOKENIZER_VERSION = 5
+TOKENIZER_VERSION = 6
 """Bumped by every change to what a text turns into. 1: counts, five placeholders; 2: each word once, plain words
 weigh 2, one placeholder; 3: a word is variable from its first variable part on, paths and the word after ``user``
-are variables; 4: a well-known account's name after ``for`` is a value; 5: the rules above (the text in NFKC first,
-so that a decomposed or full-width text gives the bag of its composed form)."""
+are variables; 4: a well-known account's name after ``for`` is a value; 5: the text in NFKC first, so that a
+decomposed or full-width text gives the bag of its composed form; 6: the rules above (a system account's name after
+``user=`` is a value too, and ``admin``, ``administrator``, ``guest`` and ``test`` are no longer accounts)."""
 
 PLACEHOLDER = "<*>"
 """The token (or the end of a token) that stands for a masked variable part."""
@@ -140,8 +149,12 @@ class TextRules:
       same line without it);
     * `accounts`: the names of well-known accounts (``root``, ``nobody``, ``ftp``, ``mysql``: `ACCOUNT_NAMES`) are
       values wherever they stand;
-    * `account_after_for`: the name of a well-known account right after ``for`` is a value (``failed password for
-      root``, ``too many authentication failures for admin``): the way sshd, PAM, su and sudo name an account.
+    * `account_after_for`: the name of a system account right after ``for`` is a value (``failed password for
+      root``): the way sshd, PAM, su and sudo name an account;
+    * `account_after_user_key`: the name of a system account as the value of the key ``user=`` is a value, and the
+      key then reads as the word ``user`` (``user=ftp`` -> ``user <*>``; ``user=guest`` keeps both words);
+    * `default_logins`: ``admin``, ``administrator``, ``guest`` and ``test`` (`DEFAULT_LOGINS`) are accounts too,
+      wherever the rules above look for one (versions 4 and 5).
     """
 
     weights: Literal["binary", "count"] = "binary"
@@ -158,6 +171,8 @@ class TextRules:
     user_key: bool = False
     accounts: bool = False
     account_after_for: bool = True
+    account_after_user_key: bool = True
+    default_logins: bool = False
 
 
 DEFAULT_RULES = TextRules()
@@ -252,9 +267,13 @@ _VALUE_KEYS = frozenset(["user"])
 """Words whose next word is a value, as the word after ``key=``: a user name is a parameter, never a template's."""
 ACCOUNT_NAMES = frozenset(
     {"root", "daemon", "bin", "sys", "nobody", "uucp", "ftp", "sshd", "mysql", "postgres", "oracle", "git"}
-    | {"www-data", "apache", "nginx", "admin", "administrator", "guest", "test"}
+    | {"www-data", "apache", "nginx"}
 )
-"""Accounts that most Unix systems or their common services create: values under the lever `accounts`."""
+"""Accounts that most Unix systems or their common services create: values after ``for`` and ``user=`` (and
+everywhere under the lever `accounts`)."""
+DEFAULT_LOGINS = frozenset({"admin", "administrator", "guest", "test"})
+"""Names that people choose or installers offer as logins: user names like any other, accounts only under the lever
+`default_logins`."""
 _EDGES = "".join(c for c in string.punctuation if c not in "/=<>")
 """Characters that end no word at either end of a chunk: stripped, they leave the chunk's one word, if any."""
 _NUMBER_RE = re.compile(r"\d+(?:[.:]\d+)*")
@@ -262,7 +281,8 @@ _NUMBER_RE = re.compile(r"\d+(?:[.:]\d+)*")
 VALUE, NUMBER, ACCOUNT = 1, 2, 3
 """What a word asks of the next one: to be a value; (a unit) to go with it; to be a value if it is an account's."""
 _ACCOUNT_KEYS = frozenset(["for"])
-"""Words after which a well-known account's name is a value: ``Failed password for root``."""
+"""Words after which a system account's name is a value: ``Failed password for root`` (and ``user=``, a key, under
+the lever `account_after_user_key`)."""
 
 
 def _kind(part: str) -> str:
@@ -302,9 +322,11 @@ def _scan_function(rules: TextRules, fast: bool = True) -> Callable[[str], tuple
         value_keys = value_keys | {"user="}
     key_value = rules.key_value
     keys_are_not_values = key_value or user_key  # a key= word is never the value of the word before it
-    accounts = ACCOUNT_NAMES if rules.accounts else frozenset()
+    account_names = ACCOUNT_NAMES | DEFAULT_LOGINS if rules.default_logins else ACCOUNT_NAMES
+    accounts = account_names if rules.accounts else frozenset()
     account_keys = _ACCOUNT_KEYS if rules.account_after_for else frozenset()
-    account_names = ACCOUNT_NAMES
+    if rules.account_after_user_key:
+        account_keys = account_keys | {"user="}
     path_token = PLACEHOLDER if one else "<path>"
     ip_token = PLACEHOLDER if one else "<ip>"
     date_token = PLACEHOLDER if one else "<date>"
@@ -366,6 +388,8 @@ def _scan_function(rules: TextRules, fast: bool = True) -> Callable[[str], tuple
         """What `word` asks of the next one: VALUE (it is ``user``, or a ``key=`` under `key_value`), NUMBER, or 0."""
         if word in value_keys or (key_value and word[-1] == "="):
             return VALUE
+        if word in account_keys:
+            return ACCOUNT
         return NUMBER if word[:1].isdecimal() else 0
 
     def chunk_words(chunk: str, out: list[str], after: int) -> int:
@@ -388,6 +412,8 @@ def _scan_function(rules: TextRules, fast: bool = True) -> Callable[[str], tuple
                     after = 0
                     continue
                 if word in accounts or (after == ACCOUNT and word in account_names):
+                    if after == ACCOUNT and out and out[-1] == "user=":
+                        out[-1] = "user"
                     out.append(value_token)
                     after = 0
                     continue
@@ -400,7 +426,7 @@ def _scan_function(rules: TextRules, fast: bool = True) -> Callable[[str], tuple
                 continue
             if fast and word[-1] == "=" and word[:-1].isalpha():  # a key of letters: `variable` keeps it
                 out.append("user" if user_key and word == "user=" else word)
-                after = VALUE if key_value or word in value_keys else 0
+                after = VALUE if key_value or word in value_keys else ACCOUNT if word in account_keys else 0
                 continue
             if word[0] == "<" and word[-1] == ">" and word.count("<") == 1:
                 out.append(word)
@@ -468,6 +494,8 @@ def _scan_function(rules: TextRules, fast: bool = True) -> Callable[[str], tuple
             if after == ACCOUNT:  # "for root": an account's name
                 after = 0
                 if chunk in account_names:
+                    if out and out[-1] == "user=":
+                        out[-1] = "user"
                     append(value_token)
                     continue
             if after == NUMBER:
