@@ -3,12 +3,18 @@
 Behaviour that depends on Redis runs against both: `redis_client` is parametrized over a real server (responses as
 bytes) and fakeredis (responses decoded unless a module overrides `fake_decodes`), so both reply shapes are covered
 too. Under CI=true a missing redis-server is a failure, never a skip. `FAST` (for worker processes) and
-`fast_settings()` (for workers in the test process) are the one set of quick worker settings.
+`fast_settings()` (for workers in the test process) are the one set of quick worker settings. For TLS: the suite's
+certificates (`tls_files`, made with openssl; without it under CI=true, a failure too) and a TLS-only primary with its
+Sentinel (`tls_sentinel`); `sentinel_of` is a Sentinel without TLS.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +24,8 @@ import pytest
 import redis
 import structlog
 
-from tests.redis_server import RedisServer, redis_server_available
+from tests.redis_server import RedisServer, free_port, redis_server_available
+from tests.tls_sentinel import TlsSentinel, make_tls_files
 from worker import library
 from worker.settings import Settings
 
@@ -77,6 +84,67 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.start()
     yield server
     server.stop()
+
+
+def require_openssl() -> None:
+    """Skip without openssl (the suite's certificates are made with it); under CI=true, fail instead."""
+    if shutil.which("openssl") is not None:
+        return
+    message = "openssl is not installed: no certificate to try TLS with"
+    if IN_CI:
+        pytest.fail(message + " -- CI must run the TLS tests", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A self-signed certificate for 127.0.0.1 and localhost (cert.pem, its own certificate authority), its key
+    encrypted (key.pem, tests.tls_sentinel.TLS_KEY_PASSPHRASE), another authority's certificate (other-ca.pem), and
+    a non-PEM file (garbage.pem). Without openssl, only garbage.pem: the tests that need a key call
+    `require_openssl` (or skip, and fail under CI, by themselves)."""
+    directory = tmp_path_factory.mktemp("tls")
+    (directory / "garbage.pem").write_text("not a certificate\n")
+    if shutil.which("openssl") is not None:
+        make_tls_files(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tls_sentinel(tmp_path_factory: pytest.TempPathFactory, tls_files: Path) -> Iterator[TlsSentinel]:
+    """A real redis-server and a real Sentinel watching it, both TLS only (tests/tls_sentinel.py), for the session:
+    own ports, no persistence, the functions library loaded on the primary."""
+    require_redis_server()
+    require_openssl()
+    servers = TlsSentinel(tmp_path_factory.mktemp("tls-sentinel"), tls_files)
+    try:
+        servers.start()
+        yield servers
+    finally:
+        servers.stop()
+
+
+@pytest.fixture
+def sentinel_of(redis_server: RedisServer, tmp_path: Path) -> Iterator[int]:
+    """A Sentinel without TLS (a redis-server --sentinel on a port of its own) watching the session's server as
+    `incidents`; its port."""
+    port = free_port()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\nlogfile {tmp_path / 'sentinel.log'}\n"
+        f"sentinel monitor incidents 127.0.0.1 {redis_server.port} 1\n"
+    )
+    sentinel = subprocess.Popen(["redis-server", str(conf), "--sentinel"])
+    try:
+        with redis.Redis(port=port, retry=None) as asked:
+            for _ in range(100):
+                with contextlib.suppress(redis.ConnectionError):
+                    if asked.sentinel_get_master_addr_by_name("incidents"):
+                        break
+                time.sleep(0.05)
+        yield port
+    finally:
+        sentinel.terminate()
+        sentinel.wait(timeout=10)
 
 
 @pytest.fixture

@@ -8,10 +8,8 @@ as decoded.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -29,6 +27,7 @@ from redis.connection import parse_url
 from tests.conftest import IN_CI, require_redis_server
 from tests.redis_server import RedisServer, free_port
 from tests.streams import FAST, clean_env, publish, worker_command
+from tests.tls_sentinel import SENTINEL_TLS_PASSWORD, TLS_KEY_PASSPHRASE, TlsSentinel
 from worker import library
 from worker.logs import hide_secrets, redact
 from worker.settings import Settings
@@ -323,7 +322,6 @@ def _outside_address() -> str | None:
 
 def test_worker_serves_metrics_on_loopback_by_default(server: RedisServer, tmp_path: Path) -> None:
     import socket
-    import time
     import urllib.request
 
     from tests.streams import start_worker, stop
@@ -364,26 +362,6 @@ def test_the_sentinels_password_is_a_secret_and_needs_sentinels(
 
 
 # -- TLS files: a mistake in them is one of configuration, said with the setting and the path -------------------
-
-
-@pytest.fixture(scope="module")
-def tls_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A self-signed certificate, its key encrypted with another passphrase than KEY_PASSPHRASE, and a non-PEM file."""
-    directory = tmp_path_factory.mktemp("tls")
-    (directory / "garbage.pem").write_text("not a certificate\n")
-    if shutil.which("openssl") is None:
-        return directory  # the cases that need a real key skip (and fail under CI)
-    subprocess.run(
-        [
-            *("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-days", "1"),
-            *("-subj", "/CN=redis", "-keyout", str(directory / "key.pem"), "-out", str(directory / "cert.pem")),
-            *("-passout", "pass:another-passphrase"),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )
-    return directory
 
 
 TLS_MISTAKES = {
@@ -473,46 +451,71 @@ def test_a_sentinel_failure_is_said_without_the_repr_of_redis_pys_client(
     )
 
 
-@pytest.fixture
-def sentinel_of(redis_server: RedisServer, tmp_path: Path) -> Iterator[int]:
-    """A Sentinel (a redis-server --sentinel on a port of its own) watching the session's server as `incidents`."""
-    port = free_port()
-    conf = tmp_path / "sentinel.conf"
-    conf.write_text(
-        f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\nlogfile {tmp_path / 'sentinel.log'}\n"
-        f"sentinel monitor incidents 127.0.0.1 {redis_server.port} 1\n"
-    )
-    sentinel = subprocess.Popen(["redis-server", str(conf), "--sentinel"])
-    try:
-        with redis.Redis(port=port, retry=None) as asked:
-            for _ in range(100):
-                with contextlib.suppress(redis.ConnectionError):
-                    if asked.sentinel_get_master_addr_by_name("incidents"):
-                        break
-                time.sleep(0.05)
-        yield port
-    finally:
-        sentinel.terminate()
-        sentinel.wait(timeout=10)
-
-
 @pytest.mark.parametrize("query", ["", "?ssl_cert_reqs=none"])
 def test_a_rediss_url_reaches_the_primary_a_sentinel_names_over_tls_only(
     real_redis: redis.Redis, sentinel_of: int, query: str
 ) -> None:
     """With sentinels, the primary's connections came from the Sentinel pool with the URL's connection class
     dropped: a rediss:// URL talked to the primary in plain text, password and all (and one with ?ssl_...= failed
-    with a TypeError). The primary here speaks plain text only, so a client that keeps its word about TLS fails."""
+    with a TypeError). The primary here speaks plain text only, so a client that keeps its word about TLS fails.
+    (The Sentinel here has no TLS either: sentinel_tls=false asks it in plain text, so it is the primary that fails.)
+    """
     from worker.connection import connect
 
     base = {"sentinels": f"127.0.0.1:{sentinel_of}", "socket_timeout_s": 1}
     plain = connect(Settings(redis_url="redis://127.0.0.1:6379/0", **base), retries=0)
     assert plain.ping()  # the Sentinel names the primary; a plain URL reaches it in plain text
     plain.close()
-    tls = connect(Settings(redis_url=f"rediss://127.0.0.1:6379/0{query}", **base), retries=0)
-    with pytest.raises((redis.ConnectionError, redis.TimeoutError)):  # a TLS handshake the primary never answers
+    tls = connect(Settings(redis_url=f"rediss://127.0.0.1:6379/0{query}", sentinel_tls=False, **base), retries=0)
+    assert tls.connection_pool.get_master_address()  # the Sentinel answered, in plain text
+    with pytest.raises((redis.ConnectionError, redis.TimeoutError)) as failed:  # a TLS handshake never answered
         tls.ping()
+    assert not isinstance(failed.value, redis.sentinel.MasterNotFoundError), failed.value
     tls.close()
+
+
+def _tls_sentinel_hidden(text: str) -> None:
+    """None of the secrets of a worker of the TLS Sentinel: the primary's password, the Sentinel's, the key's."""
+    assert_hidden(text)
+    for secret in (SENTINEL_TLS_PASSWORD, TLS_KEY_PASSPHRASE, quote(SENTINEL_TLS_PASSWORD, safe="")):
+        assert secret not in text, f"{secret!r} shown in:\n{text[-2000:]}"
+
+
+@pytest.mark.parametrize("ca", ["other-ca.pem", None], ids=["another CA", "no CA"])
+def test_a_tls_sentinel_that_is_not_trusted_is_said_without_a_secret(
+    tls_sentinel: TlsSentinel, ca: str | None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Asked over TLS, each Sentinel's client carries redis_url's TLS options, the key's passphrase (ssl_password)
+    among them, beside the Sentinel's password; redis-py's failure quotes those clients, and the worker adds advice
+    to it. `check` shows the advice and none of the three secrets."""
+    monkeypatch.setenv("INCIDENT_WORKER_SENTINELS", tls_sentinel.sentinels)
+    monkeypatch.setenv("INCIDENT_WORKER_SENTINEL_PASSWORD", SENTINEL_TLS_PASSWORD)
+    shown = _main(tls_sentinel.url(password=PASSWORD, ca=ca), ["check", "--redis-only"], monkeypatch, capsys)
+    assert "certificate verify failed" in shown and "ssl_ca_certs" in shown, shown
+    _tls_sentinel_hidden(shown)
+
+
+def test_a_worker_retrying_untrusted_tls_sentinels_logs_no_secret(tls_sentinel: TlsSentinel, tmp_path: Path) -> None:
+    """The worker's retry lines carry the failure and its advice (at debug level too), none of the secrets."""
+    from tests.streams import start_worker, stop, wait_until
+
+    log = tmp_path / "worker.log"
+    worker = start_worker(
+        tls_sentinel.url(password=PASSWORD, ca="other-ca.pem"),
+        log=log,
+        sentinels=tls_sentinel.sentinels,
+        sentinel_password=SENTINEL_TLS_PASSWORD,
+        log_level="debug",
+        socket_timeout_s=2,
+        reconnect_max_backoff_s=0.2,
+    )
+    try:
+        wait_until(lambda: log.read_text().count("redis unavailable; retrying") >= 2, 30, "two retry lines")
+    finally:
+        assert stop(worker) == 0
+    shown = log.read_text()
+    assert "is not signed by the certificate authority of ssl_ca_certs" in shown, shown[-2000:]
+    _tls_sentinel_hidden(shown)
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,10 @@ package creates one.
 
 from __future__ import annotations
 
+import functools
 import os
 import ssl
+from collections.abc import Callable
 from typing import Any, TypeAlias
 
 import redis
@@ -17,11 +19,11 @@ from redis.cluster import RedisCluster
 from redis.connection import parse_url
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import MasterNotFoundError, Sentinel
 
 from .errors import UsageError
-from .logs import hide_secrets, redact
-from .settings import Settings
+from .logs import error_message, hide_secrets, redact
+from .settings import ENV_PREFIX, Settings
 
 __all__ = ["RedisClient", "connect"]
 
@@ -167,9 +169,11 @@ def _sentinel_credentials(settings: Settings) -> dict[str, str]:
 
 def _sentinel_primary(settings: Settings, url: str, options: dict[str, Any]) -> redis.Redis:
     """The primary of the Sentinel service: host and port come from the Sentinels, the rest of redis_url (user,
-    password, database, TLS with rediss://) still applies to the primary (the Sentinels themselves are asked without
-    TLS). Sentinels are asked with the same timeouts and their own
-    credentials, `sentinel_username` and `sentinel_password` (none by default)."""
+    password, database, TLS with rediss://) still applies to the primary. Sentinels are asked with the same timeouts,
+    their own credentials, `sentinel_username` and `sentinel_password` (none by default), and over TLS when
+    `settings.sentinels_over_tls` (`sentinel_tls`; unset, when redis_url is rediss://), with redis_url's TLS options:
+    a deployment's Sentinels and Redis servers usually present certificates of one authority (a CA file may hold
+    several), and the worker's client certificate is the worker's whichever it talks to."""
     parsed = parse_url(url)
     for field in ("host", "port", "path"):
         parsed.pop(field, None)
@@ -177,14 +181,123 @@ def _sentinel_primary(settings: Settings, url: str, options: dict[str, Any]) -> 
     # from `ssl` alone: without it the primary was reached in plain text (password included), whatever the URL said
     if parsed.pop("connection_class", None) is not None and url.lower().startswith("rediss://"):
         parsed["ssl"] = True
-    sentinel = Sentinel(
+    sentinel_kwargs: dict[str, Any] = {
+        "socket_timeout": options["socket_timeout"],
+        "socket_connect_timeout": options["socket_connect_timeout"],
+        **_sentinel_credentials(settings),
+    }
+    if settings.sentinels_over_tls:
+        if not parsed.get("ssl"):  # the settings refuse it, but load-functions' copy takes admin_redis_url unchecked
+            raise UsageError(
+                "sentinel_tls=true asks the Sentinels over TLS with the TLS options of a rediss:// URL, and this "
+                "command's URL (admin_redis_url, for load-functions) is not one: give it as rediss:// too"
+            )
+        # the CA, client certificate and key, and every other TLS option of the URL; not its user or password,
+        # which are the primary's
+        sentinel_kwargs.update({name: value for name, value in parsed.items() if name.startswith("ssl_")}, ssl=True)
+    sentinel = _Sentinel(
         settings.sentinel_addresses,
+        advice=functools.partial(sentinel_advice, settings, parsed),
         socket_timeout=options["socket_timeout"],
-        sentinel_kwargs={
-            "socket_timeout": options["socket_timeout"],
-            "socket_connect_timeout": options["socket_connect_timeout"],
-            **_sentinel_credentials(settings),
-        },
+        sentinel_kwargs=sentinel_kwargs,
     )
     client: redis.Redis = sentinel.master_for(settings.sentinel_service, **{**options, **parsed})
     return client
+
+
+class _Sentinel(Sentinel):
+    """redis-py's Sentinel client, whose failure to find the primary also says what to check, when the failure
+    tells (`advice`): redis-py says only what each Sentinel's connection met ("certificate verify failed",
+    "Connection reset by peer"), and the worker repeats that in its retry lines and `check` prints it."""
+
+    def __init__(self, *args: Any, advice: Callable[[str], str | None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._advice = advice
+
+    def discover_master(self, service_name: str) -> Any:
+        try:
+            return super().discover_master(service_name)
+        except MasterNotFoundError as error:
+            # redis-py's text quotes the repr of each Sentinel client (socket_timeout=... among its options): the
+            # advice reads what each connection met, without it
+            advice = self._advice(error_message(error, with_type=False))
+            if advice is None:
+                raise
+            raise MasterNotFoundError(f"{str(error).rstrip(' .')}; {advice}") from None
+
+
+# what redis-py's connection errors say (OpenSSL's words, and the socket's), lowercase, by what they mean here
+_NOT_VERIFIED = "certificate verify failed"
+_NO_TLS_ANSWER = ("wrong version number", "record layer failure", "packet length too long", "timeout", "timed out")
+_CLOSED = (
+    "eof occurred",
+    "unexpected eof",
+    "connection reset",
+    "connection closed",
+    "broken pipe",
+    "certificate required",
+    "bad certificate",
+    "unknown ca",
+)
+
+
+def sentinel_advice(settings: Settings, parsed: dict[str, Any], failure: str) -> str | None:
+    """What to check when no Sentinel named the primary, for the mistakes of TLS that `failure` (the text of redis-py's
+    MasterNotFoundError) shows; None when it shows none of them. Names settings and paths, never a secret."""
+    text = failure.lower()
+    addresses = ",".join(f"{host}:{port}" for host, port in settings.sentinel_addresses)
+    switch = f"{ENV_PREFIX}SENTINEL_TLS"
+    if not settings.sentinels_over_tls:
+        if not any(words in text for words in _CLOSED):
+            return None
+        if settings.sentinel_tls is False:
+            ask_with_tls = f"unset {switch} (drop --no-sentinel-tls): with a rediss:// redis_url they are then"
+        else:
+            ask_with_tls = "give redis_url as rediss:// with its TLS options: the Sentinels are then"
+        return (
+            f"the Sentinels ({addresses}) asked without TLS: a Sentinel closed the connection, as a tls-port does "
+            f"when spoken to in plain text; if the Sentinels listen with TLS, {ask_with_tls} asked over TLS too"
+        )
+    asked = f"the Sentinels ({addresses}) asked over TLS"
+    ca_certs, ca_path = parsed.get("ssl_ca_certs"), parsed.get("ssl_ca_path")
+    give_ca = (
+        "give the file of the certificate authority that signed the Sentinels' certificates as ssl_ca_certs in "
+        "redis_url's query (the Sentinels are asked with redis_url's TLS options, as the primary is)"
+    )
+    if _NOT_VERIFIED in text:
+        if "mismatch" in text:
+            return (
+                f"{asked}: a Sentinel's certificate does not name the address it was asked at; give each Sentinel in "
+                "sentinels by a host name or IP address its certificate holds (subjectAltName), or add the address "
+                "to its certificate"
+            )
+        if "expired" in text or "not yet valid" in text:
+            return f"{asked}: a Sentinel's certificate is out of its dates; renew it, and check this machine's clock"
+        if ca_certs or ca_path:
+            given = " and ".join(
+                f"{name}={value!r}" for name, value in (("ssl_ca_certs", ca_certs), ("ssl_ca_path", ca_path)) if value
+            )
+            return f"{asked}: a Sentinel's certificate is not signed by the certificate authority of {given}; {give_ca}"
+        return (
+            f"{asked}: a Sentinel's certificate is not signed by an authority this machine trusts (redis_url gives "
+            f"no ssl_ca_certs, so only the system's are); {give_ca}"
+        )
+    if any(words in text for words in _NO_TLS_ANSWER):
+        return (
+            f"{asked}: a port without TLS never answers the TLS handshake; give each Sentinel's tls-port in "
+            f"sentinels, or, for Sentinels without TLS, set {switch}=false (--no-sentinel-tls; their password, if "
+            "any, then crosses the network in clear)"
+        )
+    if any(words in text for words in _CLOSED):
+        if parsed.get("ssl_certfile"):
+            return (
+                f"{asked}: a Sentinel closed the TLS connection; does it accept this worker's client certificate "
+                f"(ssl_certfile={parsed['ssl_certfile']!r})? It must be signed by the authority of the Sentinels' "
+                "tls-ca-cert-file"
+            )
+        return (
+            f"{asked}: a Sentinel closed the TLS connection, as Sentinels that want a client certificate "
+            "(tls-auth-clients yes, Redis's default) do; give the worker's certificate and key as ssl_certfile and "
+            "ssl_keyfile in redis_url's query"
+        )
+    return None

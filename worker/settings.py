@@ -118,7 +118,7 @@ class Settings(BaseSettings):
         None,
         description="Redis Sentinels as host:port,host:port: the worker connects to the primary they name and "
         "follows it after a failover (redis_url then only gives the user, password, database and TLS, rediss://, "
-        "of the primary; the Sentinels themselves are asked without TLS).",
+        "of the primary; with rediss:// the Sentinels are asked over TLS too: see sentinel_tls).",
     )
     sentinel_service: str = Field("incidents", description="The Sentinel service (master name) of the primary.")
     sentinel_username: str | None = Field(
@@ -130,6 +130,12 @@ class Settings(BaseSettings):
         None,
         description="Password of the Sentinels themselves (their requirepass or ACL user), not the primary's: that one "
         "stays in redis_url. Never logged.",
+    )
+    sentinel_tls: bool | None = Field(
+        None,
+        description="Ask the Sentinels over TLS, with the TLS options of redis_url (ssl_ca_certs, ssl_certfile, "
+        "ssl_keyfile, ...). Unset: when redis_url is rediss://. false: Sentinels without TLS while the primary has "
+        "it (sentinel_password then crosses the network in clear); true needs a rediss:// redis_url.",
     )
     namespace: str = Field(DEFAULT_NAMESPACE, description="Index namespace N: every key is {N}:...")
     consumer: str = Field(
@@ -335,6 +341,18 @@ class Settings(BaseSettings):
                 "sentinel_password and sentinel_username are for the Sentinels: set sentinels (host:port,...) too, "
                 "or put the primary's password in redis_url"
             )
+        if self.sentinel_tls is not None and not self.sentinels:
+            raise ValueError(
+                "sentinel_tls is for the Sentinels: set sentinels (host:port,...) too, or leave sentinel_tls unset "
+                "(the primary's TLS is redis_url's rediss://)"
+            )
+        if self.sentinel_tls and not self._primary_tls:
+            # the Sentinels' TLS options (CA, client certificate) are redis_url's, and only rediss:// takes them
+            raise ValueError(
+                "sentinel_tls=true asks the Sentinels over TLS with the TLS options of redis_url (ssl_ca_certs, "
+                "ssl_certfile, ...), which only a rediss:// redis_url gives: reach the primary over TLS too "
+                "(rediss://, the options in its query), or leave sentinel_tls unset for Sentinels without TLS"
+            )
         keys = IndexKeys(self.namespace)
         for name in ("events_stream", "alerts_stream", "dead_stream"):
             stream = getattr(self, name)
@@ -382,6 +400,15 @@ class Settings(BaseSettings):
         """`sentinels` as (host, port) pairs."""
         pairs = [address.strip().rpartition(":") for address in (self.sentinels or "").split(",") if address.strip()]
         return [(host, int(port)) for host, _, port in pairs]
+
+    @property
+    def _primary_tls(self) -> bool:
+        return self.redis_url.get_secret_value().lower().startswith("rediss://")
+
+    @property
+    def sentinels_over_tls(self) -> bool:
+        """Whether the Sentinels are asked over TLS: `sentinel_tls`, or (unset) whether the primary is reached so."""
+        return self._primary_tls if self.sentinel_tls is None else self.sentinel_tls
 
     @property
     def keys(self) -> IndexKeys:
@@ -458,6 +485,8 @@ def shown_default(name: str) -> str:
         return "host name and PID"
     if name == "admin_redis_url":
         return "redis_url"
+    if name == "sentinel_tls":
+        return "as redis_url"
     if isinstance(default, SecretStr):
         return default.get_secret_value()
     if name.endswith("_stream"):

@@ -126,7 +126,7 @@ def add_settings_flags(parser: argparse.ArgumentParser, only: Sequence[str] | No
         flag = "--" + name.replace("_", "-")
         env = ENV_PREFIX + name.upper()
         help_text = f"{info.description} [env {env}; default {shown_default(name)}]"
-        if info.annotation is bool:
+        if info.annotation in (bool, bool | None):  # --sentinel-tls, --no-sentinel-tls; neither: the default
             group.add_argument(
                 flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text
             )
