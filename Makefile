@@ -13,7 +13,7 @@ MIN_STAMP := $(MIN_VENV)/.installed
 # (/metrics), fakeredis with lupa (the fake-Redis half of the suite and the embedded demo), numpy (the snapshot
 # read path's copy).
 MIN_TESTS := tests/test_index.py tests/test_stream.py tests/test_cli.py tests/test_demo.py tests/test_readme.py \
-	tests/test_worker_process.py tests/test_snapshot.py
+	tests/test_worker_process.py tests/test_snapshot.py tests/test_secrets.py tests/test_connection_sentinel_tls.py
 
 .PHONY: install demo test test-fast test-min-deps lint bench clean
 

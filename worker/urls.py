@@ -11,12 +11,13 @@ lists what must never be shown, for the logs to hide wherever it turns up.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable
 from typing import cast
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-from redis.connection import URL_QUERY_ARGUMENT_PARSERS, parse_url
+from redis.connection import URL_QUERY_ARGUMENT_PARSERS, SSLConnection, parse_url
 
 from .errors import RedisUrlError
 
@@ -39,10 +40,12 @@ _TLS_PARAMETERS = frozenset(
         "ssl_ciphers",
         "ssl_check_hostname",
         "ssl_min_version",
-        "ssl_include_verify_flags",
-        "ssl_exclude_verify_flags",
     }
 )
+# TLS options that only later redis-py versions' connections take (5.3 has no verify flags): allowed where the
+# installed one takes them, since an option it does not know fails at the first command
+_LATER_TLS_OPTIONS = frozenset({"ssl_include_verify_flags", "ssl_exclude_verify_flags"})
+_TLS_PARAMETERS |= _LATER_TLS_OPTIONS & frozenset(inspect.signature(SSLConnection.__init__).parameters)
 # TLS switches that redis-py parses from a URL only in its later versions (8.x): allowed where it parses them (an
 # unparsed "false" would reach the connection as a true string), and never on a plain connection, which refuses them
 _TLS_SWITCHES = frozenset({"ssl_validate_ocsp", "ssl_validate_ocsp_stapled"})
