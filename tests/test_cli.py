@@ -198,13 +198,27 @@ def test_publish_text_lines_and_query_text_find_the_same_log_line(server: RedisS
 
 
 def test_publish_says_how_far_it_got_when_redis_refuses(server: RedisServer, client: redis.Redis) -> None:
-    client.set(EVENTS, "not a stream")
-    done = cli(server, "publish", stdin=json.dumps(SPEC_EVENTS[0]) + "\n")
+    client.config_set("maxmemory", "1")  # every write refused: OOM (noeviction, the default policy)
+    try:
+        done = cli(server, "publish", stdin=json.dumps(SPEC_EVENTS[0]) + "\n")
+    finally:
+        client.config_set("maxmemory", "0")
     assert done.returncode == 1
-    assert "WRONGTYPE" in done.stderr and "before any event was confirmed published" in done.stderr
+    assert "maxmemory" in done.stderr and "before any event was confirmed published" in done.stderr
     assert "Sending the whole input again is safe" in done.stderr
     assert "lines 1 to 0" not in done.stderr and ".;" not in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_publish_names_an_events_stream_of_another_type_and_says_nothing_was_sent(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    client.set(EVENTS, "not a stream")
+    done = cli(server, "publish", stdin=json.dumps(SPEC_EVENTS[0]) + "\n")
+    assert done.returncode == 2, done.stderr
+    assert f"{EVENTS} holds a string, not the stream the index keeps there" in done.stderr
+    assert "Nothing was published; send the whole input again once it is fixed" in done.stderr
+    assert "WRONGTYPE" not in done.stderr and "Traceback" not in done.stderr
 
 
 def test_an_interrupted_publish_names_the_lines_sent_and_where_to_resume() -> None:

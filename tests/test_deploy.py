@@ -1144,6 +1144,35 @@ def test_producer_and_subscriber_run_their_subcommands(
     assert refusals(admin) == []
 
 
+@pytest.mark.parametrize(
+    ("user", "args", "key"),
+    [
+        (WORKER_USER, ("stats",), ALERTS_STREAM),
+        (WORKER_USER, ("dead",), DEAD_STREAM),
+        (SUBSCRIBER_USER, ("alerts", "--since", "0"), ALERTS_STREAM),
+        (PRODUCER_USER, ("publish", "-"), EVENTS),
+    ],
+    ids=["worker: stats", "worker: dead", "subscriber: alerts", "producer: publish"],
+)
+def test_a_key_of_another_type_is_named_to_each_user_without_refusals(
+    acl_server: RedisServer, admin: redis.Redis, user: str, args: tuple[str, ...], key: str
+) -> None:
+    """A stream key of another type is named with what it holds, as far as the user may ask (TYPE is granted to the
+    worker's and the subscriber's users; the producer's key access is write-only), and finding it costs no refusal
+    in the ACL log: `alerts` asks only about the alerts stream, the one key its user may read."""
+    admin.set(key, "by hand")
+    url = f"redis://{user}:{PASSWORDS[USER_PASSWORDS[user]]}@127.0.0.1:{acl_server.port}/0"
+    stdin = json.dumps({"incident_id": "1", "features": {"a": 1}}) + "\n"
+    env = clean_env(redis_url=url)
+    command = [*worker_command(), *args]
+    result = subprocess.run(command, env=env, input=stdin, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    held = "holds another type than the stream" if user == PRODUCER_USER else "holds a string, not the stream"
+    assert f"{key} {held} the index keeps there" in result.stderr, result.stderr
+    assert "WRONGTYPE Operation" not in result.stderr
+    assert [entry for entry in refusals(admin) if user != PRODUCER_USER or "type" not in entry] == []
+
+
 def test_load_functions_needs_the_admin(acl_server: RedisServer, admin: redis.Redis) -> None:
     admin.function_flush()
     as_worker = subprocess.run(

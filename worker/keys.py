@@ -145,6 +145,22 @@ class IndexKeys:
         """Whether Redis Cluster hashes `key` by this index's tag, so it lives in the index's slot."""
         return hash_tag(key) == self.namespace
 
+    def kind_of(self, key: str, streams: Sequence[str] = ()) -> str | None:
+        """The type the index keeps at `key`, as Redis's TYPE names it (hash, set, zset, stream, string), or None for
+        a key that is none of the index's. `streams` are the configured stream names, when not the defaults."""
+        fixed = {self.meta: "hash", self.fingerprints: "hash", self.migration: "hash", self.expiry: "zset"}
+        if key in fixed:
+            return fixed[key]
+        if key in (self.changes, self.events_stream, self.alerts_stream, self.dead_stream, *streams):
+            return "stream"
+        prefixes = {
+            self.postings_prefix(): "set",
+            self.twin_prefix: "zset",
+            self.heartbeat(""): "string",
+            self.lease(""): "string",
+        }
+        return next((kind for prefix, kind in prefixes.items() if key.startswith(prefix)), None)
+
 
 def glob_escape(text: str) -> str:
     """`text` with the characters SCAN MATCH treats as special escaped, so that it matches only itself."""

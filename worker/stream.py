@@ -42,6 +42,8 @@ from .errors import CredentialsRefusedError, DuplicateIncidentError, LayoutMisma
 from .fingerprint import format_fingerprint
 from .formats import MAX_INCIDENT_ID_LENGTH, DeadLetter, Heartbeat, IncidentEvent, event_error
 from .index import FingerprintIndex, retry_while_stale
+from .keys import IndexKeys
+from .keytypes import another_type, diagnose, held_type, incident_keys, is_wrong_type, search_keys
 from .library import (
     FN_APPLY,
     FN_CLAIM,
@@ -110,20 +112,12 @@ class WorkerStats:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
 
-def _another_type(key: str, kind: str) -> str:
-    """What to say of a key of the namespace that holds another type than the index keeps there."""
-    return (
-        f"{key} holds another type than a {kind}, which the index keeps there: rename or delete it (or give the "
-        "worker another namespace or stream names)"
-    )
-
-
-def _key_of_another_type(error: ResponseError, key: str, kind: str) -> Exception:
-    """A WRONGTYPE reply about `key` as the PreflightError that stops the worker (exit 2) naming it; others as they
-    are."""
-    if not str(error).startswith("WRONGTYPE"):
+def _key_of_another_type(error: ResponseError, redis: RedisClient, keys: IndexKeys, key: str, kind: str) -> Exception:
+    """A WRONGTYPE reply about `key` as the PreflightError that stops the worker (exit 2), naming it, the type it
+    holds and what to do (`keytypes.another_type`); other errors as they are."""
+    if not is_wrong_type(error):
         return error
-    return PreflightError(_another_type(key, kind) + ", so the worker does not start")
+    return PreflightError(another_type(keys, key, kind, held_type(redis, key)) + "; so the worker does not start")
 
 
 class StreamWorker:
@@ -326,11 +320,13 @@ class StreamWorker:
                 raise
         except ResponseError as error:
             if "BUSYGROUP" not in str(error):
-                raise _key_of_another_type(error, self.target.events_stream, "stream") from None
+                raise _key_of_another_type(
+                    error, self.redis, self.index.keys, self.target.events_stream, "stream"
+                ) from None
         try:
             self.index.open()
         except ResponseError as error:
-            raise _key_of_another_type(error, self.index.keys.meta, "hash") from None
+            raise _key_of_another_type(error, self.redis, self.index.keys, self.index.keys.meta, "hash") from None
         self.preflight()
         if self.index.adopted:
             self.log.warning(
@@ -370,7 +366,11 @@ class StreamWorker:
                 f"(ACL SETUSER {user} {grants}; the user's keys must include {keys.tag}:*), as deploy/redis/users.acl "
                 "does for incident-worker"
             )
-        problems += [_another_type(found[k + 1], found[k + 2]) for k in range(0, len(found), 3) if found[k] == "type"]
+        problems += [
+            another_type(keys, found[k + 1], found[k + 2], held_type(self.redis, found[k + 1]))
+            for k in range(0, len(found), 3)
+            if found[k] == "type"
+        ]
         if problems:
             raise PreflightError(
                 "; and ".join(problems) + ". A call refused midway would keep what it wrote before (an incident "
@@ -957,13 +957,26 @@ class StreamWorker:
             retrycount=item.deliveries,
             justid=True,
         )
+        hint = self._wrong_type_hint(item) if is_wrong_type(error) else None
         self.log.error(
             "entry failed; it stays pending and will be retried",
             entry_id=item.entry_id,
             error=str(error),
             deliveries=item.deliveries,
             max_deliveries=self.settings.max_deliveries,
+            **({"hint": hint} if hint else {}),
         )
+
+    def _wrong_type_hint(self, item: _Item) -> str | None:
+        """Which key of the namespace an entry's call met holding another type (Redis's WRONGTYPE names none), and
+        what to do: the keys of fixed names, and those of the incident's fingerprint and of its search."""
+        fp = item.event.fingerprint if item.event is not None else None
+        try:
+            extra = [] if fp is None else [*incident_keys(self.index, fp), *search_keys(self.index, fp)]
+            streams = [self.target.events_stream, self.target.alerts_stream, self.target.dead_stream]
+            return str(diagnose(self.redis, self.index.keys, streams=streams, extra=extra))
+        except redis_lib.RedisError:
+            return None
 
 
 def _entry_of(entry_id: Any, fields: Mapping[Any, Any] | None) -> Entry:

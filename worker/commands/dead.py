@@ -15,7 +15,9 @@ import redis
 from pydantic import ValidationError
 
 from ..connection import RedisClient
+from ..errors import KeyTypeError
 from ..formats import DEAD_LETTER_FIELDS, REASONS, DeadLetter
+from ..keytypes import another_type, held_type, is_wrong_type
 from ..replies import entries, entry_time_text, text
 from ..settings import Settings
 from ._format import json_line, plural, shown
@@ -30,8 +32,10 @@ from ._shared import (
     count_arg,
     describe,
     entry_id_in_range,
+    error_text,
     json_flag,
     say,
+    streams_of,
     with_settings,
 )
 
@@ -194,6 +198,20 @@ def _whole(letter: DeadLetter, original: dict[bytes, bytes]) -> bool:
     return kept == [tuple(size) for size in letter.original_sizes]
 
 
+def _writable(client: RedisClient, settings: Settings, stream: str) -> None:
+    """Raise KeyTypeError, before anything is written, when `stream` holds another type than a stream: MULTI/EXEC does
+    not roll back, so an XADD refused inside it would leave its XDEL done, and the dead letter lost."""
+    try:
+        client.xrevrange(stream, "+", "-", count=1)
+    except redis.ResponseError as error:
+        if not is_wrong_type(error):
+            raise
+        held = held_type(client, stream)
+        fix = another_type(settings.keys, stream, "stream", held, streams=streams_of(settings))
+        kept = f"{fix}. The dead letters are kept: replay them once it is fixed"
+        raise KeyTypeError(kept, stream, "stream", held) from None
+
+
 def _replay_transaction(
     client: RedisClient,
     settings: Settings,
@@ -204,21 +222,26 @@ def _replay_transaction(
 ) -> list[tuple[str, Any]]:
     """Read dead letters under WATCH, then re-add their originals to the events stream and delete them, in one
     MULTI/EXEC: a crash or a concurrent replay can neither lose a letter nor queue it twice. Returns what was read."""
+    target = settings.events_stream
     with client.pipeline(transaction=True) as pipe:
         for _ in range(WATCH_RETRIES):
             try:
                 pipe.watch(settings.dead_stream)
                 found = read(pipe)
                 chosen, skipped = _choose(found, wanted)
+                if chosen:
+                    _writable(client, settings, target)
                 if dry_run or not chosen:
                     pipe.unwatch()
                     new_ids: list[str | None] = [None] * len(chosen)
                 else:
                     pipe.multi()
                     for entry_id, _, original in chosen:
-                        pipe.xadd(settings.events_stream, original)  # type: ignore[arg-type]
+                        pipe.xadd(target, original)  # type: ignore[arg-type]
                         pipe.xdel(settings.dead_stream, entry_id)
-                    new_ids = [text(reply) for reply in pipe.execute()[0::2]]
+                    replies = pipe.execute(raise_on_error=False)
+                    _keep_unwritten(client, settings, found, chosen, replies)
+                    new_ids = [text(reply) for reply in replies[0::2]]
             except redis.WatchError:
                 continue
             report.skipped.extend(skipped)
@@ -236,6 +259,31 @@ def _replay_transaction(
     raise CommandError(
         f"{settings.dead_stream} changed under every one of {WATCH_RETRIES} attempts to replay a chunk; "
         "try again when the workers are quieter"
+    )
+
+
+def _keep_unwritten(
+    client: RedisClient, settings: Settings, found: list[tuple[str, Any]], chosen: list[_Chosen], replies: list[Any]
+) -> None:
+    """After EXEC: a letter whose XADD Redis refused (the stream's type changed after `_writable` looked) was deleted
+    all the same, as MULTI/EXEC does not roll back; it is written back to the dead-letter stream, whole, and the
+    command fails saying why."""
+    raw = dict(found)
+    failed = []
+    for (entry_id, _, _), added, deleted in zip(chosen, replies[0::2], replies[1::2], strict=True):
+        if not isinstance(added, Exception):
+            continue
+        if deleted == 1:
+            client.xadd(settings.dead_stream, raw[entry_id])
+        failed.append((entry_id, added))
+    if not failed:
+        return
+    entry_id, error = failed[0]
+    if is_wrong_type(error):
+        _writable(client, settings, settings.events_stream)
+    raise CommandError(
+        f"Redis refused to re-add dead letter {entry_id} ({error_text(error)}); it is kept in {settings.dead_stream} "
+        f"(as a new entry), with {plural(len(failed) - 1, 'other')} refused the same way"
     )
 
 
