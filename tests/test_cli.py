@@ -370,6 +370,7 @@ def test_stats_advises_the_default_layout_when_the_workers_search_their_own_copi
     index_spec_example(server, tmp_path)
     beat = Heartbeat(consumer="w9", at=time.time(), read_path="snapshot")
     client.set("{incidents}:heartbeat:w9", beat.to_value(), px=60_000)
+    client.zadd("{incidents}:workers", {"w9": time.time() * 1000 + 60_000})  # as each beat enters it
     stats = json.loads(cli(server, "stats", "--json").stdout)
     assert stats["recommended_bands"] == 4
     assert "snapshot read path" in stats["recommendation"] and "the layout in use" in stats["recommendation"]
@@ -608,6 +609,7 @@ def test_plain_check_finds_a_named_worker_of_this_host_and_names_those_elsewhere
 ) -> None:
     elsewhere = json.dumps({"consumer": "far-away", "at": time.time(), "host": "another-host", "processed": 3})
     client.set("{incidents}:heartbeat:far-away", elsewhere, px=60_000)
+    client.zadd("{incidents}:workers", {"far-away": time.time() * 1000 + 60_000})  # as each beat enters it
     lonely = cli(server, "check")
     assert lonely.returncode == 1, "a worker on another host does not make this one healthy"
     assert "no live heartbeat of a worker on host" in lonely.stderr and "far-away on another-host" in lonely.stderr

@@ -891,11 +891,14 @@ def test_operator_reads_and_replays_work_as_the_acl_user(admin: redis.Redis, wor
     FingerprintIndex(client).add("1", {"a": 1})
     posting = FingerprintIndex(client).posting_keys(fingerprint({"a": 1}))[0]
     assert client.scard(posting) == 1 and client.sismember(posting, "1")
-    # the heartbeat, and `check` and `stats` finding it
+    # the heartbeat and the registry of workers, and `check` and `stats` finding it there (no SCAN)
     client.set("{incidents}:heartbeat:probe", "{}", px=5000)
-    assert list(client.scan_iter(match="{incidents}:heartbeat:*")) == [b"{incidents}:heartbeat:probe"]
+    client.zadd("{incidents}:workers", {"probe": 5000})
+    client.zremrangebyscore("{incidents}:workers", "-inf", 0)
+    assert client.execute_command("ZRANGE", "{incidents}:workers", 0, 999, "REV") == [b"probe"]
     assert client.mget(["{incidents}:heartbeat:probe"]) == [b"{}"]
     assert client.delete("{incidents}:heartbeat:probe") == 1
+    assert client.zrem("{incidents}:workers", "probe") == 1
     assert refusals(admin) == []
 
 

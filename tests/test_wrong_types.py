@@ -101,6 +101,7 @@ CASES: list[tuple[str, str, set[tuple[str, ...]]]] = [
     (KEYS.migration, "hash", {STATS, STATS_JSON, MIGRATE, ABORT}),
     (KEYS.lease("upkeep"), "string", {STATS, STATS_JSON}),
     (KEYS.heartbeat("w1"), "string", set()),  # the worker's next beat (SET) overwrites it
+    (KEYS.workers, "sorted set", {STATS, STATS_JSON, CHECK}),
 ]
 
 BARE = ("WRONGTYPE Operation", "wrong kind of value", "Traceback")
@@ -176,6 +177,7 @@ def populate(client: redis.Redis) -> None:
     client.set(KEYS.lease("upkeep"), "w1", px=HOUR_MS)
     beat = Heartbeat(consumer="w1", at=time.time(), host=socket.gethostname())
     client.set(KEYS.heartbeat("w1"), beat.to_value(), px=HOUR_MS)
+    client.zadd(KEYS.workers, {"w1": time.time() * 1000 + HOUR_MS})
 
 
 def give_another_type(client: redis.Redis, key: str, kind: str) -> str:
@@ -334,3 +336,17 @@ def test_expire_names_a_posting_set_of_another_type_among_those_of_the_incidents
     code, _, err = run(["expire"], capsys)
     assert code == 2, err
     assert f"{posting} holds a string, not the set the index keeps there" in err, err
+
+
+def test_a_worker_stops_naming_a_registry_of_another_type(admin: redis.Redis) -> None:
+    """Each heartbeat enters the worker in {N}:workers: of another type, the worker stops at once (exit 2 from run),
+    naming it, rather than beat without being found by `check`."""
+    from worker.errors import KeyTypeError
+    from worker.settings import Settings
+    from worker.stream import StreamWorker
+
+    admin.set(KEYS.workers, "by hand")
+    client = redis.Redis(connection_pool=admin.connection_pool)
+    worker = StreamWorker(client, Settings(consumer="w1", block_ms=50, read_path="primary"))
+    with pytest.raises(KeyTypeError, match=r"\{incidents\}:workers holds a string, not the sorted set"):
+        worker.run(until_idle=True)

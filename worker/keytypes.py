@@ -94,7 +94,7 @@ def _advice(keys: IndexKeys, key: str, streams: Sequence[str]) -> str:
             f"delete it ({delete}): it holds the state of a move to another layout (`incident-worker migrate`), which "
             "cannot go on from it; start the move again if one was under way"
         )
-    if key.startswith((keys.heartbeat(""), keys.lease(""))):
+    if key.startswith((keys.heartbeat(""), keys.lease(""))) or key == keys.workers:
         return f"delete it ({delete}): the workers write it again within seconds"
     if key in (keys.events_stream, keys.alerts_stream, keys.dead_stream, *streams):
         return (
@@ -129,6 +129,7 @@ def fixed_keys(keys: IndexKeys, streams: Sequence[str] = ()) -> dict[str, str]:
     """The namespace's keys of fixed names, each with the type the index keeps there: where most commands meet a key
     of another type. `streams` are the configured stream names."""
     names = [keys.meta, keys.fingerprints, keys.changes, keys.expiry, keys.migration, keys.lease("upkeep")]
+    names.append(keys.workers)
     names += [keys.events_stream, keys.alerts_stream, keys.dead_stream, *streams]
     return {name: kind for name in dict.fromkeys(names) if (kind := keys.kind_of(name, streams)) is not None}
 

@@ -349,7 +349,7 @@ class Settings(BaseSettings):
         names = [self.events_stream, self.alerts_stream, self.dead_stream]
         if len(set(names)) != 3:
             raise ValueError(f"the events, alerts and dead-letter streams must differ, got {names}")
-        taken = {keys.meta, keys.fingerprints, keys.changes}
+        taken = {keys.meta, keys.fingerprints, keys.changes, keys.workers}
         for stream in names:
             if stream in taken or stream.startswith((keys.band_prefix(0)[: -len("0:")], keys.heartbeat(""))):
                 raise ValueError(

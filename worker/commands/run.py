@@ -63,6 +63,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     from ..errors import (
         CredentialsRefusedError,
         FunctionsMissingError,
+        KeyTypeError,
         LayoutMismatchError,
         PreflightError,
         TokenizerMismatchError,
@@ -100,6 +101,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         (FunctionsMissingError, "functions library missing; stopping"),
         (CredentialsRefusedError, "redis refused the worker's credentials; not starting"),
         (PreflightError, "redis user or keys not fit for the worker; not starting"),
+        (KeyTypeError, "a key of the namespace holds another type; stopping"),
     )
     try:
         worker.run(until_idle=args.until_idle)
