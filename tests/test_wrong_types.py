@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
-from tests.redis_server import RedisServer, free_port
-from worker import library, retention
+from worker import retention
 from worker.cli import main
 from worker.fingerprint import fingerprint, format_fingerprint
 from worker.formats import Alert, DeadLetter, Heartbeat, Match
@@ -107,45 +104,6 @@ CASES: list[tuple[str, str, set[tuple[str, ...]]]] = [
 BARE = ("WRONGTYPE Operation", "wrong kind of value", "Traceback")
 
 
-# -- two Redis servers: a real one and fakeredis's TCP server ---------------------------------------------------
-
-
-@pytest.fixture(params=["real", "fake"])
-def redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    if request.param == "real":
-        server: RedisServer = request.getfixturevalue("server")
-        yield server.url
-        return
-    from fakeredis import TcpFakeServer
-
-    port = free_port()
-    fake = TcpFakeServer(("127.0.0.1", port), server_version=(7, 0))
-    thread = threading.Thread(target=fake.serve_forever, name="fake-redis", daemon=True)
-    thread.start()
-    try:
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        fake.shutdown()
-        fake.server_close()
-        thread.join(timeout=5)
-
-
-@pytest.fixture
-def admin(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    client.flushall()
-    client.function_flush()
-    library.load(client)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def operator(redis_url: str, no_worker_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The commands' environment: this Redis, nothing else from the caller's shell."""
-    monkeypatch.setenv("INCIDENT_WORKER_REDIS_URL", redis_url)
-
-
 def populate(client: redis.Redis) -> None:
     """A namespace with every key of the contract's table: incidents (two of them twins) under a retention window,
     an event, an alert, a dead letter, the upkeep's lease, and a worker of this host beating."""
@@ -212,8 +170,8 @@ A_KIND |= {"sorted set": "a sorted set", "stream": "a stream"}
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("key", "kind", "refusing"), CASES, ids=[case[0] for case in CASES])
 def test_every_command_names_a_key_of_another_type_and_what_to_do(
-    admin: redis.Redis,
-    operator: None,
+    cli_admin: redis.Redis,
+    cli_env: None,
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,
     key: str,
@@ -223,10 +181,10 @@ def test_every_command_names_a_key_of_another_type_and_what_to_do(
     assert refusing <= set(COMMANDS)
     wrong: list[str] = []
     for command in COMMANDS:
-        admin.flushall()
-        populate(admin)
-        assert admin.exists(key) or key == KEYS.migration, f"populate() wrote no {key}"  # (no move under way)
-        held = give_another_type(admin, key, kind)
+        cli_admin.flushall()
+        populate(cli_admin)
+        assert cli_admin.exists(key) or key == KEYS.migration, f"populate() wrote no {key}"  # (no move under way)
+        held = give_another_type(cli_admin, key, kind)
         code, out, err = run(argv_of(command, tmp_path), capsys)
         said = out + err
         shown = " ".join(command)
@@ -245,11 +203,11 @@ def test_every_command_names_a_key_of_another_type_and_what_to_do(
 
 
 def test_the_message_says_what_to_do_for_the_source_of_truth(
-    admin: redis.Redis, operator: None, capsys: pytest.CaptureFixture[str]
+    cli_admin: redis.Redis, cli_env: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """{N}:fp holds every fingerprint: the advice is a backup or sending the events again, never a bare DEL."""
-    populate(admin)
-    give_another_type(admin, KEYS.fingerprints, "hash")
+    populate(cli_admin)
+    give_another_type(cli_admin, KEYS.fingerprints, "hash")
     code, _, err = run(["stats"], capsys)
     assert code == 2
     assert "source of truth" in err and "backup" in err, err
@@ -257,29 +215,29 @@ def test_the_message_says_what_to_do_for_the_source_of_truth(
 
 
 def test_a_dead_letter_is_kept_when_its_replay_cannot_be_written(
-    admin: redis.Redis, operator: None, capsys: pytest.CaptureFixture[str]
+    cli_admin: redis.Redis, cli_env: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """MULTI/EXEC does not roll back: a replay whose XADD meets an events stream of another type deleted the letter
     anyway, and the event was lost. The replay now looks before it writes, and keeps the letter."""
-    populate(admin)
-    before = admin.xrange(KEYS.dead_stream)
-    give_another_type(admin, KEYS.events_stream, "stream")
+    populate(cli_admin)
+    before = cli_admin.xrange(KEYS.dead_stream)
+    give_another_type(cli_admin, KEYS.events_stream, "stream")
     code, _, err = run(["dead", "replay", "--all"], capsys)
     assert code == 2, err
-    assert admin.xrange(KEYS.dead_stream) == before, "the dead letter was lost"
-    assert admin.type(KEYS.events_stream) in (b"string", "string")
+    assert cli_admin.xrange(KEYS.dead_stream) == before, "the dead letter was lost"
+    assert cli_admin.type(KEYS.events_stream) in (b"string", "string")
 
 
 def test_a_letter_deleted_by_a_refused_replay_is_written_back(
-    admin: redis.Redis, operator: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    cli_admin: redis.Redis, cli_env: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Should the stream's type change between the replay's look and its EXEC, the EXEC deletes the letter all the
     same (no roll back): the replay writes it back, whole, and says so."""
     from worker.commands import dead
 
-    populate(admin)
-    [(_, letter)] = admin.xrange(KEYS.dead_stream)
-    give_another_type(admin, KEYS.events_stream, "stream")
+    populate(cli_admin)
+    [(_, letter)] = cli_admin.xrange(KEYS.dead_stream)
+    give_another_type(cli_admin, KEYS.events_stream, "stream")
     looked: list[str] = []
     look = dead._writable
 
@@ -293,11 +251,11 @@ def test_a_letter_deleted_by_a_refused_replay_is_written_back(
     code, _, err = run(["dead", "replay", "--all"], capsys)
     assert code == 2, err
     assert f"{KEYS.events_stream} holds a string" in err and "dead letters are kept" in err, err
-    [(_, kept)] = admin.xrange(KEYS.dead_stream)
+    [(_, kept)] = cli_admin.xrange(KEYS.dead_stream)
     assert kept == letter
 
 
-def test_an_entry_failed_on_a_posting_set_of_another_type_says_which_in_the_workers_log(admin: redis.Redis) -> None:
+def test_an_entry_failed_on_a_posting_set_of_another_type_says_which_in_the_workers_log(cli_admin: redis.Redis) -> None:
     """The start-up check looks at one posting key; an entry whose call meets another of another type failed with
     the bare reply in the log, delivery after delivery, until it was dead-lettered as poison. The log line now names
     the key and what to do."""
@@ -307,15 +265,15 @@ def test_an_entry_failed_on_a_posting_set_of_another_type_says_which_in_the_work
     from worker.settings import Settings
     from worker.stream import StreamWorker
 
-    populate(admin)
-    road = FingerprintIndex(admin, "incidents", 4, 7).posting_keys(fingerprint(ROAD))[2]
-    admin.xadd(KEYS.events_stream, {"incident_id": "INC-6", "features": json.dumps(ROAD)})
+    populate(cli_admin)
+    road = FingerprintIndex(cli_admin, "incidents", 4, 7).posting_keys(fingerprint(ROAD))[2]
+    cli_admin.xadd(KEYS.events_stream, {"incident_id": "INC-6", "features": json.dumps(ROAD)})
     out = io.StringIO()
     configure_logging("json", "info", stream=out)
-    client = redis.Redis(connection_pool=admin.connection_pool)  # bytes replies, as the worker needs
+    client = redis.Redis(connection_pool=cli_admin.connection_pool)  # bytes replies, as the worker needs
     worker = StreamWorker(client, Settings(consumer="w1", block_ms=50, claim_interval_ms=100, read_path="primary"))
     worker.setup()
-    give_another_type(admin, road, "set")
+    give_another_type(cli_admin, road, "set")
     worker.read_and_process()
     failed = [json.loads(line) for line in out.getvalue().splitlines() if "entry failed" in line]
     assert failed, out.getvalue()
@@ -324,29 +282,29 @@ def test_an_entry_failed_on_a_posting_set_of_another_type_says_which_in_the_work
 
 
 def test_expire_names_a_posting_set_of_another_type_among_those_of_the_incidents_due(
-    admin: redis.Redis, operator: None, capsys: pytest.CaptureFixture[str]
+    cli_admin: redis.Redis, cli_env: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    populate(admin)
-    index = FingerprintIndex(admin, "incidents", 4, 7)
+    populate(cli_admin)
+    index = FingerprintIndex(cli_admin, "incidents", 4, 7)
     index.open()
     retention.set_window(index, 1)  # every incident is due a millisecond later
     time.sleep(0.01)
     posting = index.posting_keys(fingerprint(ROAD))[1]
-    give_another_type(admin, posting, "set")
+    give_another_type(cli_admin, posting, "set")
     code, _, err = run(["expire"], capsys)
     assert code == 2, err
     assert f"{posting} holds a string, not the set the index keeps there" in err, err
 
 
-def test_a_worker_stops_naming_a_registry_of_another_type(admin: redis.Redis) -> None:
+def test_a_worker_stops_naming_a_registry_of_another_type(cli_admin: redis.Redis) -> None:
     """Each heartbeat enters the worker in {N}:workers: of another type, the worker stops at once (exit 2 from run),
     naming it, rather than beat without being found by `check`."""
     from worker.errors import KeyTypeError
     from worker.settings import Settings
     from worker.stream import StreamWorker
 
-    admin.set(KEYS.workers, "by hand")
-    client = redis.Redis(connection_pool=admin.connection_pool)
+    cli_admin.set(KEYS.workers, "by hand")
+    client = redis.Redis(connection_pool=cli_admin.connection_pool)
     worker = StreamWorker(client, Settings(consumer="w1", block_ms=50, read_path="primary"))
     with pytest.raises(KeyTypeError, match=r"\{incidents\}:workers holds a string, not the sorted set"):
         worker.run(until_idle=True)
