@@ -14,6 +14,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -213,3 +214,45 @@ def seal_at(request: pytest.FixtureRequest) -> Iterator[int]:
     worker.snapshot._SEAL_AT = request.param
     yield request.param
     worker.snapshot._SEAL_AT = saved
+
+
+# -- the commands in this process, against a real server and fakeredis's TCP server --------------------------------
+
+
+@pytest.fixture(params=["real", "fake"])
+def cli_redis_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The URL of a clean Redis for `worker.cli.main` run in this process: the session's real redis-server, or
+    fakeredis's TCP server started for this test."""
+    if request.param == "real":
+        server: RedisServer = request.getfixturevalue("server")
+        yield server.url
+        return
+    from fakeredis import TcpFakeServer
+
+    port = free_port()
+    fake = TcpFakeServer(("127.0.0.1", port), server_version=(7, 0))
+    thread = threading.Thread(target=fake.serve_forever, name="fake-redis", daemon=True)
+    thread.start()
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        fake.shutdown()
+        fake.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+def cli_admin(cli_redis_url: str) -> Iterator[redis.Redis]:
+    """A client of that Redis (bytes replies), emptied, with the functions loaded (the administrator's step)."""
+    client = redis.Redis.from_url(cli_redis_url)
+    client.flushall()
+    client.function_flush()
+    library.load(client)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def cli_env(cli_redis_url: str, no_worker_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commands' environment: that Redis, nothing else from the caller's shell."""
+    monkeypatch.setenv("INCIDENT_WORKER_REDIS_URL", cli_redis_url)

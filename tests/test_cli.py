@@ -198,13 +198,27 @@ def test_publish_text_lines_and_query_text_find_the_same_log_line(server: RedisS
 
 
 def test_publish_says_how_far_it_got_when_redis_refuses(server: RedisServer, client: redis.Redis) -> None:
-    client.set(EVENTS, "not a stream")
-    done = cli(server, "publish", stdin=json.dumps(SPEC_EVENTS[0]) + "\n")
+    client.config_set("maxmemory", "1")  # every write refused: OOM (noeviction, the default policy)
+    try:
+        done = cli(server, "publish", stdin=json.dumps(SPEC_EVENTS[0]) + "\n")
+    finally:
+        client.config_set("maxmemory", "0")
     assert done.returncode == 1
-    assert "WRONGTYPE" in done.stderr and "before any event was confirmed published" in done.stderr
+    assert "maxmemory" in done.stderr and "before any event was confirmed published" in done.stderr
     assert "Sending the whole input again is safe" in done.stderr
     assert "lines 1 to 0" not in done.stderr and ".;" not in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_publish_names_an_events_stream_of_another_type_and_says_nothing_was_sent(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    client.set(EVENTS, "not a stream")
+    done = cli(server, "publish", stdin=json.dumps(SPEC_EVENTS[0]) + "\n")
+    assert done.returncode == 2, done.stderr
+    assert f"{EVENTS} holds a string, not the stream the index keeps there" in done.stderr
+    assert "Nothing was published; send the whole input again once it is fixed" in done.stderr
+    assert "WRONGTYPE" not in done.stderr and "Traceback" not in done.stderr
 
 
 def test_an_interrupted_publish_names_the_lines_sent_and_where_to_resume() -> None:
@@ -356,6 +370,7 @@ def test_stats_advises_the_default_layout_when_the_workers_search_their_own_copi
     index_spec_example(server, tmp_path)
     beat = Heartbeat(consumer="w9", at=time.time(), read_path="snapshot")
     client.set("{incidents}:heartbeat:w9", beat.to_value(), px=60_000)
+    client.zadd("{incidents}:workers", {"w9": time.time() * 1000 + 60_000})  # as each beat enters it
     stats = json.loads(cli(server, "stats", "--json").stdout)
     assert stats["recommended_bands"] == 4
     assert "snapshot read path" in stats["recommendation"] and "the layout in use" in stats["recommendation"]
@@ -594,6 +609,7 @@ def test_plain_check_finds_a_named_worker_of_this_host_and_names_those_elsewhere
 ) -> None:
     elsewhere = json.dumps({"consumer": "far-away", "at": time.time(), "host": "another-host", "processed": 3})
     client.set("{incidents}:heartbeat:far-away", elsewhere, px=60_000)
+    client.zadd("{incidents}:workers", {"far-away": time.time() * 1000 + 60_000})  # as each beat enters it
     lonely = cli(server, "check")
     assert lonely.returncode == 1, "a worker on another host does not make this one healthy"
     assert "no live heartbeat of a worker on host" in lonely.stderr and "far-away on another-host" in lonely.stderr

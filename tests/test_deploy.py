@@ -891,11 +891,14 @@ def test_operator_reads_and_replays_work_as_the_acl_user(admin: redis.Redis, wor
     FingerprintIndex(client).add("1", {"a": 1})
     posting = FingerprintIndex(client).posting_keys(fingerprint({"a": 1}))[0]
     assert client.scard(posting) == 1 and client.sismember(posting, "1")
-    # the heartbeat, and `check` and `stats` finding it
+    # the heartbeat and the registry of workers, and `check` and `stats` finding it there (no SCAN)
     client.set("{incidents}:heartbeat:probe", "{}", px=5000)
-    assert list(client.scan_iter(match="{incidents}:heartbeat:*")) == [b"{incidents}:heartbeat:probe"]
+    client.zadd("{incidents}:workers", {"probe": 5000})
+    client.zremrangebyscore("{incidents}:workers", "-inf", 0)
+    assert client.execute_command("ZRANGE", "{incidents}:workers", 0, 999, "REV") == [b"probe"]
     assert client.mget(["{incidents}:heartbeat:probe"]) == [b"{}"]
     assert client.delete("{incidents}:heartbeat:probe") == 1
+    assert client.zrem("{incidents}:workers", "probe") == 1
     assert refusals(admin) == []
 
 
@@ -1142,6 +1145,35 @@ def test_producer_and_subscriber_run_their_subcommands(
     grouped = cli(SUBSCRIBER_USER, "alerts", "--group", "pager", "--from-start", "--count", "5", "--json")
     assert len(grouped.splitlines()) == 2
     assert refusals(admin) == []
+
+
+@pytest.mark.parametrize(
+    ("user", "args", "key"),
+    [
+        (WORKER_USER, ("stats",), ALERTS_STREAM),
+        (WORKER_USER, ("dead",), DEAD_STREAM),
+        (SUBSCRIBER_USER, ("alerts", "--since", "0"), ALERTS_STREAM),
+        (PRODUCER_USER, ("publish", "-"), EVENTS),
+    ],
+    ids=["worker: stats", "worker: dead", "subscriber: alerts", "producer: publish"],
+)
+def test_a_key_of_another_type_is_named_to_each_user_without_refusals(
+    acl_server: RedisServer, admin: redis.Redis, user: str, args: tuple[str, ...], key: str
+) -> None:
+    """A stream key of another type is named with what it holds, as far as the user may ask (TYPE is granted to the
+    worker's and the subscriber's users; the producer's key access is write-only), and finding it costs no refusal
+    in the ACL log: `alerts` asks only about the alerts stream, the one key its user may read."""
+    admin.set(key, "by hand")
+    url = f"redis://{user}:{PASSWORDS[USER_PASSWORDS[user]]}@127.0.0.1:{acl_server.port}/0"
+    stdin = json.dumps({"incident_id": "1", "features": {"a": 1}}) + "\n"
+    env = clean_env(redis_url=url)
+    command = [*worker_command(), *args]
+    result = subprocess.run(command, env=env, input=stdin, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    held = "holds another type than the stream" if user == PRODUCER_USER else "holds a string, not the stream"
+    assert f"{key} {held} the index keeps there" in result.stderr, result.stderr
+    assert "WRONGTYPE Operation" not in result.stderr
+    assert [entry for entry in refusals(admin) if user != PRODUCER_USER or "type" not in entry] == []
 
 
 def test_load_functions_needs_the_admin(acl_server: RedisServer, admin: redis.Redis) -> None:

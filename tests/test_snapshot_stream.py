@@ -223,7 +223,7 @@ def test_a_stream_key_of_another_type_stops_the_worker_before_it_indexes(client:
     and acknowledged it without an alert (the pair was lost), and the change log missed it too."""
     client.set("{incidents}:alerts", "not a stream")
     publish(client, [{"incident_id": n, "features": DOCK} for n in ("a", "b")])
-    with pytest.raises(PreflightError, match=r"\{incidents\}:alerts holds another type than a stream"):
+    with pytest.raises(PreflightError, match=r"\{incidents\}:alerts holds a string, not the stream the index keeps"):
         worker(client, read_path=read_path).run(until_idle=True)
     assert client.hlen(FP) == 0
 
@@ -234,13 +234,15 @@ def test_a_stream_key_of_another_type_stops_the_worker_before_it_indexes(client:
 def test_an_index_key_of_another_type_stops_the_worker_and_names_it(client: redis.Redis, key: str, kind: str) -> None:
     """Every call reads {N}:fp first: a string there failed each call whole, so every event of the stream went to the
     dead letters as poison. {N}:meta or the events stream of another type ended the worker with a bare WRONGTYPE
-    (exit 1). Each now stops the worker at its start (exit 2), naming the key and the type it must be."""
+    (exit 1). Each now stops the worker at its start (exit 2), naming the key, the type it holds, the type it must
+    be, and what to do."""
     publish(client, [{"incident_id": n, "features": DOCK} for n in ("a", "b")])
     if key.endswith(":events"):
         client.delete(key)
     client.set(key, "not ours")
-    with pytest.raises(PreflightError, match=rf"{re.escape(key)} holds another type than a {kind}"):
+    with pytest.raises(PreflightError, match=rf"{re.escape(key)} holds a string, not the {kind} the index keeps") as e:
         worker(client, max_deliveries=1).run(until_idle=True)
+    assert "redis-cli" in str(e.value)
     assert client.xlen("{incidents}:dead") == 0
 
 

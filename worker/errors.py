@@ -14,6 +14,8 @@ Library errors (what a caller of `worker.fingerprint`, `worker.bands` or `worker
   * `StaleRetriesExhaustedError`: an upsert or delete kept racing another client rewriting the same incident.
   * `PreflightError`: the worker's Redis user may not run a command the index's functions send, or one of the
     namespace's keys holds another type; a call would stop midway, keeping what it wrote before.
+  * `KeyTypeError`: a key of the namespace holds another type than the index keeps there (Redis's WRONGTYPE); the
+    message names the key, the type it holds and what to do (`worker.keytypes` builds it).
 
 Command-line errors (how a subcommand ends without a traceback):
 
@@ -31,6 +33,7 @@ __all__ = [
     "FunctionsMissingError",
     "InvalidFeaturesError",
     "InvalidLineError",
+    "KeyTypeError",
     "LayoutError",
     "LayoutMismatchError",
     "PreflightError",
@@ -99,6 +102,18 @@ class PreflightError(FingerprintIndexError):
     """The worker's Redis user may not run a command the index's functions send, or a key of the namespace holds
     another type: a function stops at the first command refused and keeps what it wrote before it (an incident
     indexed without its change-log entry or its alert), so a worker does not start so. The message says what to do."""
+
+
+class KeyTypeError(FingerprintIndexError):
+    """A key of the namespace holds another type than the index keeps there: an operator's slip with redis-cli, a
+    restore into the wrong database, another application's key. `key` is None when Redis said WRONGTYPE but no key the
+    command could name was found; the message then says how to find it. Built by `worker.keytypes`."""
+
+    def __init__(self, message: str, key: str | None = None, expected: str | None = None, held: str | None = None):
+        super().__init__(message)
+        self.key = key
+        self.expected = expected
+        self.held = held
 
 
 class CredentialsRefusedError(FingerprintIndexError):

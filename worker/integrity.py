@@ -27,6 +27,7 @@ from .connection import RedisClient
 from .errors import CommandError
 from .index import FORMAT_VERSION, SCHEME, FingerprintIndex, base_tag
 from .keys import IndexKeys
+from .keytypes import diagnose, is_wrong_type
 from .replies import text
 from .transport import scan_slot
 
@@ -409,6 +410,8 @@ class Verifier:
                 ) from None
             if library.is_missing_function(error):  # type: ignore[arg-type]
                 raise CommandError(library.missing_message()) from None
+            if is_wrong_type(error):  # a key of the subjects (or of the index) holds another type: name it
+                raise diagnose(self.client, self.keys, only=[text(key) for key in keys]) from None
             raise
         return [
             (int(reply[i]) - 1, text(reply[i + 1]), text(reply[i + 2]), text(reply[i + 3]))

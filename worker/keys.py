@@ -141,9 +141,33 @@ class IndexKeys:
         """String with a TTL: a worker's proof of life, read by `incident-worker check`."""
         return f"{self.tag}:heartbeat:{consumer}"
 
+    @functools.cached_property
+    def workers(self) -> str:
+        """Sorted set: the consumer name of every worker that beat within the last hour, scored with the time its
+        heartbeat expires (ms, the worker's clock). Each heartbeat enters it; `check` and `stats` read it instead of
+        scanning the keyspace for heartbeat keys."""
+        return f"{self.tag}:workers"
+
     def owns(self, key: str) -> bool:
         """Whether Redis Cluster hashes `key` by this index's tag, so it lives in the index's slot."""
         return hash_tag(key) == self.namespace
+
+    def kind_of(self, key: str, streams: Sequence[str] = ()) -> str | None:
+        """The type the index keeps at `key`, as Redis's TYPE names it (hash, set, zset, stream, string), or None for
+        a key that is none of the index's. `streams` are the configured stream names, when not the defaults."""
+        fixed = {self.meta: "hash", self.fingerprints: "hash", self.migration: "hash", self.expiry: "zset"}
+        fixed[self.workers] = "zset"
+        if key in fixed:
+            return fixed[key]
+        if key in (self.changes, self.events_stream, self.alerts_stream, self.dead_stream, *streams):
+            return "stream"
+        prefixes = {
+            self.postings_prefix(): "set",
+            self.twin_prefix: "zset",
+            self.heartbeat(""): "string",
+            self.lease(""): "string",
+        }
+        return next((kind for prefix, kind in prefixes.items() if key.startswith(prefix)), None)
 
 
 def glob_escape(text: str) -> str:

@@ -35,6 +35,7 @@ __all__ = [
     "ExpireResult",
     "RetentionState",
     "backfill_step",
+    "call_keys",
     "expire_batch",
     "expire_due",
     "expire_picked",
@@ -142,6 +143,11 @@ def _expire_call(index: FingerprintIndex, picked: list[tuple[Any, Any]]) -> tupl
         call_keys.extend(postings)
         args += [incident_id, expected, len(postings)]
     return call_keys, args
+
+
+def call_keys(index: FingerprintIndex, picked: list[tuple[Any, Any]]) -> list[str]:
+    """The keys an expire call of these picked incidents touches (their postings and twin groups among them)."""
+    return [replies.text(key) for key in _expire_call(index, picked)[0]]
 
 
 def expire_picked(index: FingerprintIndex, picked: list[tuple[Any, Any]]) -> ExpireResult:

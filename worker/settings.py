@@ -367,9 +367,10 @@ class Settings(BaseSettings):
         names = [self.events_stream, self.alerts_stream, self.dead_stream]
         if len(set(names)) != 3:
             raise ValueError(f"the events, alerts and dead-letter streams must differ, got {names}")
-        taken = {keys.meta, keys.fingerprints, keys.changes}
+        taken = {keys.meta, keys.fingerprints, keys.changes, keys.workers, keys.expiry, keys.migration}
+        prefixes = (keys.postings_prefix(), keys.twin_prefix, keys.heartbeat(""), keys.lease(""))
         for stream in names:
-            if stream in taken or stream.startswith((keys.band_prefix(0)[: -len("0:")], keys.heartbeat(""))):
+            if stream in taken or stream.startswith(prefixes):
                 raise ValueError(
                     f"stream name {stream!r} is a key the index itself uses; pick another, such as {keys.tag}:alerts"
                 )

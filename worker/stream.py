@@ -38,10 +38,18 @@ from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, 
 
 from .connection import RedisClient
 from .entries import Entry, next_id, parse_entries
-from .errors import CredentialsRefusedError, DuplicateIncidentError, LayoutMismatchError, PreflightError
+from .errors import (
+    CredentialsRefusedError,
+    DuplicateIncidentError,
+    KeyTypeError,
+    LayoutMismatchError,
+    PreflightError,
+)
 from .fingerprint import format_fingerprint
 from .formats import MAX_INCIDENT_ID_LENGTH, DeadLetter, Heartbeat, IncidentEvent, event_error
 from .index import FingerprintIndex, retry_while_stale
+from .keys import IndexKeys
+from .keytypes import another_type, diagnose, held_type, incident_keys, is_wrong_type, search_keys
 from .library import (
     FN_APPLY,
     FN_CLAIM,
@@ -68,6 +76,10 @@ __all__ = ["StreamWorker", "WorkerStats"]
 
 _DEAD_CONSUMER_IDLE_MS = 3_600_000
 """A consumer with nothing pending and silent for an hour has gone; its name is removed from the group."""
+
+_FORGET_WORKER_MS = 3_600_000
+"""A name in `{N}:workers` whose heartbeat expired an hour ago (a crashed worker's) is removed by the next beat of any
+worker: the registry holds the workers of the last hour, and `check` reads a bounded number of them."""
 
 
 _WAIT_OUT_CODES = frozenset({"BUSY", "LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS"})
@@ -110,20 +122,12 @@ class WorkerStats:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
 
-def _another_type(key: str, kind: str) -> str:
-    """What to say of a key of the namespace that holds another type than the index keeps there."""
-    return (
-        f"{key} holds another type than a {kind}, which the index keeps there: rename or delete it (or give the "
-        "worker another namespace or stream names)"
-    )
-
-
-def _key_of_another_type(error: ResponseError, key: str, kind: str) -> Exception:
-    """A WRONGTYPE reply about `key` as the PreflightError that stops the worker (exit 2) naming it; others as they
-    are."""
-    if not str(error).startswith("WRONGTYPE"):
+def _key_of_another_type(error: ResponseError, redis: RedisClient, keys: IndexKeys, key: str, kind: str) -> Exception:
+    """A WRONGTYPE reply about `key` as the PreflightError that stops the worker (exit 2), naming it, the type it
+    holds and what to do (`keytypes.another_type`); other errors as they are."""
+    if not is_wrong_type(error):
         return error
-    return PreflightError(_another_type(key, kind) + ", so the worker does not start")
+    return PreflightError(another_type(keys, key, kind, held_type(redis, key)) + "; so the worker does not start")
 
 
 class StreamWorker:
@@ -267,6 +271,9 @@ class StreamWorker:
                     self.log.warning("redis lost state; setting up again", error=str(error), attempt=failures)
                     self._stop.wait(self._backoff.compute(failures) if failures > 1 else 0)
                     continue
+                if is_wrong_type(error):  # a key of fixed name (the lease, a stream) holds another type: name it
+                    streams = [self.target.events_stream, self.target.alerts_stream, self.target.dead_stream]
+                    raise diagnose(self.redis, self.index.keys, streams=streams) from None
                 raise
 
     def _idle(self) -> bool:
@@ -304,6 +311,7 @@ class StreamWorker:
         self._reader = _reader()  # a worker can be run again (tests do)
         with contextlib.suppress(redis_lib.RedisError):
             self.redis.delete(self._heartbeat_key)
+            self.redis.zrem(self.index.keys.workers, self.settings.consumer)
             self.upkeep.release()
         self.log.info(
             "worker stopped",
@@ -326,11 +334,13 @@ class StreamWorker:
                 raise
         except ResponseError as error:
             if "BUSYGROUP" not in str(error):
-                raise _key_of_another_type(error, self.target.events_stream, "stream") from None
+                raise _key_of_another_type(
+                    error, self.redis, self.index.keys, self.target.events_stream, "stream"
+                ) from None
         try:
             self.index.open()
         except ResponseError as error:
-            raise _key_of_another_type(error, self.index.keys.meta, "hash") from None
+            raise _key_of_another_type(error, self.redis, self.index.keys, self.index.keys.meta, "hash") from None
         self.preflight()
         if self.index.adopted:
             self.log.warning(
@@ -370,7 +380,11 @@ class StreamWorker:
                 f"(ACL SETUSER {user} {grants}; the user's keys must include {keys.tag}:*), as deploy/redis/users.acl "
                 "does for incident-worker"
             )
-        problems += [_another_type(found[k + 1], found[k + 2]) for k in range(0, len(found), 3) if found[k] == "type"]
+        problems += [
+            another_type(keys, found[k + 1], found[k + 2], held_type(self.redis, found[k + 1]))
+            for k in range(0, len(found), 3)
+            if found[k] == "type"
+        ]
         if problems:
             raise PreflightError(
                 "; and ".join(problems) + ". A call refused midway would keep what it wrote before (an incident "
@@ -411,7 +425,9 @@ class StreamWorker:
         self.upkeep.tick()
 
     def heartbeat(self) -> None:
-        """Refresh the heartbeat key (a JSON value with a TTL) that `incident-worker check` reads."""
+        """Refresh the heartbeat key (a JSON value with a TTL) that `incident-worker check` reads, and this worker's
+        entry in `{N}:workers`, by which `check` and `stats` find it without scanning the keyspace; forget the names
+        of workers whose heartbeat expired over an hour ago. One round trip."""
         ttl = self.settings.heartbeat_ttl_ms
         value = Heartbeat(
             consumer=self.settings.consumer,
@@ -421,11 +437,29 @@ class StreamWorker:
             read_path="primary" if self.snapshot is None else "snapshot",
             snapshot_position=None if self.snapshot is None else self.snapshot.index.position,
         ).to_value()
-        try:
-            self.redis.set(self._heartbeat_key, value, px=ttl)
-        except OutOfMemoryError:
-            self.redis.pexpire(self._heartbeat_key, ttl)  # SET is refused at maxmemory; extending a TTL is not
+        now_ms = int(time.time() * 1000)
+        workers = self.index.keys.workers
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(self._heartbeat_key, value, px=ttl)
+        pipe.zadd(workers, {self.settings.consumer: now_ms + ttl})
+        pipe.zremrangebyscore(workers, "-inf", now_ms - _FORGET_WORKER_MS)
+        beat, *registered = pipe.execute(raise_on_error=False)  # (SET replaces a value of any type)
+        for reply in (beat, *registered):
+            if is_wrong_type(reply):
+                raise self._key_of_another_type(workers)
+            if isinstance(reply, Exception) and not isinstance(reply, OutOfMemoryError):
+                raise reply
+        if isinstance(beat, OutOfMemoryError):
+            # SET and ZADD are refused at maxmemory; extending a TTL is not (the registry keeps the name an hour)
+            self.redis.pexpire(self._heartbeat_key, ttl)
         self._next_heartbeat = time.monotonic() + ttl / 3000
+
+    def _key_of_another_type(self, key: str) -> KeyTypeError:
+        """A KeyTypeError naming `key`, what it holds and what to do: the worker stops (exit 2)."""
+        keys = self.index.keys
+        expected = keys.kind_of(key) or "string"
+        message = another_type(keys, key, expected, held_type(self.redis, key)) + "; so the worker stops"
+        return KeyTypeError(message, key, expected)
 
     def _group_lag(self) -> int:
         """Entries not yet delivered to the group (at least 1 when Redis cannot count them exactly)."""
@@ -957,13 +991,26 @@ class StreamWorker:
             retrycount=item.deliveries,
             justid=True,
         )
+        hint = self._wrong_type_hint(item) if is_wrong_type(error) else None
         self.log.error(
             "entry failed; it stays pending and will be retried",
             entry_id=item.entry_id,
             error=str(error),
             deliveries=item.deliveries,
             max_deliveries=self.settings.max_deliveries,
+            **({"hint": hint} if hint else {}),
         )
+
+    def _wrong_type_hint(self, item: _Item) -> str | None:
+        """Which key of the namespace an entry's call met holding another type (Redis's WRONGTYPE names none), and
+        what to do: the keys of fixed names, and those of the incident's fingerprint and of its search."""
+        fp = item.event.fingerprint if item.event is not None else None
+        try:
+            extra = [] if fp is None else [*incident_keys(self.index, fp), *search_keys(self.index, fp)]
+            streams = [self.target.events_stream, self.target.alerts_stream, self.target.dead_stream]
+            return str(diagnose(self.redis, self.index.keys, streams=streams, extra=extra))
+        except redis_lib.RedisError:
+            return None
 
 
 def _entry_of(entry_id: Any, fields: Mapping[Any, Any] | None) -> Entry:

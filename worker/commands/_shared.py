@@ -23,7 +23,14 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..connection import connect
-from ..errors import CommandError, FunctionsMissingError, LayoutError, LayoutMismatchError, UsageError
+from ..errors import (
+    CommandError,
+    FunctionsMissingError,
+    KeyTypeError,
+    LayoutError,
+    LayoutMismatchError,
+    UsageError,
+)
 from ..logs import error_message, redact
 from ..settings import ENV_PREFIX, Settings, shown_default
 
@@ -47,7 +54,10 @@ __all__ = [
     "positive_arg",
     "say",
     "settings_from_args",
+    "streams_of",
     "with_settings",
+    "wrong_type_error",
+    "wrong_type_message",
 ]
 
 EXIT_OK = 0
@@ -270,9 +280,41 @@ def _quiet_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
-def with_settings(command: str) -> Callable[[Callable[[argparse.Namespace, Settings], int]], Handler]:
+def streams_of(settings: Settings) -> list[str]:
+    """The configured events, alerts and dead-letter streams."""
+    return [settings.events_stream, settings.alerts_stream, settings.dead_stream]
+
+
+def wrong_type_error(client: Any, settings: Settings, extra: Sequence[str] = ()) -> KeyTypeError:
+    """What a WRONGTYPE reply a command got means: the key of the namespace that holds another type, among those of
+    fixed names and `extra` (the keys the command read beside them), what it holds and what to do."""
+    from ..keytypes import diagnose  # only now: `check` stays light
+
+    return diagnose(client, settings.keys, streams=streams_of(settings), extra=extra)
+
+
+def wrong_type_message(settings: Settings, command: str, keys: Sequence[str] | None = None) -> str:
+    """`wrong_type_error`'s message, asked on a connection of its own (among `keys` only, when given: the keys a
+    command's Redis user may read, such as the subscriber's for `alerts`)."""
+    from ..keytypes import diagnose
+
+    try:
+        client = command_client(settings, command, timeout=5.0)
+    except redis.RedisError:
+        return str(diagnose(None, settings.keys, streams=streams_of(settings), only=()))
+    try:
+        return str(diagnose(client, settings.keys, streams=streams_of(settings), only=keys))
+    finally:
+        client.close()
+
+
+def with_settings(
+    command: str, *, keys: Callable[[Settings], Sequence[str]] | None = None
+) -> Callable[[Callable[[argparse.Namespace, Settings], int]], Handler]:
     """Make a handler of `run(args, settings)`: build the settings from the flags and the environment, run it, and
-    turn Redis, layout and command errors into one line on stderr and an exit code."""
+    turn Redis, layout and command errors into one line on stderr and an exit code. A key of the namespace that holds
+    another type (Redis's WRONGTYPE) is named, with what to do, exit 2 (`keys`: the keys the command may read, when
+    its Redis user may read no others, such as the subscriber's for `alerts`; by default all of fixed names)."""
 
     def wrap(run: Callable[[argparse.Namespace, Settings], int]) -> Handler:
         @functools.wraps(run)
@@ -283,7 +325,7 @@ def with_settings(command: str) -> Callable[[Callable[[argparse.Namespace, Setti
                 return run(args, settings)
             except LayoutError as error:
                 raise UsageError(str(error)) from None
-            except LayoutMismatchError as error:
+            except (LayoutMismatchError, KeyTypeError) as error:
                 say(command, str(error))
                 return EXIT_USAGE
             except (CommandError, FunctionsMissingError) as error:
@@ -305,6 +347,9 @@ def with_settings(command: str) -> Callable[[Callable[[argparse.Namespace, Setti
                 if isinstance(error, redis.ResponseError) and is_missing_function(error):
                     say(command, missing_message())  # (an upgrade before load-functions ran): what to run
                     return EXIT_FAILURE
+                if isinstance(error, redis.ResponseError) and "WRONGTYPE" in str(error):
+                    say(command, wrong_type_message(settings, command, None if keys is None else keys(settings)))
+                    return EXIT_USAGE
                 say(command, f"Redis at {url} refused a command: {error_text(error)}")
                 return EXIT_FAILURE
             except BrokenPipeError:

@@ -209,7 +209,7 @@ def _check_usage(args: argparse.Namespace) -> None:
         )
 
 
-@with_settings("alerts")
+@with_settings("alerts", keys=lambda settings: [settings.alerts_stream])  # the subscriber reads no other
 def _alerts(args: argparse.Namespace, settings: Settings) -> int:
     _check_usage(args)
     client = command_client(settings, "alerts")

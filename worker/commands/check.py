@@ -7,7 +7,6 @@ benchmark (tests/test_commands.py pins that).
 from __future__ import annotations
 
 import argparse
-import re
 import socket
 import sys
 import time
@@ -45,28 +44,30 @@ WAIT_STEP_S = 2.0
 """How often `check --wait` asks again."""
 
 LISTED_HEARTBEATS = 1000
-"""Heartbeat keys read at most: enough for any deployment, and bounded for a probe."""
-
-
-def _glob_escape(pattern: str) -> str:
-    return re.sub(r"([*?\[\]\\])", r"\\\1", pattern)
+"""Names of `{N}:workers` read at most (the newest heartbeats first): enough for any deployment, and bounded for a
+probe."""
 
 
 def live_heartbeats(client: RedisClient, keys: IndexKeys, consumer: str | None = None) -> list[Heartbeat]:
-    """The live heartbeats of one consumer, or of every worker of the namespace (by consumer name)."""
+    """The live heartbeats of one consumer, or of the workers of the namespace: those `{N}:workers` names (at most
+    LISTED_HEARTBEATS, newest first) whose heartbeat key is alive. Two commands, whatever the size of the keyspace."""
     if consumer is not None:
         names = [keys.heartbeat(consumer)]
     else:
-        pattern = _glob_escape(keys.heartbeat("")) + "*"
-        names = sorted({text(k) for k in client.scan_iter(match=pattern, count=1000)})[:LISTED_HEARTBEATS]
+        # ZRANGE ... REV: redis-py's zrange(desc=True) sends ZREVRANGE, which the worker's user need not have
+        registered = client.execute_command("ZRANGE", keys.workers, 0, LISTED_HEARTBEATS - 1, "REV")
+        names = [keys.heartbeat(text(name)) for name in registered]
     if not names:
         return []
     prefix = keys.heartbeat("")
-    return [
-        Heartbeat.from_value(name, name.removeprefix(prefix), value)
-        for name, value in zip(names, client.mget(names), strict=True)
-        if value is not None  # expired between the scan and the read
-    ]
+    return sorted(
+        (
+            Heartbeat.from_value(name, name.removeprefix(prefix), value)
+            for name, value in zip(names, client.mget(names), strict=True)
+            if value is not None  # expired (a crashed worker's name, forgotten within the hour)
+        ),
+        key=lambda beat: beat.consumer,
+    )
 
 
 def on_host(beat: Heartbeat, host: str) -> bool:
@@ -121,6 +122,11 @@ def check_health(
             return Health(True, f"Redis answers at {url}", url, namespace)
         beats = live_heartbeats(client, settings.keys, consumer)
     except redis.RedisError as error:
+        if isinstance(error, redis.ResponseError) and "WRONGTYPE" in str(error):
+            from ..keytypes import another_type, held_type  # only now: the probe stays light
+
+            key = settings.keys.workers
+            return Health(False, another_type(settings.keys, key, "zset", held_type(client, key)), url, namespace)
         return Health(False, f"Redis at {url} does not answer: {error_text(error)}", url, namespace)
     now = time.time()
     if consumer is not None:
@@ -227,7 +233,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "reason on stderr. The worker refreshes {N}:heartbeat:<consumer> (a key with a TTL of heartbeat_ttl_ms) "
         f"while its loop runs and deletes it on a clean stop. With --consumer or {ENV_PREFIX}CONSUMER set, that "
         "consumer's key is checked; otherwise any worker running on this host counts, whatever its consumer name "
-        "(and when none does, the message names the workers alive elsewhere). Socket timeouts are 2 s. Warnings "
+        "(and when none does, the message names the workers alive elsewhere), found in {N}:workers, which each "
+        "heartbeat writes: a few commands, whatever the size of the keyspace. Socket timeouts are 2 s. Warnings "
         "go to stderr without changing the verdict: a consumer group of the events stream that stopped reading, "
         "and with --capacity Redis using over 80% of maxmemory.",
         examples="""

@@ -15,7 +15,9 @@ import redis
 from pydantic import ValidationError
 
 from ..connection import RedisClient
+from ..errors import KeyTypeError
 from ..formats import DEAD_LETTER_FIELDS, REASONS, DeadLetter
+from ..keytypes import another_type, held_type, is_wrong_type
 from ..replies import entries, entry_time_text, text
 from ..settings import Settings
 from ._format import json_line, plural, shown
@@ -30,8 +32,10 @@ from ._shared import (
     count_arg,
     describe,
     entry_id_in_range,
+    error_text,
     json_flag,
     say,
+    streams_of,
     with_settings,
 )
 
@@ -73,7 +77,7 @@ def read_dead_letters(client: RedisClient, stream: str, reason: str | None, coun
     listing = DeadListing([], int(client.xlen(stream)))
     for entry_id, fields in entries(client, stream, reverse=True):
         try:
-            letter = DeadLetter.from_fields(fields)
+            letter = _letter(fields)
         except ValidationError as error:
             listing.not_letters.append((entry_id, error.errors()[0]["msg"]))
             continue
@@ -92,7 +96,8 @@ def letter_json(entry_id: str, letter: DeadLetter) -> dict[str, Any]:
 def print_letter(entry_id: str, letter: DeadLetter) -> None:
     print(f"{entry_time_text(entry_id)}  {entry_id}  {letter.reason}: {shown(letter.detail)}")
     print(
-        f"    from {letter.source_stream} entry {letter.source_entry}, consumer {shown(letter.consumer)}, "
+        f"    from {shown(letter.source_stream) or '(no source_stream)'} entry {shown(letter.source_entry)}, "
+        f"consumer {shown(letter.consumer)}, "
         f"delivered {plural(letter.deliveries, 'time')}"
     )
     if not letter.original:
@@ -150,10 +155,54 @@ _Chosen = tuple[str, DeadLetter, dict[bytes, bytes]]
 """A dead letter to replay: its entry ID, the letter, and the original fields to re-add."""
 
 
+def _letter(fields: Mapping[Any, Any]) -> DeadLetter:
+    """A dead letter as read; one whose `source_stream` field is missing (removed by hand) reads as one from an
+    unknown stream (''), which a replay keeps unless told where to send it (--any-source)."""
+    try:
+        return DeadLetter.from_fields(fields)
+    except ValidationError as error:
+        if not all(item["loc"] == ("source_stream",) and item["type"] == "missing" for item in error.errors()):
+            raise
+        name = b"source_stream" if any(isinstance(key, bytes) for key in fields) else "source_stream"
+        return DeadLetter.from_fields({**fields, name: ""})
+
+
+def _elsewhere(source: str, settings: Settings) -> str | None:
+    """Why a dead letter that came from `source` is not replayed to the configured events stream, and what to do
+    (None: it came from that stream). A letter's field never chooses the key a replay writes: only the operator's
+    settings (--events-stream) do, and only a stream of the namespace that no other part of the index uses is
+    suggested there."""
+    target = settings.events_stream
+    if source == target:
+        return None
+    anyway = f"add --any-source to send it to {target} all the same"
+    if not source:
+        return f"its source_stream is not recorded, so where it came from is unknown: {anyway}"
+    keys = settings.keys
+    taken = {settings.alerts_stream, settings.dead_stream, keys.alerts_stream, keys.dead_stream, keys.changes}
+    suggestible = (
+        keys.owns(source)
+        and keys.kind_of(source) in (None, "stream")
+        and source not in taken
+        and shown(source) == source
+        and not any(c.isspace() or c in "'\\" for c in source)
+    )
+    if not suggestible:
+        return (
+            f"its source_stream '{shown(source[:120])}' is not an events stream of namespace {settings.namespace!r}, "
+            f"so it is not written to: {anyway}"
+        )
+    return (
+        f"came from {source}, not {target}, the events stream this replay writes to: send it back there with "
+        f"--events-stream '{source}' (where the workers that read that stream process it), or {anyway}"
+    )
+
+
 def _choose(
-    found: list[tuple[str, Any]], wanted: Callable[[DeadLetter], bool]
+    found: list[tuple[str, Any]], wanted: Callable[[DeadLetter], bool], settings: Settings, any_source: bool
 ) -> tuple[list[_Chosen], list[dict[str, Any]]]:
-    """The wanted dead letters among those read, and the entries skipped with why (unknown, not a letter, empty)."""
+    """The wanted dead letters among those read, and the entries skipped with why (unknown, not a letter, empty,
+    from another stream than the configured events stream and not `any_source`)."""
     chosen: list[_Chosen] = []
     skipped: list[dict[str, Any]] = []
     for entry_id, fields in found:
@@ -161,23 +210,28 @@ def _choose(
             skipped.append({"dead_entry": entry_id, "why": "not found in the dead-letter stream"})
             continue
         try:
-            letter = DeadLetter.from_fields(fields)
+            letter = _letter(fields)
         except ValidationError:
             skipped.append({"dead_entry": entry_id, "why": "not a dead letter"})
             continue
         if not wanted(letter):
             continue
+        source = {"source_stream": letter.source_stream}
+        elsewhere = None if any_source else _elsewhere(letter.source_stream, settings)
+        if elsewhere is not None:
+            skipped.append({"dead_entry": entry_id, "why": elsewhere, **source})
+            continue
         original = _original_fields(fields)
         if not original:
             why = "no original fields to replay (the entry was deleted before it was processed)"
-            skipped.append({"dead_entry": entry_id, "why": why})
+            skipped.append({"dead_entry": entry_id, "why": why, **source})
             continue
         if not _whole(letter, original):
             why = (
                 "keeps only the first bytes of the entry's fields (it was over max_entry_bytes): replaying them would "
                 "queue another event; send the event again from its producer"
             )
-            skipped.append({"dead_entry": entry_id, "why": why})
+            skipped.append({"dead_entry": entry_id, "why": why, **source})
             continue
         chosen.append((entry_id, letter, original))
     return chosen, skipped
@@ -194,6 +248,20 @@ def _whole(letter: DeadLetter, original: dict[bytes, bytes]) -> bool:
     return kept == [tuple(size) for size in letter.original_sizes]
 
 
+def _writable(client: RedisClient, settings: Settings, stream: str) -> None:
+    """Raise KeyTypeError, before anything is written, when `stream` holds another type than a stream: MULTI/EXEC does
+    not roll back, so an XADD refused inside it would leave its XDEL done, and the dead letter lost."""
+    try:
+        client.xrevrange(stream, "+", "-", count=1)
+    except redis.ResponseError as error:
+        if not is_wrong_type(error):
+            raise
+        held = held_type(client, stream)
+        fix = another_type(settings.keys, stream, "stream", held, streams=streams_of(settings))
+        kept = f"{fix}. The dead letters are kept: replay them once it is fixed"
+        raise KeyTypeError(kept, stream, "stream", held) from None
+
+
 def _replay_transaction(
     client: RedisClient,
     settings: Settings,
@@ -201,24 +269,33 @@ def _replay_transaction(
     wanted: Callable[[DeadLetter], bool],
     dry_run: bool,
     report: ReplayReport,
+    any_source: bool = False,
 ) -> list[tuple[str, Any]]:
     """Read dead letters under WATCH, then re-add their originals to the events stream and delete them, in one
-    MULTI/EXEC: a crash or a concurrent replay can neither lose a letter nor queue it twice. Returns what was read."""
+    MULTI/EXEC: a crash or a concurrent replay can neither lose a letter nor queue it twice. Returns what was read.
+
+    The stream written is the configured events stream, never a letter's `source_stream`; a letter that came from
+    another is kept unless `any_source` (see `_elsewhere`)."""
+    target = settings.events_stream
     with client.pipeline(transaction=True) as pipe:
         for _ in range(WATCH_RETRIES):
             try:
                 pipe.watch(settings.dead_stream)
                 found = read(pipe)
-                chosen, skipped = _choose(found, wanted)
+                chosen, skipped = _choose(found, wanted, settings, any_source)
+                if chosen:
+                    _writable(client, settings, target)
                 if dry_run or not chosen:
                     pipe.unwatch()
                     new_ids: list[str | None] = [None] * len(chosen)
                 else:
                     pipe.multi()
                     for entry_id, _, original in chosen:
-                        pipe.xadd(settings.events_stream, original)  # type: ignore[arg-type]
+                        pipe.xadd(target, original)  # type: ignore[arg-type]
                         pipe.xdel(settings.dead_stream, entry_id)
-                    new_ids = [text(reply) for reply in pipe.execute()[0::2]]
+                    replies = pipe.execute(raise_on_error=False)
+                    _keep_unwritten(client, settings, found, chosen, replies)
+                    new_ids = [text(reply) for reply in replies[0::2]]
             except redis.WatchError:
                 continue
             report.skipped.extend(skipped)
@@ -230,6 +307,7 @@ def _replay_transaction(
                         "reason": letter.reason,
                         "incident_id": letter.original.get("incident_id"),
                         "source_entry": letter.source_entry,
+                        "source_stream": letter.source_stream,
                     }
                 )
             return found
@@ -239,11 +317,43 @@ def _replay_transaction(
     )
 
 
+def _keep_unwritten(
+    client: RedisClient, settings: Settings, found: list[tuple[str, Any]], chosen: list[_Chosen], replies: list[Any]
+) -> None:
+    """After EXEC: a letter whose XADD Redis refused (the stream's type changed after `_writable` looked) was deleted
+    all the same, as MULTI/EXEC does not roll back; it is written back to the dead-letter stream, whole, and the
+    command fails saying why."""
+    raw = dict(found)
+    failed = []
+    for (entry_id, _, _), added, deleted in zip(chosen, replies[0::2], replies[1::2], strict=True):
+        if not isinstance(added, Exception):
+            continue
+        if deleted == 1:
+            client.xadd(settings.dead_stream, raw[entry_id])
+        failed.append((entry_id, added))
+    if not failed:
+        return
+    entry_id, error = failed[0]
+    if is_wrong_type(error):
+        _writable(client, settings, settings.events_stream)
+    raise CommandError(
+        f"Redis refused to re-add dead letter {entry_id} ({error_text(error)}); it is kept in {settings.dead_stream} "
+        f"(as a new entry), with {plural(len(failed) - 1, 'other')} refused the same way"
+    )
+
+
 def replay(
-    client: RedisClient, settings: Settings, *, ids: list[str], reason: str | None, dry_run: bool
+    client: RedisClient,
+    settings: Settings,
+    *,
+    ids: list[str],
+    reason: str | None,
+    dry_run: bool,
+    any_source: bool = False,
 ) -> ReplayReport:
-    """Move dead letters back to the events stream: those of `ids`, or (no IDs) every one with `reason` (None: all)
-    present when the replay starts, chunk by chunk, each chunk in one transaction."""
+    """Move dead letters back to the configured events stream: those of `ids`, or (no IDs) every one with `reason`
+    (None: all) present when the replay starts, chunk by chunk, each chunk in one transaction. A letter that came
+    from another stream is kept, with why and what to do, unless `any_source`."""
     report = ReplayReport()
     if ids:
         unique = list(dict.fromkeys(ids))
@@ -257,7 +367,7 @@ def replay(
                     found.append((entry_id, page[0][1] if page else None))
                 return found
 
-            _replay_transaction(client, settings, read_ids, lambda letter: True, dry_run, report)
+            _replay_transaction(client, settings, read_ids, lambda letter: True, dry_run, report, any_source)
         return report
 
     def wanted(letter: DeadLetter) -> bool:
@@ -272,7 +382,7 @@ def replay(
         def read_page(pipe: Any, cursor: str = cursor, end: str = end) -> list[tuple[str, Any]]:
             return [(text(i), f) for i, f in pipe.xrange(settings.dead_stream, cursor, end, count=REPLAY_CHUNK)]
 
-        page = _replay_transaction(client, settings, read_page, wanted, dry_run, report)
+        page = _replay_transaction(client, settings, read_page, wanted, dry_run, report, any_source)
         if len(page) < REPLAY_CHUNK:
             break
         cursor = "(" + page[-1][0]
@@ -289,12 +399,13 @@ def print_replay(report: ReplayReport, settings: Settings, dry_run: bool) -> Non
     for item in report.skipped:
         say("dead replay", f"{item['dead_entry']}: {item['why']}")
     count = plural(len(report.replayed), "dead letter")
+    kept = f"; {len(report.skipped):,} kept (why above)" if report.skipped else ""
     if dry_run:
-        print(f"dry run: {verb} {count}; nothing changed")
+        print(f"dry run: {verb} {count} to {settings.events_stream}{kept}; nothing changed")
     elif report.replayed:
-        print(f"{verb} {count} to {settings.events_stream}: the workers process them as new entries")
+        print(f"{verb} {count} to {settings.events_stream}: the workers process them as new entries{kept}")
     else:
-        print("nothing to replay")
+        print(f"nothing to replay{kept}")
 
 
 @with_settings("dead replay")
@@ -312,7 +423,9 @@ def _replay(args: argparse.Namespace, settings: Settings) -> int:
             f"{bad[0]!r} is not a stream entry ID like 1714564800123-0; copy the IDs from `incident-worker dead`"
         )
     client = command_client(settings, "dead replay")
-    report = replay(client, settings, ids=args.ids, reason=args.replay_reason, dry_run=args.dry_run)
+    report = replay(
+        client, settings, ids=args.ids, reason=args.replay_reason, dry_run=args.dry_run, any_source=args.any_source
+    )
     if args.json:
         print(
             json_line(
@@ -369,17 +482,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "Re-add the original fields of chosen dead letters to the events stream, exactly as they came "
         "(bytes and field names included), and delete each dead letter in the same MULTI/EXEC transaction: a "
         "crash or a second replay running at the same time can neither lose one nor queue it twice. Only the dead "
-        "letters present when the command starts are considered, so entries that fail again are not looped.",
+        "letters present when the command starts are considered, so entries that fail again are not looped. "
+        "The stream written is the configured events stream (--events-stream), never the one a letter names: "
+        "a letter whose source_stream is another (another set of workers' stream, the stream before a change of "
+        "the setting, or a missing or mangled value) is kept, with what to do: replay it with --events-stream "
+        "set to its stream, or add --any-source to send it to the configured one.",
         examples="""
   incident-worker dead replay 1714564800123-0
   incident-worker dead replay --reason duplicate_id --dry-run
   incident-worker dead replay --all --json
+  incident-worker dead replay --all --events-stream '{incidents}:events-b'   # the letters of the workers of -b
+  incident-worker dead replay --all --any-source     # after EVENTS_STREAM changed: the old stream's letters too
 """,
         exits="""
   0  every chosen dead letter was replayed (or would be, with --dry-run), or none matched
-  1  a chosen dead letter was skipped (not found, nothing to replay, or only prefixes of an entry over
-     max_entry_bytes: send that event again), or Redis failed
-  2  bad usage: nothing chosen, more than one way of choosing, an ID that is not an entry ID, an unknown --reason
+  1  a chosen dead letter was skipped (not found, nothing to replay, only prefixes of an entry over
+     max_entry_bytes: send that event again; or from another stream than --events-stream), or Redis failed
+  2  bad usage: nothing chosen, more than one way of choosing, an ID that is not an entry ID, an unknown --reason;
+     the events or dead-letter stream's key holds another type
 """,
     )
     replay_parser.add_argument(
@@ -388,6 +508,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     replay_parser.add_argument("--reason", dest="replay_reason", metavar="R", help="every dead letter with this reason")
     replay_parser.add_argument("--all", action="store_true", help="every dead letter")
     replay_parser.add_argument("--dry-run", action="store_true", help="show what would be replayed; change nothing")
+    replay_parser.add_argument(
+        "--any-source",
+        action="store_true",
+        help="also replay the chosen letters that came from another stream (or name none) to the configured "
+        "events stream, as after a change of its name; without it they are kept",
+    )
     json_flag(replay_parser, "what was replayed (and skipped) as one JSON object")
     add_settings_flags(replay_parser, only=[*CONNECTION, "events_stream", "dead_stream"])
     replay_parser.set_defaults(handler=_replay)

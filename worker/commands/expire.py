@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from .. import retention
+from ..keytypes import is_wrong_type
 from ..settings import Settings
 from ._format import duration, json_line, plural, print_table, shown
 from ._index import stored_index
@@ -21,6 +24,7 @@ from ._shared import (
     json_flag,
     say,
     with_settings,
+    wrong_type_error,
 )
 
 __all__ = ["configure"]
@@ -84,7 +88,13 @@ def _expire(args: argparse.Namespace, settings: Settings) -> int:
         else:
             _print_state(state, settings)
         return EXIT_OK
-    result = retention.expire_due(index)
+    try:
+        result = retention.expire_due(index)
+    except ResponseError as error:
+        if not is_wrong_type(error):
+            raise
+        # the incidents due are picked again (a read): the keys of their postings and twin groups are the suspects
+        raise wrong_type_error(client, settings, retention.call_keys(index, retention.pick(index))) from None
     out: dict[str, Any] = {
         "namespace": settings.namespace,
         "expired": result.expired,

@@ -7,10 +7,13 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from ..connection import RedisClient
 from ..errors import CommandError
 from ..fingerprint import format_fingerprint
 from ..index import FingerprintIndex, Posting
+from ..keytypes import incident_keys, is_wrong_type, search_keys
 from ..settings import Settings
 from ._format import json_line, plural, print_table, shown
 from ._index import match_rows, print_matches, stored_index
@@ -24,6 +27,7 @@ from ._shared import (
     json_flag,
     say,
     with_settings,
+    wrong_type_error,
 )
 
 __all__ = ["Inspection", "configure", "inspect_incident"]
@@ -98,8 +102,13 @@ def inspect_incident(client: RedisClient, settings: Settings, incident_id: str) 
             f"(no field in {settings.keys.fingerprints}); if it was published, see `incident-worker dead` "
             "for why it may not have been processed"
         )
-    postings = index.postings(incident_id, fp)
-    rows = match_rows(index, [m for m in index.matches_of(fp) if m[0] != incident_id])
+    try:
+        postings = index.postings(incident_id, fp)
+        rows = match_rows(index, [m for m in index.matches_of(fp) if m[0] != incident_id])
+    except ResponseError as error:
+        if not is_wrong_type(error):
+            raise
+        raise wrong_type_error(client, settings, [*incident_keys(index, fp), *search_keys(index, fp)]) from None
     return Inspection(settings.namespace, incident_id, fp, index, postings, rows)
 
 

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from ..connection import RedisClient
 from ..errors import InvalidLineError
 from ..formats import EventLimits, IncidentEvent, event_error
+from ..keytypes import another_type, held_type, is_wrong_type
 from ..replies import text
 from ..settings import Settings
 from ._format import json_line, plural, shown
@@ -29,6 +30,7 @@ from ._shared import (
     CONNECTION,
     EXIT_FAILURE,
     EXIT_OK,
+    EXIT_USAGE,
     UsageError,
     add_settings_flags,
     command_client,
@@ -234,6 +236,19 @@ def stopped_message(report: PublishReport, why: str) -> str:
     )
 
 
+def _wrong_type_message(client: RedisClient, settings: Settings, report: PublishReport) -> str:
+    """The events stream holds another type (every XADD of the chunk refused, none written): which, and from where
+    to send again once it is fixed. (What it holds stays unsaid for the producer's user, which may not ask.)"""
+    streams = [settings.events_stream, settings.alerts_stream, settings.dead_stream]
+    fix = another_type(settings.keys, report.stream, "stream", held_type(client, report.stream), streams=streams)
+    if not report.published:
+        return f"{fix}. Nothing was published; send the whole input again once it is fixed"
+    return (
+        f"{fix}. {plural(report.published, 'event')} were published first (input lines 1 to {report.last_line}); "
+        f"send the rest again from line {report.last_line + 1} once it is fixed"
+    )
+
+
 def _summary(report: PublishReport) -> str:
     seconds = time.monotonic() - report.started
     rate = f" ({report.published / seconds:,.0f}/s)" if seconds > 0 and report.published else ""
@@ -324,6 +339,11 @@ def _publish(args: argparse.Namespace, settings: Settings) -> int:
             _send(client, report, chunk)
     except (redis.RedisError, KeyboardInterrupt) as error:
         progress.clear()
+        if is_wrong_type(error):  # the events stream holds another type: no XADD of the chunk was done
+            say("publish", _wrong_type_message(client, settings, report))
+            if args.json:
+                print(json_line(report.as_json()))
+            return EXIT_USAGE
         why = "interrupted" if isinstance(error, KeyboardInterrupt) else f"Redis failed ({error_text(error)})"
         say("publish", stopped_message(report, why))
         if args.json:
@@ -356,7 +376,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         exits="""
   0  the input was read and every valid line published (invalid ones skipped and reported)
   1  --strict and some line was invalid (nothing sent), or Redis failed part-way (the message says how far)
-  2  bad usage: unreadable file, invalid settings
+  2  bad usage: unreadable file, invalid settings; the events stream's key holds another type (which, and what to do)
 """,
     )
     parser.add_argument(

@@ -8,9 +8,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from ..connection import RedisClient
 from ..errors import InvalidFeaturesError, TokenizerMismatchError
 from ..fingerprint import fingerprint, format_fingerprint
+from ..keytypes import is_wrong_type, search_keys
 from ..settings import Settings
 from ._format import json_line, plural
 from ._index import match_rows, print_matches, stored_index
@@ -24,6 +27,7 @@ from ._shared import (
     distance_arg,
     json_flag,
     with_settings,
+    wrong_type_error,
 )
 
 __all__ = ["QueryResult", "configure", "run_query"]
@@ -79,7 +83,12 @@ def run_query(
             f"only guarantee finding neighbours up to {index.layout.max_distance}; use 0 to "
             f"{index.layout.max_distance}"
         )
-    rows = match_rows(index, index.matches_of(fp, limit))
+    try:
+        rows = match_rows(index, index.matches_of(fp, limit))
+    except ResponseError as error:
+        if not is_wrong_type(error):
+            raise
+        raise wrong_type_error(client, settings, search_keys(index, fp, limit)) from None
     return QueryResult(settings.namespace, bag, fp, limit, len(index), True, rows)
 
 

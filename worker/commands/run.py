@@ -63,6 +63,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     from ..errors import (
         CredentialsRefusedError,
         FunctionsMissingError,
+        KeyTypeError,
         LayoutMismatchError,
         PreflightError,
         TokenizerMismatchError,
@@ -100,6 +101,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         (FunctionsMissingError, "functions library missing; stopping"),
         (CredentialsRefusedError, "redis refused the worker's credentials; not starting"),
         (PreflightError, "redis user or keys not fit for the worker; not starting"),
+        (KeyTypeError, "a key of the namespace holds another type; stopping"),
     )
     try:
         worker.run(until_idle=args.until_idle)
@@ -118,8 +120,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.epilog = (
         "Exit codes: 0 stopped cleanly (or idle, with --until-idle), 1 Redis refused a command, 2 bad configuration, "
-        "a layout mismatch, credentials Redis refused at start, or the functions library not loaded (see "
-        "load-functions), 130 or 143 stopped at once "
+        "a layout mismatch, credentials Redis refused at start, the functions library not loaded (see "
+        "load-functions), or a key of the namespace holding another type (named, with what to do), 130 or 143 stopped "
+        "at once "
         "by a second Ctrl-C or SIGTERM."
     )
     parser.add_argument(
