@@ -67,14 +67,22 @@ def _no_process_outlives_its_test() -> Iterator[None]:
     reap_spawned()
 
 
+def _require(available: bool, message: str, tests: str) -> None:
+    """Skip when something the test needs is missing; under CI=true, fail instead: CI must run those tests."""
+    if available:
+        return
+    if IN_CI:
+        pytest.fail(f"{message} -- CI must run the {tests}", pytrace=False)
+    pytest.skip(message)
+
+
 def require_redis_server() -> None:
     """Skip without redis-server; under CI=true, fail instead: the real-server tests must run there."""
-    if redis_server_available():
-        return
-    message = "redis-server is not on PATH; install Redis 7 (apt-get install redis-server)"
-    if IN_CI:
-        pytest.fail(message + " -- CI must run the real-server tests", pytrace=False)
-    pytest.skip(message)
+    _require(
+        redis_server_available(),
+        "redis-server is not on PATH; install Redis 7 (apt-get install redis-server)",
+        "real-server tests",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -89,12 +97,9 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 def require_openssl() -> None:
     """Skip without openssl (the suite's certificates are made with it); under CI=true, fail instead."""
-    if shutil.which("openssl") is not None:
-        return
-    message = "openssl is not installed: no certificate to try TLS with"
-    if IN_CI:
-        pytest.fail(message + " -- CI must run the TLS tests", pytrace=False)
-    pytest.skip(message)
+    _require(
+        shutil.which("openssl") is not None, "openssl is not installed: no certificate to try TLS with", "TLS tests"
+    )
 
 
 @pytest.fixture(scope="session")
