@@ -495,26 +495,29 @@ def test_a_tls_sentinel_that_is_not_trusted_is_said_without_a_secret(
     _tls_sentinel_hidden(shown)
 
 
-def test_a_worker_retrying_untrusted_tls_sentinels_logs_no_secret(tls_sentinel: TlsSentinel, tmp_path: Path) -> None:
-    """The worker's retry lines carry the failure and its advice (at debug level too), none of the secrets."""
-    from tests.streams import start_worker, stop, wait_until
+@pytest.mark.parametrize("through", ["sentinels", "primary"])
+def test_a_worker_that_cannot_verify_tls_at_start_exits_2_without_a_secret(
+    tls_sentinel: TlsSentinel, tmp_path: Path, through: str
+) -> None:
+    """A certificate the worker cannot verify before it ever set up is a configuration mistake, as refused
+    credentials are: exit 2 with the failure and what to check (the Sentinels' advice too), none of the secrets.
+    It used to retry for ever, the advice in every retry line."""
+    from tests.streams import start_worker
 
     log = tmp_path / "worker.log"
-    worker = start_worker(
-        tls_sentinel.url(password=PASSWORD, ca="other-ca.pem"),
-        log=log,
-        sentinels=tls_sentinel.sentinels,
-        sentinel_password=SENTINEL_TLS_PASSWORD,
-        log_level="debug",
-        socket_timeout_s=2,
-        reconnect_max_backoff_s=0.2,
-    )
-    try:
-        wait_until(lambda: log.read_text().count("redis unavailable; retrying") >= 2, 30, "two retry lines")
-    finally:
-        assert stop(worker) == 0
+    if through == "sentinels":
+        url = tls_sentinel.url(password=PASSWORD, ca="other-ca.pem")
+        settings: dict[str, object] = {"sentinels": tls_sentinel.sentinels, "sentinel_password": SENTINEL_TLS_PASSWORD}
+    else:
+        url = tls_sentinel.url(password=PASSWORD, ca="other-ca.pem").replace(":1/0", f":{tls_sentinel.primary_port}/0")
+        settings = {}
+    worker = start_worker(url, log=log, log_level="debug", socket_timeout_s=2, reconnect_max_backoff_s=0.2, **settings)
+    assert worker.wait(timeout=30) == 2
     shown = log.read_text()
-    assert "is not signed by the certificate authority of ssl_ca_certs" in shown, shown[-2000:]
+    assert "TLS certificate could not be verified; not starting" in shown, shown[-2000:]
+    assert "certificate verify failed" in shown and "ssl_ca_certs" in shown, shown[-2000:]
+    if through == "sentinels":
+        assert "is not signed by the certificate authority of ssl_ca_certs" in shown, shown[-2000:]
     _tls_sentinel_hidden(shown)
 
 

@@ -121,6 +121,12 @@ class CredentialsRefusedError(FingerprintIndexError):
     mistake, not an outage (a later refusal, say while an administrator reloads the ACL, is waited out)."""
 
 
+class TlsUnverifiedError(FingerprintIndexError):
+    """Redis (or a Sentinel) presented a TLS certificate the worker could not verify before the worker had ever set
+    up: a wrong or missing CA, a name the certificate does not hold, an expired certificate. A configuration mistake
+    (later, say while a certificate is rotated, the failure is waited out as an outage)."""
+
+
 class StaleRetriesExhaustedError(FingerprintIndexError):
     """An upsert or delete found the incident changed between its read and its write, too many times in a row."""
 

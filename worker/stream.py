@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
 import threading
 import time
 from collections import deque
@@ -44,6 +45,7 @@ from .errors import (
     KeyTypeError,
     LayoutMismatchError,
     PreflightError,
+    TlsUnverifiedError,
 )
 from .fingerprint import format_fingerprint
 from .formats import MAX_INCIDENT_ID_LENGTH, DeadLetter, Heartbeat, IncidentEvent, event_error
@@ -128,6 +130,19 @@ def _key_of_another_type(error: ResponseError, redis: RedisClient, keys: IndexKe
     if not is_wrong_type(error):
         return error
     return PreflightError(another_type(keys, key, kind, held_type(redis, key)) + "; so the worker does not start")
+
+
+def tls_unverified(error: BaseException) -> bool:
+    """Whether a connection failed because a server's TLS certificate could not be verified (redis-py wraps the
+    ssl module's error in a ConnectionError, and a Sentinel client's MasterNotFoundError quotes it)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, ssl.SSLCertVerificationError) or "certificate verify failed" in str(current).lower():
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 class StreamWorker:
@@ -253,6 +268,13 @@ class StreamWorker:
                 redis_lib.BusyLoadingError,
                 OutOfMemoryError,
             ) as error:
+                if not started and tls_unverified(error):
+                    raise TlsUnverifiedError(
+                        f"the TLS certificate of Redis at {self.settings.safe_redis_url} (or of its Sentinels) could "
+                        f"not be verified ({error_message(error)}): check ssl_ca_certs in REDIS_URL (the authority "
+                        "that signed the server's certificate), the host name or address the certificate holds, and "
+                        "its dates"
+                    ) from None
                 failures += 1
                 ready = False
                 self._reconnect_pause(error, failures)

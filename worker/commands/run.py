@@ -66,6 +66,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         KeyTypeError,
         LayoutMismatchError,
         PreflightError,
+        TlsUnverifiedError,
         TokenizerMismatchError,
     )
     from ..logs import configure_logging, get_logger
@@ -100,6 +101,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         # the entries in hand stay pending: a worker started once the library is loaded takes them over
         (FunctionsMissingError, "functions library missing; stopping"),
         (CredentialsRefusedError, "redis refused the worker's credentials; not starting"),
+        (TlsUnverifiedError, "redis's TLS certificate could not be verified; not starting"),
         (PreflightError, "redis user or keys not fit for the worker; not starting"),
         (KeyTypeError, "a key of the namespace holds another type; stopping"),
     )
@@ -120,10 +122,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.epilog = (
         "Exit codes: 0 stopped cleanly (or idle, with --until-idle), 1 Redis refused a command, 2 bad configuration, "
-        "a layout mismatch, credentials Redis refused at start, the functions library not loaded (see "
-        "load-functions), or a key of the namespace holding another type (named, with what to do), 130 or 143 stopped "
-        "at once "
-        "by a second Ctrl-C or SIGTERM."
+        "a layout mismatch, credentials Redis refused or a TLS certificate not verified at start, the functions "
+        "library not loaded (see load-functions), or a key of the namespace holding another type (named, with what to "
+        "do), 130 or 143 stopped at once by a second Ctrl-C or SIGTERM."
     )
     parser.add_argument(
         "--until-idle",
