@@ -19,6 +19,7 @@ from tests.redis_server import RedisServer
 from tests.streams import EVENTS, GROUP, clean_env, publish, worker_command
 from worker import library, upkeep
 from worker.devtools.workload import Workload
+from worker.errors import LayoutMismatchError
 from worker.index import FingerprintIndex
 from worker.library import FN_LEASE
 from worker.settings import Settings, parse_duration, parse_size
@@ -404,3 +405,23 @@ def test_entry_ids_past_a_lua_number_are_trimmed_exactly(client: redis.Redis) ->
     assert result.bound == f"{2**53 + 10}-0"  # the first ID after it; everything below was delivered and acknowledged
     [position] = upkeep.group_positions(client, EVENTS, GROUP, 0)  # what stats and check show
     assert position.position == result.bound
+
+
+def test_a_trim_after_redis_lost_the_index_does_not_stop_the_next_start(client: redis.Redis) -> None:
+    """A restart without persistence under a running worker: its upkeep's next trim of the change log wrote
+    `changes_trimmed_to` into an absent `{N}:meta`, and every start after that stopped (exit 2) on "exists but is not
+    the meta of an incident index". The trim now leaves an absent meta absent, and a meta holding only that field
+    (an earlier version's) is opened as the index's."""
+    index = FingerprintIndex(client)
+    index.add("47", {"dock": 3, "scanner": 2, "timeout": 1})
+    client.flushall()  # the restart; the functions stay loaded, as an administrator's deployment step loads them
+    assert upkeep.trim_changes(index, keep_ms=1) == 0
+    assert not client.exists(index.keys.meta)
+    client.hset(index.keys.meta, "changes_trimmed_to", "1-0")  # what an earlier version's trim left
+    again = FingerprintIndex(client)
+    assert again.add("90", {"dock": 3, "scanner": 2, "timeout": 1}) == []
+    assert client.hget(index.keys.meta, "layout") == index.layout_tag.encode()
+    client.delete(index.keys.meta)
+    client.hset(index.keys.meta, mapping={"changes_trimmed_to": "1-0", "owner": "someone else"})
+    with pytest.raises(LayoutMismatchError, match="not the meta of an incident index"):
+        FingerprintIndex(client).open()

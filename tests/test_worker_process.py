@@ -344,9 +344,13 @@ def test_worker_survives_its_stream_and_state_vanishing(server: RedisServer, tmp
         deadline = time.monotonic() + 30
         while client.hlen(FP) < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
-        client.flushall()
-        client.function_flush()
-        library.load(client)
+        # in one transaction: a worker call between FUNCTION FLUSH and the load would find no library and stop
+        # (exit 2, by design), where a server that restarts comes back with the library its deployment loads
+        restart = client.pipeline(transaction=True)
+        restart.flushall()
+        restart.function_flush()
+        restart.function_load(library.LIBRARY_SOURCE, replace=True)
+        restart.execute()
         time.sleep(0.5)
         publish(
             client,

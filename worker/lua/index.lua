@@ -1013,7 +1013,10 @@ end
 local function ensure_meta(keys, args)
   local current = redis.call('HGET', keys[1], 'layout')
   if current then return current end
-  if redis.call('EXISTS', keys[1]) == 1 then return '' end
+  -- a meta holding only `changes_trimmed_to` is ours: an earlier version's trim wrote it into a namespace a restart
+  -- without persistence had emptied
+  local fields = redis.call('HKEYS', keys[1])
+  if #fields > 1 or (#fields == 1 and fields[1] ~= 'changes_trimmed_to') then return '' end
   redis.call('HSET', keys[1], 'layout', args[1], unpack(slice(args, 2, #args)))
   return args[1]
 end
@@ -1274,6 +1277,9 @@ end
 --
 -- Returns the number of entries removed (approximately: whole stream nodes).
 local function trim_changes(keys, args)
+  -- No index (Redis restarted without persistence under a running worker): nothing to trim, and the meta is not
+  -- created here: a meta without a layout would stop every worker's start as "not the meta of an incident index".
+  if not redis.call('HGET', keys[1], 'layout') then return 0 end
   local floor = redis.call('HGET', keys[1], 'changes_trimmed_to')
   if not floor or id_less(floor, args[1]) then redis.call('HSET', keys[1], 'changes_trimmed_to', args[1]) end
   return redis.call('XTRIM', keys[2], 'MINID', '~', args[1], 'LIMIT', args[2])
