@@ -1015,8 +1015,8 @@ local function ensure_meta(keys, args)
   if current then return current end
   -- a meta holding only `changes_trimmed_to` is ours: an earlier version's trim wrote it into a namespace a restart
   -- without persistence had emptied
-  local fields = redis.call('HKEYS', keys[1])
-  if #fields > 1 or (#fields == 1 and fields[1] ~= 'changes_trimmed_to') then return '' end
+  local fields = redis.call('HLEN', keys[1])  -- (HLEN and HGET: commands the worker's user has; HKEYS is not)
+  if fields > 1 or (fields == 1 and not redis.call('HGET', keys[1], 'changes_trimmed_to')) then return '' end
   redis.call('HSET', keys[1], 'layout', args[1], unpack(slice(args, 2, #args)))
   return args[1]
 end
