@@ -124,7 +124,7 @@ class WorkerStats:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
 
-def _key_of_another_type(error: ResponseError, redis: RedisClient, keys: IndexKeys, key: str, kind: str) -> Exception:
+def _start_refused_on_another_type(error: ResponseError, redis: RedisClient, keys: IndexKeys, key: str, kind: str) -> Exception:
     """A WRONGTYPE reply about `key` as the PreflightError that stops the worker (exit 2), naming it, the type it
     holds and what to do (`keytypes.another_type`); other errors as they are."""
     if not is_wrong_type(error):
@@ -356,13 +356,13 @@ class StreamWorker:
                 raise
         except ResponseError as error:
             if "BUSYGROUP" not in str(error):
-                raise _key_of_another_type(
+                raise _start_refused_on_another_type(
                     error, self.redis, self.index.keys, self.target.events_stream, "stream"
                 ) from None
         try:
             self.index.open()
         except ResponseError as error:
-            raise _key_of_another_type(error, self.redis, self.index.keys, self.index.keys.meta, "hash") from None
+            raise _start_refused_on_another_type(error, self.redis, self.index.keys, self.index.keys.meta, "hash") from None
         self.preflight()
         if self.index.adopted:
             self.log.warning(
@@ -468,7 +468,7 @@ class StreamWorker:
         beat, *registered = pipe.execute(raise_on_error=False)  # (SET replaces a value of any type)
         for reply in (beat, *registered):
             if is_wrong_type(reply):
-                raise self._key_of_another_type(workers)
+                raise self._stop_on_another_type(workers)
             if isinstance(reply, Exception) and not isinstance(reply, OutOfMemoryError):
                 raise reply
         if isinstance(beat, OutOfMemoryError):
@@ -476,7 +476,7 @@ class StreamWorker:
             self.redis.pexpire(self._heartbeat_key, ttl)
         self._next_heartbeat = time.monotonic() + ttl / 3000
 
-    def _key_of_another_type(self, key: str) -> KeyTypeError:
+    def _stop_on_another_type(self, key: str) -> KeyTypeError:
         """A KeyTypeError naming `key`, what it holds and what to do: the worker stops (exit 2)."""
         keys = self.index.keys
         expected = keys.kind_of(key) or "string"
