@@ -124,7 +124,9 @@ class WorkerStats:
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
 
-def _start_refused_on_another_type(error: ResponseError, redis: RedisClient, keys: IndexKeys, key: str, kind: str) -> Exception:
+def _start_refused_on_another_type(
+    error: ResponseError, redis: RedisClient, keys: IndexKeys, key: str, kind: str
+) -> Exception:
     """A WRONGTYPE reply about `key` as the PreflightError that stops the worker (exit 2), naming it, the type it
     holds and what to do (`keytypes.another_type`); other errors as they are."""
     if not is_wrong_type(error):
@@ -362,7 +364,9 @@ class StreamWorker:
         try:
             self.index.open()
         except ResponseError as error:
-            raise _start_refused_on_another_type(error, self.redis, self.index.keys, self.index.keys.meta, "hash") from None
+            raise _start_refused_on_another_type(
+                error, self.redis, self.index.keys, self.index.keys.meta, "hash"
+            ) from None
         self.preflight()
         if self.index.adopted:
             self.log.warning(
