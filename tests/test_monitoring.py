@@ -244,7 +244,7 @@ def test_every_alert_has_its_runbook_and_every_runbook_an_alert() -> None:
     for anchor in anchors:
         body = sections[anchor]
         for part in ("What it means", "How to confirm", "What to do", "When to escalate"):
-            assert f"**{part}**" in body, f"the runbook of {anchor} lacks {part!r}"
+            assert f"**{part}.**" in body, f"the runbook of {anchor} lacks {part!r}"
     alert_sections = {anchor for anchor in sections if anchor.startswith("incidentworker")}
     assert alert_sections <= anchors, f"runbook sections of no alert: {sorted(alert_sections - anchors)}"
 
@@ -254,8 +254,18 @@ def test_the_runbooks_name_real_keys_and_commands() -> None:
     keys = Settings().keys
     for key in (keys.meta, keys.workers, keys.lease("upkeep"), "{incidents}:events", "{incidents}:dead"):
         assert key in text, f"docs/runbooks.md never names {key}"
-    for command in re.findall(r"incident-worker ([a-z-]+)", text):
+    for command in re.findall(r"incident-worker ([a-z][a-z-]*)", text):
         assert (ROOT / "worker" / "commands" / f"{command.replace('-', '_')}.py").exists(), command
+
+
+def test_the_settings_the_runbooks_name_exist() -> None:
+    text = RUNBOOKS.read_text()
+    named = set(re.findall(r"`INCIDENT_WORKER_([A-Z0-9_]+)(?:=[^`]*)?`", text))
+    named |= set(re.findall(r"`([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)(?:=[^`]*)?`", text))
+    named |= set(re.findall(r"\(`([A-Z]+)`\)", text))  # a one-word setting in parentheses: (`RETENTION`)
+    assert {"MAX_DELIVERIES", "ALERTS_MAX_MEMORY", "RETENTION"} - named == set()
+    unknown = {name for name in named if name.removeprefix("INCIDENT_WORKER_").lower() not in Settings.model_fields}
+    assert not unknown, f"docs/runbooks.md names settings that do not exist: {sorted(unknown)}"
 
 
 def _dead_letter_alerts(reason: str) -> list[str]:
@@ -298,7 +308,9 @@ def test_promtool_checks_the_rules_and_runs_their_unit_tests() -> None:
 def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
     require_promtool()
     exprs = [t["expr"].replace("$__rate_interval", "5m") for path in DASHBOARDS for t in dashboard_targets(path)]
-    recording = {"groups": [{"name": "dashboard", "rules": [{"record": f"q:{i}", "expr": e} for i, e in enumerate(exprs)]}]}
+    recording = {
+        "groups": [{"name": "dashboard", "rules": [{"record": f"q:{i}", "expr": e} for i, e in enumerate(exprs)]}]
+    }
     path = tmp_path / "dashboard.yml"
     path.write_text(yaml.safe_dump(recording))
     checked = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=120)
