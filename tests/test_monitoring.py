@@ -354,6 +354,17 @@ def test_the_monitoring_profile_scrapes_both_workers_with_the_rules_loaded() -> 
     assert expected["expr"] == f"vector({len(workers)})"
 
 
+def test_promtool_accepts_the_profiles_prometheus_config(tmp_path: Path) -> None:
+    require_promtool()
+    mounts = _mounts(yaml.safe_load(COMPOSE.read_text())["services"]["prometheus"])
+    config = yaml.safe_load(mounts["/etc/prometheus/prometheus.yml"].read_text())
+    config["rule_files"] = [str(mounts[path]) for path in config["rule_files"]]  # where compose mounts them from
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    checked = subprocess.run(["promtool", "check", "config", str(path)], capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
 def test_the_monitoring_profile_provisions_the_dashboard_on_loopback_ports() -> None:
     services = yaml.safe_load(COMPOSE.read_text())["services"]
     grafana = services["grafana"]
