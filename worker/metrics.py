@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["Metrics"]
+__all__ = ["STREAM_LABELS", "Metrics"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _CANDIDATE_BUCKETS = (0, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 50000)
@@ -18,7 +18,8 @@ STREAM_LABELS = {"alerts": "alerts", "dead letters": "dead_letters"}
 
 
 class Metrics:
-    """Everything `/metrics` shows: outcomes, alerts, dead letters, latencies, candidates, lag, index size."""
+    """Everything `/metrics` shows: outcomes, alerts, dead letters, latencies, candidates, lag, index size, and the
+    upkeep's and the read path's state that deploy/prometheus/alerts.yml watches."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
