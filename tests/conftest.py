@@ -102,6 +102,15 @@ def require_openssl() -> None:
     )
 
 
+def require_promtool() -> None:
+    """Skip without promtool (Prometheus's rule checker); under CI=true, fail instead: .ci/run installs it."""
+    _require(
+        shutil.which("promtool") is not None,
+        "promtool is not on PATH; install Prometheus's tools (apt-get install prometheus)",
+        "alert rule tests",
+    )
+
+
 @pytest.fixture(scope="session")
 def tls_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A self-signed certificate for 127.0.0.1 and localhost (cert.pem, its own certificate authority), its key

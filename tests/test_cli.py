@@ -6,6 +6,7 @@ operator would), and checks what the commands print (the --json forms, parsed) a
 
 from __future__ import annotations
 
+import argparse
 import json
 import queue
 import signal
@@ -279,7 +280,7 @@ def test_read_commands_use_the_layout_the_index_was_built_with(server: RedisServ
     assert "refuses to start" in cli(server, "stats").stdout
 
 
-def test_inspect_shows_fingerprint_bands_posting_sets_and_neighbours(
+def test_inspect_shows_fingerprint_bands_posting_sets_and_matches(
     server: RedisServer, client: redis.Redis, tmp_path: Path
 ) -> None:
     index_spec_example(server, tmp_path)
@@ -296,8 +297,12 @@ def test_inspect_shows_fingerprint_bands_posting_sets_and_neighbours(
     assert all(band["member"] for band in shown["bands"])
     twin = json.loads(cli(server, "inspect", "90", "--json").stdout)
     assert all(band["member"] for band in twin["bands"]), "a twin is reachable through its representative"
-    assert shown["neighbours"] == [{"incident_id": "90", "distance": 0, "fingerprint": format_fingerprint(fp)}]
+    assert shown["matches"] == [{"incident_id": "90", "distance": 0, "fingerprint": format_fingerprint(fp)}]
+    assert shown["neighbours"] == shown["matches"], "the deprecated key stays for one release"
 
+    twins = cli(server, "inspect", "47")
+    assert twins.returncode == 0 and "1 match within 7:" in twins.stdout
+    assert "neighbour" not in twins.stdout.lower()
     human = cli(server, "inspect", "83")
     assert human.returncode == 0 and format_fingerprint(fingerprint(ROAD)) in human.stdout
     assert "no other incident within 7" in human.stdout
@@ -742,3 +747,18 @@ def test_cluster_mode_against_a_server_without_cluster_support_says_so_without_a
     unreachable = cli(f"redis://:s3cret@127.0.0.1:{port}/0", "stats", cluster="true")
     assert unreachable.returncode == 1 and "Traceback" not in unreachable.stderr, unreachable.stderr
     assert "cannot reach Redis" in unreachable.stderr and "s3cret" not in unreachable.stderr
+
+
+def test_every_command_says_match_and_only_inspect_names_its_deprecated_key() -> None:
+    from worker.cli import build_parser
+    from worker.commands.inspect import DEPRECATED_KEY
+
+    parser = build_parser()
+    [commands] = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    for name, sub in commands.choices.items():
+        text = " ".join(sub.format_help().split()).lower()
+        if name == "inspect":
+            assert f"the key `{DEPRECATED_KEY}` repeats `matches`" in text and "deprecated" in text
+            text = text.replace(f"`{DEPRECATED_KEY}`", "")
+        assert "neighbour" not in text, f"`incident-worker {name} --help` says neighbour"
+    assert "neighbour" not in " ".join(parser.format_help().split()).lower()

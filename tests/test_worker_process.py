@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import signal
 import subprocess
 import time
@@ -248,7 +249,8 @@ def test_metrics_endpoint_counts_what_the_worker_did(server: RedisServer, tmp_pa
     try:
         deadline = time.monotonic() + 30
         text = ""
-        while time.monotonic() < deadline and 'outcome="dead"' not in text:
+        wanted = ('outcome="dead"', "incident_worker_upkeep_lease_held 1.0", 'memory_bytes{stream="alerts"}')
+        while time.monotonic() < deadline and not all(part in text for part in wanted):
             time.sleep(0.2)
             try:
                 text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
@@ -260,6 +262,38 @@ def test_metrics_endpoint_counts_what_the_worker_did(server: RedisServer, tmp_pa
         assert 'incident_worker_dead_letters_total{reason="empty_bag"} 1.0' in text
         assert "incident_worker_end_to_end_seconds_count 2.0" in text
         assert "incident_worker_candidates_bucket" in text
+        # what the alert rules of deploy/prometheus need beyond the counts: the upkeep's view, the read path's
+        assert "incident_worker_upkeep_lease_held 1.0" in text, "the only worker holds the upkeep lease"
+        assert 'incident_worker_stream_memory_budget_bytes{stream="alerts"} 2.68435456e+08' in text
+        assert "incident_worker_retention_seconds 0.0" in text
+        assert "incident_worker_snapshot_fallbacks_total 0.0" in text
+    finally:
+        assert stop(worker) == 0
+
+
+def test_metrics_endpoint_reads_the_snapshot_fallbacks_of_a_worker_on_the_snapshot_path(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    import urllib.request
+
+    from tests.redis_server import free_port
+
+    client = server.client()
+    publish(client, [{"incident_id": str(n), "features": {"dock": 3, f"t{n}": 1}} for n in range(20)])
+    port = free_port()
+    worker = start_worker(server.url, log=tmp_path / "w.log", metrics_port=port, read_path="snapshot", **FAST)
+    try:
+        deadline = time.monotonic() + 30
+        text = ""
+        while time.monotonic() < deadline and 'outcome="indexed"} 20.0' not in text:
+            time.sleep(0.2)
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            except OSError:
+                continue
+        assert 'incident_worker_events_total{outcome="indexed"} 20.0' in text
+        [fallbacks] = re.findall(r"^incident_worker_snapshot_fallbacks_total (\S+)$", text, re.M)
+        assert float(fallbacks) >= 0
     finally:
         assert stop(worker) == 0
 

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from collections.abc import Callable, Iterator
 
-__all__ = ["Metrics"]
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["STREAM_LABELS", "Metrics"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _CANDIDATE_BUCKETS = (0, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 50000)
 
+STREAM_LABELS = {"alerts": "alerts", "dead letters": "dead_letters"}
+"""The `stream` label of the memory gauges, by the upkeep's name for each budgeted stream."""
+
 
 class Metrics:
-    """Everything `/metrics` shows: outcomes, alerts, dead letters, latencies, candidates, lag, index size."""
+    """Everything `/metrics` shows: outcomes, alerts, dead letters, latencies, candidates, lag, index size, and the
+    upkeep's and the read path's state that deploy/prometheus/alerts.yml watches."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -49,7 +57,50 @@ class Metrics:
         self.claimed = Counter(
             "incident_worker_claimed", "Entries taken over from silent consumers (XAUTOCLAIM)", registry=r
         )
+        # The upkeep's view, for the alert rules of deploy/prometheus: who holds its lease, the memory of the streams
+        # it keeps within budgets (measured by the lease holder only), and whether retention is on.
+        self.upkeep_lease_held = Gauge(
+            "incident_worker_upkeep_lease_held", "1 while this worker holds the upkeep lease, else 0", registry=r
+        )
+        self.stream_memory = Gauge(
+            "incident_worker_stream_memory_bytes",
+            "Redis memory of a stream with a memory budget, as the upkeep last measured it (before trimming)",
+            ["stream"],
+            registry=r,
+        )
+        self.stream_memory_budget = Gauge(
+            "incident_worker_stream_memory_budget_bytes",
+            "The stream's memory budget (ALERTS_MAX_MEMORY, DEAD_MAX_MEMORY; 0: none)",
+            ["stream"],
+            registry=r,
+        )
+        self.retention_seconds = Gauge(
+            "incident_worker_retention_seconds",
+            "The namespace's retention window as of this worker's start (0: retention is off)",
+            registry=r,
+        )
+        self.snapshot_fallbacks = _CallbackCounter(
+            "incident_worker_snapshot_fallbacks",
+            "Events the snapshot's claim could not be validated for, so searched in full on the primary",
+        )
+        r.register(self.snapshot_fallbacks)
+
+    def follow_snapshot_fallbacks(self, read: Callable[[], int]) -> None:
+        """Report `read()` (the worker's count, kept where the read path counts it) as the fallbacks counter."""
+        self.snapshot_fallbacks.read = read
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         """Serve /metrics on `addr`:`port` from a daemon thread (loopback unless told otherwise)."""
         start_http_server(port, addr=addr, registry=self.registry)
+
+
+class _CallbackCounter(Collector):
+    """A counter whose value is read at scrape time from where it is already counted (0 until told where)."""
+
+    def __init__(self, name: str, documentation: str) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.read: Callable[[], int] = lambda: 0
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(self.name, self.documentation, value=self.read())

@@ -30,6 +30,7 @@ from redis.exceptions import OutOfMemoryError, ResponseError
 from . import replies, retention
 from .index import FingerprintIndex
 from .library import FN_LEASE, FN_TRIM_CHANGES, FN_TRIM_EVENTS
+from .metrics import STREAM_LABELS
 
 __all__ = [
     "LEASE_TTL_MS",
@@ -339,6 +340,7 @@ class Upkeep:
                 continue
             try:
                 used, removed = trim_to_memory(self.index.redis, stream, budget)
+                self._report_memory(kind, used, budget)
             except MeasureRefusedError as error:
                 # asked once per worker: each refusal would land in Redis's ACL log
                 self._unmeasured.add(stream)
@@ -365,13 +367,21 @@ class Upkeep:
                     **{setting: getattr(settings, setting)},
                 )
 
+    def _report_memory(self, kind: str, used: int, budget: int) -> None:
+        if self.metrics is not None:
+            stream = STREAM_LABELS[kind]
+            self.metrics.stream_memory.labels(stream).set(used)
+            self.metrics.stream_memory_budget.labels(stream).set(budget)
+
     def configure(self) -> None:
         """Record this worker's retention window in `{N}:meta` if another one is recorded (at start): the window is
         the namespace's, so that every worker's atomic step keeps the same bookkeeping."""
+        recorded = retention.recorded_window(self.index.redis, self.index.keys)
+        window = self.settings.retention_ms if self.settings.retention_configured else recorded
+        if self.metrics is not None:  # the alert on Redis memory near maxmemory asks whether retention is on
+            self.metrics.retention_seconds.set(window / 1000)
         if not self.settings.retention_configured:
             return  # unset: the namespace's window stands (a worker started without the setting drops nothing)
-        window = self.settings.retention_ms
-        recorded = retention.recorded_window(self.index.redis, self.index.keys)
         if recorded == window:
             return
         retention.set_window(self.index, window)
@@ -431,6 +441,11 @@ class Upkeep:
 
     def _take_lease(self) -> bool:
         held = bool(self.index.call(FN_LEASE, [self.key], [self.settings.consumer, LEASE_TTL_MS]))
+        if self.metrics is not None:
+            self.metrics.upkeep_lease_held.set(int(held))
+            if not held:  # the holder measures the streams: a former holder's last figures would go stale
+                self.metrics.stream_memory.clear()
+                self.metrics.stream_memory_budget.clear()
         if held != self.holding:
             self.log.info("upkeep lease " + ("taken" if held else "held by another worker"), lease=self.key)
             self.holding = held
@@ -441,6 +456,10 @@ class Upkeep:
         if self.holding:
             self.index.call(FN_LEASE, [self.key], [self.settings.consumer, 0])
             self.holding = False
+            if self.metrics is not None:
+                self.metrics.upkeep_lease_held.set(0)
+                self.metrics.stream_memory.clear()
+                self.metrics.stream_memory_budget.clear()
 
 
 def positions_summary(groups: Sequence[GroupPosition]) -> str:

@@ -45,7 +45,7 @@ SUBCOMMANDS = (
     Subcommand("run", "consume the events stream: index incidents, publish alerts (the main job)"),
     Subcommand("publish", "append incident events to the events stream from a JSON Lines file or stdin"),
     Subcommand("query", "the indexed incidents near a bag or a text, without indexing it"),
-    Subcommand("inspect", "an indexed incident: fingerprint, bands, posting sets, neighbours"),
+    Subcommand("inspect", "an indexed incident: fingerprint, bands, posting sets, matches"),
     Subcommand("stats", "index size, layout, memory, band advice, streams, consumer group, workers, dead letters"),
     Subcommand(
         "alerts", "print the alerts stream as a subscriber sees it (newest, since an ID, following, or as a group)"

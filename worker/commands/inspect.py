@@ -1,4 +1,4 @@
-"""`incident-worker inspect`: what the index holds for one incident (fingerprint, bands, posting sets, neighbours)."""
+"""`incident-worker inspect`: what the index holds for one incident (fingerprint, bands, posting sets, matches)."""
 
 from __future__ import annotations
 
@@ -30,19 +30,22 @@ from ._shared import (
     wrong_type_error,
 )
 
-__all__ = ["Inspection", "configure", "inspect_incident"]
+__all__ = ["DEPRECATED_KEY", "Inspection", "configure", "inspect_incident"]
+
+DEPRECATED_KEY = "neighbours"
+"""The JSON key `inspect` gave its matches under before every command said "matches"; kept for one release."""
 
 
 @dataclass
 class Inspection:
-    """One indexed incident: its fingerprint, each band's posting set, and its current neighbours."""
+    """One indexed incident: its fingerprint, each band's posting set, and its current matches."""
 
     namespace: str
     incident_id: str
     fingerprint: int
     index: FingerprintIndex
     postings: list[Posting]
-    neighbours: list[dict[str, Any]]
+    matches: list[dict[str, Any]]
 
     @property
     def bits(self) -> str:
@@ -77,7 +80,9 @@ class Inspection:
                 for p in self.postings
             ],
             "max_distance": self.index.layout.max_distance,
-            "neighbours": self.neighbours,
+            "matches": self.matches,
+            # the former name of `matches`, kept for one release (--help says so)
+            DEPRECATED_KEY: self.matches,
         }
 
 
@@ -137,9 +142,9 @@ def print_inspection(found: Inspection, settings: Settings) -> None:
         right=(0, 4),
     )
     print()
-    if found.neighbours:
-        print(f"{plural(len(found.neighbours), 'neighbour')} within {layout.max_distance}:")
-        print_matches(found.neighbours, "  ")
+    if found.matches:
+        print(f"{plural(len(found.matches), 'match', 'matches')} within {layout.max_distance}:")
+        print_matches(found.matches, "  ")
     else:
         print(f"no other incident within {layout.max_distance}")
 
@@ -161,10 +166,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     describe(
         parser,
         "Show what the index holds for one incident: its fingerprint (hex, and the 64 bits grouped by "
-        "band), each band's value with its posting key and that set's size, and its current neighbours.",
+        "band), each band's value with its posting key and that set's size, and its current matches. In --json, "
+        f"the key `{DEPRECATED_KEY}` repeats `matches` under its former name: it is deprecated and goes in the next "
+        "release; read `matches`.",
         examples="""
   incident-worker inspect 47
-  incident-worker inspect --namespace staging INC-2024-0042 --json | jq .neighbours
+  incident-worker inspect --namespace staging INC-2024-0042 --json | jq .matches
 """,
         exits="""
   0  shown
@@ -173,6 +180,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 """,
     )
     parser.add_argument("incident_id", metavar="ID", help="the incident ID, as in the events")
-    json_flag(parser, "the fingerprint, bands and neighbours as one JSON object")
+    json_flag(parser, "the fingerprint, bands and matches as one JSON object")
     add_settings_flags(parser, only=CONNECTION)
     parser.set_defaults(handler=_inspect)

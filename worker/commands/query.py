@@ -80,7 +80,7 @@ def run_query(
     elif limit > index.layout.max_distance:
         raise UsageError(
             f"--max-distance {limit} is beyond this index's max distance {index.layout.max_distance}: its bands "
-            f"only guarantee finding neighbours up to {index.layout.max_distance}; use 0 to "
+            f"only guarantee finding matches up to {index.layout.max_distance}; use 0 to "
             f"{index.layout.max_distance}"
         )
     try:

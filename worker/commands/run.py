@@ -79,6 +79,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         settings, client_name=f"incident-worker:{settings.consumer}:watchdog", timeout_s=ANSWER_WITHIN_S, retries=0
     )
     worker = StreamWorker(connect(settings), settings, watchdog=Watchdog(probe, log))
+    # the read path counts its fallbacks itself; /metrics reads that count when scraped
+    worker.metrics.follow_snapshot_fallbacks(lambda: worker.snapshot.fallbacks if worker.snapshot is not None else 0)
     if settings.metrics_port:
         try:
             worker.metrics.serve(settings.metrics_port, settings.metrics_address)
