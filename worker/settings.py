@@ -16,7 +16,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, validate
-from .formats import EventLimits
+from .limits import EventLimits
 from .keys import DEFAULT_NAMESPACE, IndexKeys, hash_tag, validate_namespace
 from .urls import check_url, safe_url, url_secrets
 
