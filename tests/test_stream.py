@@ -30,8 +30,9 @@ from worker.errors import LayoutMismatchError
 from worker.fingerprint import fingerprint, format_fingerprint
 from worker.formats import DeadLetter
 from worker.index import FingerprintIndex
+from worker.processing import _segments
 from worker.settings import Settings
-from worker.stream import StreamWorker, _segments
+from worker.stream import StreamWorker
 
 DOCK = {"dock": 3, "scanner": 2, "timeout": 1}
 ROAD = {"weather": 4, "road": 2}
@@ -218,8 +219,8 @@ def test_entry_processed_by_another_consumer_is_not_applied_twice(redis_client: 
     fast = StreamWorker(redis_client, settings(consumer="fast", claim_idle_ms=1000))
     time.sleep(1.1)
     fast.setup()
-    assert fast.claim_stuck() == 2  # the slow consumer looked dead; its entries were taken over and done
-    slow.process(entries)  # the slow one wakes up and finishes its batch anyway
+    assert fast.recovery.claim_stuck() == 2  # the slow consumer looked dead; its entries were taken over and done
+    slow.processor.process(entries)  # the slow one wakes up and finishes its batch anyway
     assert len(alerts(redis_client)) == 1
     assert slow.stats.outcomes == {"not_pending": 2}
     assert pending_count(redis_client) == 0
@@ -302,7 +303,7 @@ def test_a_stored_value_that_is_not_a_fingerprint_stops_neither_the_worker_nor_o
 
 def test_segments_cut_where_an_incident_changes_twice() -> None:
     from worker.formats import IncidentEvent
-    from worker.stream import _Item
+    from worker.processing import _Item
 
     def item(incident_id: str, op: str) -> _Item:
         fields = {"incident_id": incident_id, "op": op}
@@ -576,7 +577,7 @@ def test_entries_left_by_a_crashed_run_of_the_same_consumer_count_a_delivery(red
     ],
 )
 def test_server_replies_that_mean_not_now_are_waited_out(error: Exception, waited_out: bool) -> None:
-    from worker.stream import waits_out
+    from worker.processing import waits_out
 
     assert waits_out(error) is waited_out
 
@@ -635,12 +636,12 @@ def test_a_worker_follows_a_migration_mid_run_and_says_so(redis_client: redis.Re
     worker.run(until_idle=True)
     Migrator(redis_client, worker.settings.namespace).migrate(3)
     publish(redis_client, [{"incident_id": f"b{n}", "features": {f"t{n}": 1, "shared": 3}} for n in range(20)])
-    worker.log = mock.Mock(wraps=worker.log)
+    log = worker.processor.log = mock.Mock(wraps=worker.processor.log)
     worker.run(until_idle=True)
     assert redis_client.hlen(worker.settings.keys.fingerprints) == 40
     assert worker.index.layout.bands == 3
-    followed = [c for c in worker.log.info.call_args_list if c.args == ("following the index's layout",)]
-    assert len(followed) == 1, worker.log.info.call_args_list
+    followed = [c for c in log.info.call_args_list if c.args == ("following the index's layout",)]
+    assert len(followed) == 1, log.info.call_args_list
     assert "bands=3" in followed[0].kwargs["layout"] and "bands=4" in followed[0].kwargs["layout_before"]
 
 
