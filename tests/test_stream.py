@@ -382,6 +382,46 @@ def test_poison_entries_are_dead_lettered_after_max_deliveries(redis_client: red
     [letter] = dead_letters(redis_client)
     assert letter.reason == "poison" and letter.deliveries == 4 and "max_deliveries=3" in letter.detail
     assert pending_count(redis_client) == 0
+    assert worker.stats.outcomes == counted_outcomes(worker) == {"failed": 3, "dead": 1}
+
+
+def counted_outcomes(worker: StreamWorker) -> dict[str, int]:
+    """`incident_worker_events_total` by outcome, as /metrics shows it."""
+    return {
+        sample.labels["outcome"]: int(sample.value)
+        for family in worker.metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == "incident_worker_events_total"
+    }
+
+
+def test_stats_metrics_and_logs_count_the_same_outcomes(redis_client: redis.Redis) -> None:
+    from structlog.testing import capture_logs
+
+    publish(
+        redis_client,
+        [
+            {"incident_id": "a", "features": DOCK},
+            {"incident_id": "b", "features": DOCK},  # matches a: an alert
+            {"incident_id": "a", "features": DOCK},  # the same fingerprint again: a repeat
+            {"incident_id": "c", "features": "{not json"},
+            {"incident_id": "r", "features": ROAD, "op": "upsert"},
+            {"incident_id": "r", "op": "delete"},
+        ],
+    )
+    worker = StreamWorker(redis_client, settings())
+    with capture_logs() as logs:
+        worker.run(until_idle=True)
+    stats = worker.stats
+    assert stats.outcomes == counted_outcomes(worker) == {"indexed": 3, "repeat": 1, "dead": 1, "deleted": 1}
+    assert stats.processed == 6 and stats.alerts == 1 and stats.dead_letters == 1
+    samples = {s.name: s for family in worker.metrics.registry.collect() for s in family.samples}
+    assert samples["incident_worker_alerts_total"].value == 1
+    assert samples["incident_worker_dead_letters_total"].labels == {"reason": "bad_json"}
+    assert samples["incident_worker_dead_letters_total"].value == 1
+    assert samples["incident_worker_candidates_count"].value == 5  # one observation an applied event
+    assert [line["event"] for line in logs if line["log_level"] in {"info", "warning"}].count("alert") == 1
+    assert [line["reason"] for line in logs if line["event"] == "dead letter"] == ["bad_json"]
 
 
 def test_worker_refuses_an_index_of_another_layout(redis_client: redis.Redis) -> None:

@@ -26,6 +26,7 @@ import redis as redis_lib
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import OutOfMemoryError, ResponseError
 
+from . import startup
 from .connection import RedisClient
 from .errors import CredentialsRefusedError, LayoutMismatchError, TlsUnverifiedError
 from .index import FingerprintIndex
@@ -40,12 +41,10 @@ from .readpath import SnapshotReader
 from .recovery import Recovery
 from .replies import group_info
 from .settings import Settings
-from .startup import open_namespace
-from .startup import preflight as check_rights_and_types
 from .upkeep import Upkeep
 from .watchdog import Watchdog
 
-__all__ = ["StreamWorker", "WorkerStats", "tls_unverified", "waits_out"]
+__all__ = ["StreamWorker", "WorkerStats"]
 
 
 def tls_unverified(error: BaseException) -> bool:
@@ -262,14 +261,14 @@ class StreamWorker:
 
     def setup(self) -> None:
         """Create the consumer group at the start of the stream, and load and check the index (worker/startup.py)."""
-        open_namespace(self.redis, self.index, self.target, self.log, preflight=self.preflight)
+        startup.open_namespace(self.redis, self.index, self.target, self.log, preflight=self.preflight)
         self.upkeep.configure()
         self.processor.choose_read_path()
         self.heartbeat()
 
     def preflight(self) -> None:
         """Refuse to start when the Redis user lacks a right or a key holds another type (`startup.preflight`)."""
-        check_rights_and_types(self.redis, self.settings, self.index, self.target)
+        startup.preflight(self.redis, self.settings, self.index, self.target)
 
     def read_and_process(self) -> int:
         """Read new entries and process them (`Processor.read_and_process`); returns how many were read."""
