@@ -115,6 +115,33 @@ def test_check_reads_at_most_listed_heartbeats(redis_client: redis.Redis) -> Non
     assert len(calls[1][1]) == LISTED_HEARTBEATS
 
 
+@pytest.mark.parametrize("batch_size", [4, 100])
+def test_check_and_stats_show_the_count_of_the_last_batch(
+    server: RedisServer,
+    client: redis.Redis,
+    no_worker_env: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    batch_size: int,
+) -> None:
+    """A worker that has just processed 10 events shows 10 in `check --json` and `stats --json` at once: it beats
+    after each batch, not only every third of its heartbeat's TTL (which showed 0 until the next beat)."""
+    from tests.streams import publish
+
+    monkeypatch.setenv("INCIDENT_WORKER_REDIS_URL", server.url)
+    worker = StreamWorker(client, Settings(consumer="w1", batch_size=batch_size, heartbeat_ttl_ms=600_000))
+    worker.setup()  # beats once: processed 0, and no other beat due for 200 s
+    publish(client, [{"incident_id": f"i{n}", "features": {f"t{n}": 1, "shared": 2}} for n in range(10)])
+    assert worker.read_and_process() == 10 and worker.stats.processed == 10
+    capsys.readouterr()  # the worker's log lines
+    assert main(["check", "--consumer", "w1", "--json"]) == 0
+    [beat] = json.loads(capsys.readouterr().out)["workers"]
+    assert beat["consumer"] == "w1" and beat["processed"] == 10
+    assert main(["stats", "--json"]) == 0
+    [beat] = json.loads(capsys.readouterr().out)["workers"]
+    assert beat["consumer"] == "w1" and beat["processed"] == 10
+
+
 # -- the cost on a real server, measured by the server ------------------------------------------------------------
 
 

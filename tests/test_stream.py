@@ -30,8 +30,9 @@ from worker.errors import LayoutMismatchError
 from worker.fingerprint import fingerprint, format_fingerprint
 from worker.formats import DeadLetter
 from worker.index import FingerprintIndex
+from worker.processing import _segments
 from worker.settings import Settings
-from worker.stream import StreamWorker, _segments
+from worker.stream import StreamWorker
 
 DOCK = {"dock": 3, "scanner": 2, "timeout": 1}
 ROAD = {"weather": 4, "road": 2}
@@ -218,8 +219,8 @@ def test_entry_processed_by_another_consumer_is_not_applied_twice(redis_client: 
     fast = StreamWorker(redis_client, settings(consumer="fast", claim_idle_ms=1000))
     time.sleep(1.1)
     fast.setup()
-    assert fast.claim_stuck() == 2  # the slow consumer looked dead; its entries were taken over and done
-    slow.process(entries)  # the slow one wakes up and finishes its batch anyway
+    assert fast.recovery.claim_stuck() == 2  # the slow consumer looked dead; its entries were taken over and done
+    slow.processor.process(entries)  # the slow one wakes up and finishes its batch anyway
     assert len(alerts(redis_client)) == 1
     assert slow.stats.outcomes == {"not_pending": 2}
     assert pending_count(redis_client) == 0
@@ -302,7 +303,7 @@ def test_a_stored_value_that_is_not_a_fingerprint_stops_neither_the_worker_nor_o
 
 def test_segments_cut_where_an_incident_changes_twice() -> None:
     from worker.formats import IncidentEvent
-    from worker.stream import _Item
+    from worker.processing import _Item
 
     def item(incident_id: str, op: str) -> _Item:
         fields = {"incident_id": incident_id, "op": op}
@@ -381,6 +382,46 @@ def test_poison_entries_are_dead_lettered_after_max_deliveries(redis_client: red
     [letter] = dead_letters(redis_client)
     assert letter.reason == "poison" and letter.deliveries == 4 and "max_deliveries=3" in letter.detail
     assert pending_count(redis_client) == 0
+    assert worker.stats.outcomes == counted_outcomes(worker) == {"failed": 3, "dead": 1}
+
+
+def counted_outcomes(worker: StreamWorker) -> dict[str, int]:
+    """`incident_worker_events_total` by outcome, as /metrics shows it."""
+    return {
+        sample.labels["outcome"]: int(sample.value)
+        for family in worker.metrics.registry.collect()
+        for sample in family.samples
+        if sample.name == "incident_worker_events_total"
+    }
+
+
+def test_stats_metrics_and_logs_count_the_same_outcomes(redis_client: redis.Redis) -> None:
+    from structlog.testing import capture_logs
+
+    publish(
+        redis_client,
+        [
+            {"incident_id": "a", "features": DOCK},
+            {"incident_id": "b", "features": DOCK},  # matches a: an alert
+            {"incident_id": "a", "features": DOCK},  # the same fingerprint again: a repeat
+            {"incident_id": "c", "features": "{not json"},
+            {"incident_id": "r", "features": ROAD, "op": "upsert"},
+            {"incident_id": "r", "op": "delete"},
+        ],
+    )
+    worker = StreamWorker(redis_client, settings())
+    with capture_logs() as logs:
+        worker.run(until_idle=True)
+    stats = worker.stats
+    assert stats.outcomes == counted_outcomes(worker) == {"indexed": 3, "repeat": 1, "dead": 1, "deleted": 1}
+    assert stats.processed == 6 and stats.alerts == 1 and stats.dead_letters == 1
+    samples = {s.name: s for family in worker.metrics.registry.collect() for s in family.samples}
+    assert samples["incident_worker_alerts_total"].value == 1
+    assert samples["incident_worker_dead_letters_total"].labels == {"reason": "bad_json"}
+    assert samples["incident_worker_dead_letters_total"].value == 1
+    assert samples["incident_worker_candidates_count"].value == 5  # one observation an applied event
+    assert [line["event"] for line in logs if line["log_level"] in {"info", "warning"}].count("alert") == 1
+    assert [line["reason"] for line in logs if line["event"] == "dead letter"] == ["bad_json"]
 
 
 def test_worker_refuses_an_index_of_another_layout(redis_client: redis.Redis) -> None:
@@ -576,7 +617,7 @@ def test_entries_left_by_a_crashed_run_of_the_same_consumer_count_a_delivery(red
     ],
 )
 def test_server_replies_that_mean_not_now_are_waited_out(error: Exception, waited_out: bool) -> None:
-    from worker.stream import waits_out
+    from worker.processing import waits_out
 
     assert waits_out(error) is waited_out
 
@@ -635,12 +676,12 @@ def test_a_worker_follows_a_migration_mid_run_and_says_so(redis_client: redis.Re
     worker.run(until_idle=True)
     Migrator(redis_client, worker.settings.namespace).migrate(3)
     publish(redis_client, [{"incident_id": f"b{n}", "features": {f"t{n}": 1, "shared": 3}} for n in range(20)])
-    worker.log = mock.Mock(wraps=worker.log)
+    log = worker.processor.log = mock.Mock(wraps=worker.processor.log)
     worker.run(until_idle=True)
     assert redis_client.hlen(worker.settings.keys.fingerprints) == 40
     assert worker.index.layout.bands == 3
-    followed = [c for c in worker.log.info.call_args_list if c.args == ("following the index's layout",)]
-    assert len(followed) == 1, worker.log.info.call_args_list
+    followed = [c for c in log.info.call_args_list if c.args == ("following the index's layout",)]
+    assert len(followed) == 1, log.info.call_args_list
     assert "bands=3" in followed[0].kwargs["layout"] and "bands=4" in followed[0].kwargs["layout_before"]
 
 

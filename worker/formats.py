@@ -27,6 +27,7 @@ from pydantic_core import PydanticCustomError
 
 from .errors import InvalidFeaturesError
 from .fingerprint import MAX_WEIGHT, fingerprint, format_fingerprint, parse_fingerprint
+from .limits import EventLimits
 from .replies import text as _text
 from .text import features_from_text
 
@@ -103,14 +104,6 @@ REASONS = {
     "invalid": "any other validation failure (see detail)",
 }
 """Every dead letter `reason`, with what it means: the codes a dashboard or a replay script can rely on."""
-
-
-class EventLimits(BaseModel):
-    """Size limits on incoming events (from the settings); bigger input is dead-lettered, never processed."""
-
-    max_tokens: int = 10_000
-    max_token_length: int = 1024
-    max_entry_bytes: int = 1_048_576
 
 
 _DEFAULT_LIMITS = EventLimits()

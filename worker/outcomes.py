@@ -1,0 +1,151 @@
+"""What became of each entry, counted in one place: the worker's stats, /metrics and the log line.
+
+The processing chain (worker/processing.py) hands every entry's outcome to `Outcomes.record`, and nothing else
+counts outcomes, so the summary line, `incident_worker_events_total{outcome}` and the logs cannot disagree. An
+outcome is an apply status (`indexed`, `repeat`, `deleted`, `absent`: processed; `not_pending`: another consumer got
+there first), `dead` (dead-lettered, processed) or `failed` (the call failed; the entry stays pending).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .fingerprint import format_fingerprint
+from .formats import MAX_INCIDENT_ID_LENGTH, IncidentEvent
+from .library import ApplyResult
+from .metrics import Metrics
+from .replies import entry_time_ms, text
+
+__all__ = ["DEAD", "FAILED", "NOT_PENDING", "Outcomes", "WorkerStats"]
+
+DEAD = "dead"
+FAILED = "failed"
+NOT_PENDING = "not_pending"
+
+
+@dataclass
+class WorkerStats:
+    """Counters since start, for the summary line, the heartbeat and tests."""
+
+    processed: int = 0
+    alerts: int = 0
+    dead_letters: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+    batches: int = 0
+    reconnects: int = 0
+
+
+class Outcomes:
+    """Counts each entry's outcome in `stats` and `metrics` and writes its log line.
+
+    The events counter of /metrics is added to once an outcome and batch (`flush`), not once an event."""
+
+    def __init__(self, metrics: Metrics, log: Any) -> None:
+        self.stats = WorkerStats()
+        self.metrics = metrics
+        self.log = log
+        self._unflushed: dict[str, int] = {}
+
+    def record(
+        self,
+        outcome: str,
+        entry_id: str,
+        *,
+        event: IncidentEvent | None = None,
+        result: ApplyResult | None = None,
+        incident_id: Any = None,
+        dead: tuple[str, str] | None = None,
+        dead_entry: str | None = None,
+        error: Exception | None = None,
+        deliveries: int = 0,
+        max_deliveries: int = 0,
+        hint: str | None = None,
+    ) -> None:
+        """Count one entry's `outcome` and log it.
+
+        An applied event gives its `event` and the apply call's `result`; a dead letter its `dead` (reason, detail),
+        the entry it became (`dead_entry`) and the entry's raw `incident_id` field, if any; a failed call its `error`
+        and the deliveries counted so far (`hint`: which key held another type)."""
+        stats = self.stats
+        stats.outcomes[outcome] = stats.outcomes.get(outcome, 0) + 1
+        self._unflushed[outcome] = self._unflushed.get(outcome, 0) + 1
+        if outcome == NOT_PENDING:
+            if self._logs_debug():
+                shown = event.incident_id if event is not None else _incident_id(incident_id)
+                self.log.debug("entry already processed by another consumer", entry_id=entry_id, incident_id=shown)
+        elif outcome == FAILED:
+            self.log.error(
+                "entry failed; it stays pending and will be retried",
+                entry_id=entry_id,
+                error=str(error),
+                deliveries=deliveries,
+                max_deliveries=max_deliveries,
+                **({"hint": hint} if hint else {}),
+            )
+        elif outcome == DEAD:
+            assert dead is not None
+            reason, detail = dead
+            stats.processed += 1
+            stats.dead_letters += 1
+            self.metrics.dead_letters.labels(reason).inc()
+            self.log.warning(
+                "dead letter",
+                entry_id=entry_id,
+                incident_id=_incident_id(incident_id),
+                reason=reason,
+                detail=detail,
+                dead_entry=dead_entry,
+            )
+        else:
+            assert event is not None and result is not None
+            self._applied(entry_id, event, result)
+
+    def _applied(self, entry_id: str, event: IncidentEvent, result: ApplyResult) -> None:
+        self.stats.processed += 1
+        self.metrics.candidates.observe(result.candidates)
+        self.metrics.end_to_end_seconds.observe(max(0.0, time.time() - entry_time_ms(entry_id) / 1000))
+        if result.alert_id:
+            self.stats.alerts += 1
+            self.metrics.alerts.inc()
+            self.log.info(
+                "alert",
+                entry_id=entry_id,
+                incident_id=event.incident_id,
+                op=event.op,
+                fingerprint=format_fingerprint(event.fingerprint or 0),
+                match_count=result.match_count,
+                closest=[f"{i}@{d}" for i, d in result.matches[:5]],
+                alert_entry=result.alert_id,
+            )
+        elif self._logs_debug():  # the line's arguments are built only when it is written
+            self.log.debug(
+                result.status,
+                entry_id=entry_id,
+                incident_id=event.incident_id,
+                op=event.op,
+                candidates=result.candidates,
+            )
+
+    def flush(self) -> None:
+        """Add the outcomes recorded since the last flush to /metrics."""
+        for outcome, count in self._unflushed.items():
+            self.metrics.events.labels(outcome).inc(count)
+        self._unflushed.clear()
+
+    def batch_done(self, seconds: float) -> None:
+        """Count one batch and how long it took."""
+        self.stats.batches += 1
+        self.metrics.batch_seconds.observe(seconds)
+
+    def _logs_debug(self) -> bool:
+        """Whether the logger writes debug lines (structlog's filtering loggers say so; others: assume)."""
+        enabled = getattr(self.log, "is_enabled_for", None)
+        return enabled is None or bool(enabled(logging.DEBUG))
+
+
+def _incident_id(raw: Any) -> str | None:
+    """An entry's raw incident_id field as logged (a prefix, when the entry was oversized)."""
+    return text(raw)[:MAX_INCIDENT_ID_LENGTH] if raw is not None else None
