@@ -2,7 +2,8 @@
 
 `incident-worker check` and `stats` find the workers through `{N}:workers` and read each one's heartbeat (a JSON
 value with a TTL): who it is, when it started, how many entries it has processed, which read path it uses. The
-worker beats after every batch (so the count they show is that of its last batch) and at least every third of the
+worker beats after every round of batches it read (at most about a second of them, so the count they show is that of
+its last batch) and at least every third of the
 TTL while it is idle. The summary line, now and then, logs what it did and sets the gauges of /metrics (group lag,
 pending entries, index size).
 """

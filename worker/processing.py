@@ -13,7 +13,8 @@
   refused for want of memory is held and retried; a stale upsert or delete is read and applied again; a duplicate
   add is dead-lettered; a failed call leaves its entry pending, one delivery closer to poison;
 * record: each entry's outcome goes to `Outcomes.record` (worker/outcomes.py: stats, /metrics and the log line), and
-  each batch ends with its time and a heartbeat, so that `check` and `stats` show the count as of the last batch.
+  each batch ends with its time. Each round of batches (at most about a second of them) ends with a heartbeat, so
+  that `check` and `stats` show the count as of the last batch at the cost of one round trip a second at most.
 
 Nothing is acknowledged that was not done: every acknowledgement is part of the atomic call.
 """
@@ -95,7 +96,7 @@ class Processor:
     """Runs the chain for one consumer: `read_and_process` for new entries, `process` for entries read elsewhere.
 
     `stop` is the worker's stop request (a held batch gives up waiting on it); `heartbeat` is called after each
-    batch and while entries are held."""
+    round of batches and while entries are held."""
 
     def __init__(
         self,
@@ -186,11 +187,15 @@ class Processor:
                 items = ahead.result() if ahead is not None else []
             while sent:
                 self._settle_batch(*sent.popleft(), calls.receive())
+        # one beat per round (at most about a second of batches), so `check` and `stats` show the count as of the
+        # last batch without a round trip per batch
+        self.heartbeat()
         return total
 
     def process(self, entries: Sequence[Entry | tuple[Any, Any]]) -> None:
         """The chain from prepare on, for entries read elsewhere (pending, claimed; or XREADGROUP pairs)."""
         self._process_batch(self.prepare(entries))
+        self.heartbeat()
 
     # -- read -------------------------------------------------------------------------------------------------
 
@@ -545,9 +550,8 @@ class Processor:
         self.outcomes.record(DEAD, item.entry_id, dead=item.dead, dead_entry=text(reply), incident_id=incident_id)
 
     def _record_batch(self, started: float) -> None:
-        """A batch is settled: count it, and beat, so that `check` and `stats` show the count as of this batch."""
+        """A batch is settled: count it."""
         self.outcomes.batch_done(time.perf_counter() - started)
-        self.heartbeat()
 
 
 def _entry_of(entry_id: Any, fields: Mapping[Any, Any] | None) -> Entry:
