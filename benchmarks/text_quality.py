@@ -17,11 +17,12 @@ Templates are a rough yardstick, not a ground truth: a template may hold free te
 one word.
 
 ``--leave-one-out`` shows whether the choice of rules generalises: for each system, it chooses among the levers of
-`worker.text.TextRules` (weighting, head words, host names, one placeholder, ``key=`` words, the weight of plain
-words: 240 combinations) the one with the best mean of precision, recall and pure alerts at the default distance on
-the seven other systems, and measures it on the held-out one. ``--levers`` prints each lever alone against the
-product's rules (and the pairs of `LEVER_PAIRS` together), then judges each by leave-one-system-out on its own: for
-each held-out system, the product's rules or the lever, whichever the seven others score better.
+`text_levers.TextRules` (the shipped rules, each a switch, in the module beside this one: weighting, the weight of
+plain words, one placeholder, paths, variable tails, the word after ``user``, the word after a ``key=``: 192
+combinations) the one with the best mean of precision, recall and pure alerts at the default distance on the seven
+other systems, and measures it on the held-out one. ``--levers`` prints each lever alone against the product's
+rules (and the pairs of `LEVER_PAIRS` together), then judges each by leave-one-system-out on its own: for each
+held-out system, the product's rules or the lever, whichever the seven others score better.
 
 Usage: python benchmarks/text_quality.py [LOGHUB_DIR] [--distances 3,5,7,9] [--leave-one-out] [--levers] [--json F]
 (LOGHUB_DIR defaults to ../shared/data/loghub beside the repository, then /work/shared/data/loghub.)
@@ -46,8 +47,12 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without installing the package
 
-from worker.fingerprint import fingerprint  # noqa: E402 (after the sys.path line)
-from worker.text import DEFAULT_RULES, TOKENIZER_VERSION, TextRules, features_from_text, tokenizer  # noqa: E402
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+
+from text_levers import DEFAULT_RULES, TextRules, tokenizer  # noqa: E402 (after the sys.path lines)
+
+from worker.fingerprint import fingerprint  # noqa: E402
+from worker.text import TOKENIZER_VERSION, features_from_text  # noqa: E402
 
 LOGHUB_PLACES = [REPO_ROOT.parent / "shared" / "data" / "loghub", Path("/work/shared/data/loghub")]
 DEFAULT_DISTANCE = 7
