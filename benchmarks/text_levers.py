@@ -74,7 +74,9 @@ class TextRules:
     * `account_after_user_key`: the name of a system account as the value of the key ``user=`` is a value, and the
       key then reads as the word ``user`` (``user=ftp`` -> ``user <*>``; ``user=guest`` keeps both words);
     * `default_logins`: ``admin``, ``administrator``, ``guest`` and ``test`` (`DEFAULT_LOGINS`) are accounts too,
-      wherever the rules above look for one (versions 4 and 5).
+      wherever the rules above look for one (versions 4 and 5);
+    * `dotted_names`: a name of three or more dotted parts without a digit (a Java class, a setting's key:
+      ``org.apache.hadoop.mapreduce.jobhistory.eventtype``, ``mapred.task.id``) is a value.
     """
 
     weights: Literal["binary", "count"] = "binary"
@@ -93,6 +95,7 @@ class TextRules:
     account_after_for: bool = True
     account_after_user_key: bool = True
     default_logins: bool = False
+    dotted_names: bool = False
 
 
 DEFAULT_RULES = TextRules()
@@ -149,6 +152,7 @@ def _words_function(rules: TextRules) -> Callable[[str], list[str]]:
     date_token = PLACEHOLDER if one else "<date>"
     value_token = PLACEHOLDER if one else "<num>"
     units = _UNITS if rules.units else frozenset()
+    dotted_names = rules.dotted_names
     special = _MONTHS | value_keys | accounts | account_keys  # plain words that need a look at their neighbours
 
     def variable(word: str) -> str:
@@ -160,6 +164,8 @@ def _words_function(rules: TextRules) -> Callable[[str], list[str]]:
                 return body[:at] + ip_token + key
         found = _FIRST_VARIABLE_RE.search(body)
         if found is None:
+            if dotted_names and body.count(".") >= 2:
+                return PLACEHOLDER + key
             return word
         if body.count(":") >= 2 and _IPV6_RE.fullmatch(body) is not None:
             return ip_token + key

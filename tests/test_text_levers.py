@@ -161,6 +161,19 @@ def test_without_the_lever_an_account_after_for_stays_a_word() -> None:
     ]
 
 
+def test_the_dotted_names_lever_masks_class_and_setting_names() -> None:
+    rules = TextRules(dotted_names=True)
+    assert lever_words("Registering class org.apache.hadoop.EventType for mapred.task.id", rules) == [
+        "registering",
+        "class",
+        V,
+        "for",
+        V,
+    ]
+    assert lever_words("out.log job.properties", rules) == ["out.log", "job.properties"]  # two parts: kept
+    assert words("for mapred.task.id") == ["for", "mapred.task.id"]  # not shipped
+
+
 def test_other_rules_name_the_masked_kinds() -> None:
     rules = TextRules(one_placeholder=False)
     assert lever_words("1 0xff 38101a0b-2096-447d-96ea-a692162415ae 10.0.0.1 Jul 9 db.example.com /x", rules) == [
@@ -207,13 +220,13 @@ def test_version_3_s_rules_kept_sshd_s_failed_password_apart() -> None:
     st.sampled_from(["count", "binary"]),
     st.integers(1, 3),
     st.integers(0, 3),
-    st.lists(st.booleans(), min_size=13, max_size=13),
+    st.lists(st.booleans(), min_size=14, max_size=14),
 )
 def test_every_lever_combination_gives_bags_the_fingerprint_accepts(
     text: str, weights: str, word_weight: int, head: int, switches: list[bool]
 ) -> None:
     one, hosts, paths, tail, user, key_value, key_words, units, user_key, accounts, account_after_for, *more = switches
-    account_after_user_key, default_logins = more
+    account_after_user_key, default_logins, dotted_names = more
     rules = TextRules(
         weights=weights,  # type: ignore[arg-type]
         word_weight=word_weight,
@@ -231,6 +244,7 @@ def test_every_lever_combination_gives_bags_the_fingerprint_accepts(
         account_after_for=account_after_for,
         account_after_user_key=account_after_user_key,
         default_logins=default_logins,
+        dotted_names=dotted_names,
     )
     tokens = lever_words(text, rules)
     if not tokens:
