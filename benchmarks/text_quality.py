@@ -343,6 +343,10 @@ def leave_one_out(data: dict[str, Lines], r: int, progress: bool) -> dict[str, A
 
     Chosen three ways: among every combination, among those with one placeholder, and among those with named ones
     (the same choice, with that lever held), so that the placeholder question is settled on held-out figures too.
+
+    Combinations the seven others score exactly alike (a lever that changes no line of theirs, such as the word
+    after ``user`` with OpenSSH held out) are tied: the held-out figures are the mean over the tied ones, what a
+    choice by lot would give on average, rather than whichever the grid lists first.
     """
     grid = lever_grid()
     per_rules: list[dict[str, dict[int, Figures]]] = []
@@ -363,8 +367,16 @@ def leave_one_out(data: dict[str, Lines], r: int, progress: bool) -> dict[str, A
         others = [system for system in data if system != held_out]
         rows[held_out] = {}
         for way, candidates in choices.items():
-            best = max(candidates, key=lambda i: sum(mean_score(per_rules[i][system], r) for system in others))
-            rows[held_out][way] = {"chosen": describe(grid[best]), "held_out": per_rules[best][held_out][r]}
+            if not candidates:  # a grid without named (or one) placeholders
+                continue
+            score = {i: sum(mean_score(per_rules[i][system], r) for system in others) for i in candidates}
+            best = max(score.values())
+            tied = [i for i in candidates if score[i] == best]
+            rows[held_out][way] = {
+                "chosen": describe(grid[tied[0]]),
+                "tied": len(tied),
+                "held_out": average([per_rules[i][held_out][r] for i in tied]),
+            }
     overall = max(range(len(grid)), key=lambda i: sum(mean_score(per_rules[i][s], r) for s in data))
     product = grid.index(DEFAULT_RULES)
     return {
@@ -552,7 +564,8 @@ def print_leave_one_out(loo: dict[str, Any]) -> None:
     rows = loo["rows"]
     for system, row in rows.items():
         cells = "  ".join(" ".join(_pct2(x) for x in row[way]["held_out"]) for way in ways)
-        print(f"{system:<10} {cells}  {row['any']['chosen']}")
+        tied = f" (and {row['any']['tied'] - 1} tied)" if row["any"]["tied"] > 1 else ""
+        print(f"{system:<10} {cells}  {row['any']['chosen']}{tied}")
     for label, combine in (("average", lambda v: sum(v) / len(v)), ("lowest", min)):
         cells = "  ".join(
             " ".join(_pct2(combine([row[way]["held_out"][k] for row in rows.values()])) for k in range(4))

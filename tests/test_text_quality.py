@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -282,3 +283,29 @@ def test_the_speed_comparison_loads_another_version_and_prints_both(capsys: pyte
     assert text_speed.main([str(other), "--rounds", "1"]) == 0
     printed = capsys.readouterr().out
     assert "this tree" in printed and str(other) in printed and "whitespace split" in printed
+
+
+def test_leave_one_out_averages_the_combinations_the_other_systems_cannot_tell_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``ssh`` held out, the word after ``user`` changes no line of ``disk``: both combinations tie there, and
+    the held-out figures are their mean, not whichever the grid lists first."""
+    without_user = dataclasses.replace(text_quality.DEFAULT_RULES, user_value=False)
+    monkeypatch.setattr(text_quality, "lever_grid", lambda: [without_user, text_quality.DEFAULT_RULES])
+    names = ["alice", "bob", "carol", "dave", "erin", "frank"]
+    data = {
+        "ssh": [(f"Invalid user {name} from 10.0.0.{n} port 22 on host alpha", "E1") for n, name in enumerate(names)]
+        + [(f"Accepted password for {name} from 10.0.1.{n} port 22", "E2") for n, name in enumerate(names)],
+        "disk": [(f"Disk full on db-{n}: writes failing since 03:{n:02d} UTC", "E1") for n in range(6)]
+        + [(f"Certificate for api-{n} expires in {n} days", "E2") for n in range(6)],
+    }
+    loo = text_quality.leave_one_out(data, 7, progress=False)
+    ssh = loo["rows"]["ssh"]["any"]
+    assert ssh["tied"] == 2
+    expected = text_quality.average(
+        [
+            text_quality.measure(data["ssh"], text_quality.tokenizer(rules), [7])[7]
+            for rules in (without_user, text_quality.DEFAULT_RULES)
+        ]
+    )
+    assert ssh["held_out"] == pytest.approx(expected)
