@@ -10,7 +10,7 @@ cluster). Over every pair of lines of a system (about two million for 2,000 line
   the lines that alert (at least one earlier line within r; Drain3: joining a cluster that already has lines), the
   share whose matches all share the new line's template;
 * grouping accuracy (GA; Zhu et al., "Tools and Benchmarks for Automated Log Parsing", 2019, and Loghub-2.0): the
-  share of lines whose group is exactly the lines of their template. The groups are SPEC section 8's, the lines
+  share of lines whose group is exactly the lines of their template. The groups are the worker's, the lines
   streamed in file order: a line joins the group of its closest earlier line within r (ties: the earliest line, as
   the worker orders matches by distance, then ID), else it opens a group; groups never merge. Drain3's groups are
   its clusters. A split template (in two groups) and a mixed group (two templates) both cost every line they hold.
@@ -209,7 +209,7 @@ def closest_earlier(fps: Sequence[int | None]) -> list[tuple[int, int]]:
 
 
 def closest_match_groups(closest: Sequence[tuple[int, int]], r: int) -> list[int]:
-    """The group of every line at distance r under SPEC section 8's rule, the lines streamed in file order: a line
+    """The group of every line at distance r under the worker's group rule, the lines streamed in file order: a line
     joins the group of its closest earlier line (`closest_earlier`) when it is within r, else opens a group. A group
     is named by the index of the line that opened it; groups never merge."""
     groups: list[int] = []
@@ -232,7 +232,7 @@ def grouping_accuracy(groups: Sequence[Hashable], templates: Sequence[str]) -> f
 
 
 def grouping_scores(fps: Sequence[int | None], templates: Sequence[str], distances: Sequence[int]) -> dict[int, float]:
-    """Grouping accuracy of SPEC section 8's groups at each distance."""
+    """Grouping accuracy of the worker's groups (`closest_match_groups`) at each distance."""
     closest = closest_earlier(fps)
     return {r: grouping_accuracy(closest_match_groups(closest, r), templates) for r in distances}
 
@@ -668,8 +668,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_quality(results, distances)
     print()
-    print("GA: grouping accuracy in %, the share of lines whose group is exactly the lines of their template; groups")
-    print("by SPEC section 8 (a line joins the group of its closest earlier line within r, ties to the earliest line,")
+    print("GA: grouping accuracy in %, the share of lines whose group is exactly the lines of their template; the")
+    print("worker's groups (a line joins the group of its closest earlier line within r, ties to the earliest line,")
     print("else opens one); Drain3's groups are its clusters")
     print()
     print_grouping(grouping, distances)

@@ -102,7 +102,7 @@ def test_grouping_accuracy_is_its_definition_on_random_labelings(rows: list[tupl
 
 
 def _groups_brute_force(fps: list[int | None], r: int) -> list[int]:
-    """SPEC section 8 read literally: a line (with a fingerprint) joins the group of the earlier line with a
+    """The group rule read literally: a line (with a fingerprint) joins the group of the earlier line with a
     fingerprint at the smallest distance within r, the earliest of those at that distance; else it opens a group."""
     groups: list[int] = []
     for j, fp in enumerate(fps):
