@@ -8,7 +8,12 @@ cluster). Over every pair of lines of a system (about two million for 2,000 line
 * recall: of the pairs that share a template, the share that group;
 * pure alerts: the lines streamed in file order, each compared with every line before it, as the worker does: of
   the lines that alert (at least one earlier line within r; Drain3: joining a cluster that already has lines), the
-  share whose matches all share the new line's template.
+  share whose matches all share the new line's template;
+* grouping accuracy (GA; Zhu et al., "Tools and Benchmarks for Automated Log Parsing", 2019, and Loghub-2.0): the
+  share of lines whose group is exactly the lines of their template. The groups are the worker's, the lines
+  streamed in file order: a line joins the group of its closest earlier line within r (ties: the earliest line, as
+  the worker orders matches by distance, then ID), else it opens a group; groups never merge. Drain3's groups are
+  its clusters. A split template (in two groups) and a mixed group (two templates) both cost every line they hold.
 
 Tokenizers: ``whitespace`` (lowercase, split on whitespace, count: nothing masked), ``text`` (`features_from_text`,
 the product's), and Drain3 (PyPI ``drain3``, an optional benchmark dependency: ``pip install -e '.[bench]'``) with
@@ -17,11 +22,13 @@ Templates are a rough yardstick, not a ground truth: a template may hold free te
 one word.
 
 ``--leave-one-out`` shows whether the choice of rules generalises: for each system, it chooses among the levers of
-`worker.text.TextRules` (weighting, head words, host names, one placeholder, ``key=`` words, the weight of plain
-words: 240 combinations) the one with the best mean of precision, recall and pure alerts at the default distance on
-the seven other systems, and measures it on the held-out one. ``--levers`` prints each lever alone against the
-product's rules (and the pairs of `LEVER_PAIRS` together), then judges each by leave-one-system-out on its own: for
-each held-out system, the product's rules or the lever, whichever the seven others score better.
+`text_levers.TextRules` (the shipped rules, each a switch, in the module beside this one: weighting, the weight of
+plain words, one placeholder, paths, variable tails, the word after ``user``, the word after a ``key=``: 192
+combinations) the one with the best mean of precision, recall, pure alerts and GA at the default distance on the
+seven other systems, and measures it on the held-out one: the estimate for systems nobody tuned on. ``--levers``
+prints each lever alone against the product's rules (and the pairs of `LEVER_PAIRS` together), then judges each by
+leave-one-system-out on its own: for each held-out system, the product's rules or the lever, whichever the seven
+others score better.
 
 Usage: python benchmarks/text_quality.py [LOGHUB_DIR] [--distances 3,5,7,9] [--leave-one-out] [--levers] [--json F]
 (LOGHUB_DIR defaults to ../shared/data/loghub beside the repository, then /work/shared/data/loghub.)
@@ -39,15 +46,19 @@ import logging
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without installing the package
 
-from worker.fingerprint import fingerprint  # noqa: E402 (after the sys.path line)
-from worker.text import DEFAULT_RULES, TOKENIZER_VERSION, TextRules, features_from_text, tokenizer  # noqa: E402
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+
+from text_levers import DEFAULT_RULES, TextRules, tokenizer  # noqa: E402 (after the sys.path lines)
+
+from worker.fingerprint import fingerprint  # noqa: E402
+from worker.text import TOKENIZER_VERSION, features_from_text  # noqa: E402
 
 LOGHUB_PLACES = [REPO_ROOT.parent / "shared" / "data" / "loghub", Path("/work/shared/data/loghub")]
 DEFAULT_DISTANCE = 7
@@ -62,6 +73,7 @@ DRAIN3_MASKING = [
 Tokenizer = Callable[[str], dict[str, int]]
 Lines = list[tuple[str, str]]
 Scores = dict[int, tuple[float, float, float]]  # distance -> (precision, recall, pure alerts)
+Figures = tuple[float, ...]  # precision, recall, pure alerts, grouping accuracy (at one distance)
 
 
 def whitespace_split(text: str) -> dict[str, int]:
@@ -165,6 +177,66 @@ def cluster_scores(clusters: Sequence[int], templates: Sequence[str]) -> tuple[f
     return (same / pairs if pairs else 1.0, same / total_same if total_same else 1.0, pure / alerts if alerts else 1.0)
 
 
+NO_MATCH = (65, -1)
+"""The closest earlier line of a line that has none (or no fingerprint): farther than any distance."""
+
+
+def closest_earlier(fps: Sequence[int | None]) -> list[tuple[int, int]]:
+    """Every line's closest earlier line, as (distance, index): the smallest distance, then the earliest line (the
+    worker sorts matches by distance, then ID; here a line's ID is its index). `NO_MATCH` for the first line and for
+    a line without a fingerprint (never indexed, so no later line matches it either).
+
+    Lines that share a fingerprint are compared once, through the first of them: the earliest at its distance.
+    """
+    first: dict[int, int] = {}  # fingerprint -> its first line, in the order of first lines
+    found: list[tuple[int, int]] = []
+    for index, fp in enumerate(fps):
+        if fp is None:
+            found.append(NO_MATCH)
+            continue
+        twin = first.get(fp)
+        if twin is not None:
+            found.append((0, twin))
+            continue
+        nearest, earliest = NO_MATCH
+        for other, line in first.items():  # earliest first: a tie keeps the earlier line
+            d = (fp ^ other).bit_count()
+            if d < nearest:
+                nearest, earliest = d, line
+        found.append((nearest, earliest))
+        first[fp] = index
+    return found
+
+
+def closest_match_groups(closest: Sequence[tuple[int, int]], r: int) -> list[int]:
+    """The group of every line at distance r under the worker's group rule, the lines streamed in file order: a line
+    joins the group of its closest earlier line (`closest_earlier`) when it is within r, else opens a group. A group
+    is named by the index of the line that opened it; groups never merge."""
+    groups: list[int] = []
+    for index, (d, earlier) in enumerate(closest):
+        groups.append(groups[earlier] if d <= r else index)
+    return groups
+
+
+def grouping_accuracy(groups: Sequence[Hashable], templates: Sequence[str]) -> float:
+    """Grouping accuracy (GA; Zhu et al. 2019, Loghub-2.0): the share of lines whose group holds exactly the lines
+    of their template. A group is right when all its lines share a template and no line of that template is
+    elsewhere; every line of a right group counts, every other line does not."""
+    if not templates:
+        return 1.0
+    group_size = Counter(groups)
+    template_size = Counter(templates)
+    together = Counter(zip(groups, templates, strict=True))
+    right = sum(n for (group, template), n in together.items() if n == group_size[group] == template_size[template])
+    return right / len(templates)
+
+
+def grouping_scores(fps: Sequence[int | None], templates: Sequence[str], distances: Sequence[int]) -> dict[int, float]:
+    """Grouping accuracy of the worker's groups (`closest_match_groups`) at each distance."""
+    closest = closest_earlier(fps)
+    return {r: grouping_accuracy(closest_match_groups(closest, r), templates) for r in distances}
+
+
 def drain3_clusters(lines: Lines, masked: bool) -> list[int]:
     """Drain3's cluster of every line, fed in file order (default configuration, or with the README's masking)."""
     from drain3 import TemplateMiner
@@ -196,6 +268,9 @@ def micros_per_call(function: Tokenizer, text: str, calls: int = 2000, rounds: i
         best = min(best, time.perf_counter() - started)
     return 1e6 * best / calls
 
+
+BY_DISTANCE = ("whitespace", "text")
+"""The methods that group by fingerprint distance (Drain3's clusters have no distance)."""
 
 GRID_LEVERS = ("weights", "word_weight", "one_placeholder", "paths", "variable_tail", "user_value", "key_value")
 """The levers leave-one-out chooses among; the others (`head`, `hosts`, `key_words`, `units`) are measured alone."""
@@ -245,8 +320,22 @@ def describe(rules: TextRules) -> str:
     return ", ".join(changed) or "product"
 
 
-def mean_score(scores: Scores, r: int) -> float:
-    return sum(scores[r]) / 3
+def measure(lines: Lines, tokenize: Tokenizer, distances: Sequence[int]) -> dict[int, Figures]:
+    """Precision, recall, pure alerts and grouping accuracy of `tokenize` on one system, at each distance."""
+    fps = fingerprints_of(lines, tokenize)
+    templates = [t for _, t in lines]
+    pairs = fingerprint_scores(fps, templates, distances)
+    groups = grouping_scores(fps, templates, distances)
+    return {r: (*pairs[r], groups[r]) for r in distances}
+
+
+def mean_score(scores: dict[int, Figures], r: int) -> float:
+    """The mean of the figures at distance r: what leave-one-out and the levers' judgement maximise."""
+    return sum(scores[r]) / len(scores[r])
+
+
+def average(rows: Sequence[Figures]) -> Figures:
+    return tuple(sum(row[k] for row in rows) / len(rows) for k in range(len(rows[0])))
 
 
 def leave_one_out(data: dict[str, Lines], r: int, progress: bool) -> dict[str, Any]:
@@ -254,17 +343,16 @@ def leave_one_out(data: dict[str, Lines], r: int, progress: bool) -> dict[str, A
 
     Chosen three ways: among every combination, among those with one placeholder, and among those with named ones
     (the same choice, with that lever held), so that the placeholder question is settled on held-out figures too.
+
+    Combinations the seven others score exactly alike (a lever that changes no line of theirs, such as the word
+    after ``user`` with OpenSSH held out) are tied: the held-out figures are the mean over the tied ones, what a
+    choice by lot would give on average, rather than whichever the grid lists first.
     """
     grid = lever_grid()
-    per_rules: list[dict[str, Scores]] = []
+    per_rules: list[dict[str, dict[int, Figures]]] = []
     for number, rules in enumerate(grid, 1):
         tokenize = tokenizer(rules)
-        per_rules.append(
-            {
-                system: fingerprint_scores(fingerprints_of(lines, tokenize), [t for _, t in lines], [r])
-                for system, lines in data.items()
-            }
-        )
+        per_rules.append({system: measure(lines, tokenize, [r]) for system, lines in data.items()})
         if progress:
             print(f"  leave-one-out: {number}/{len(grid)} lever combinations measured", file=sys.stderr, end="\r")
     if progress:
@@ -279,8 +367,16 @@ def leave_one_out(data: dict[str, Lines], r: int, progress: bool) -> dict[str, A
         others = [system for system in data if system != held_out]
         rows[held_out] = {}
         for way, candidates in choices.items():
-            best = max(candidates, key=lambda i: sum(mean_score(per_rules[i][system], r) for system in others))
-            rows[held_out][way] = {"chosen": describe(grid[best]), "held_out": per_rules[best][held_out][r]}
+            if not candidates:  # a grid without named (or one) placeholders
+                continue
+            score = {i: sum(mean_score(per_rules[i][system], r) for system in others) for i in candidates}
+            best = max(score.values())
+            tied = [i for i in candidates if score[i] == best]
+            rows[held_out][way] = {
+                "chosen": describe(grid[tied[0]]),
+                "tied": len(tied),
+                "held_out": average([per_rules[i][held_out][r] for i in tied]),
+            }
     overall = max(range(len(grid)), key=lambda i: sum(mean_score(per_rules[i][s], r) for s in data))
     product = grid.index(DEFAULT_RULES)
     return {
@@ -322,27 +418,20 @@ def lever_variants() -> dict[str, TextRules]:
 def levers_alone(data: dict[str, Lines], distances: Sequence[int]) -> dict[str, Any]:
     """The product's rules with one lever changed at a time: the mean scores over the systems at each distance
     (``tables``), and each variant's scores per system at the default distance (``per_system``)."""
-    tables: dict[int, dict[str, tuple[float, float, float]]] = {r: {} for r in distances}
-    per_system: dict[str, dict[str, tuple[float, float, float]]] = {}
+    tables: dict[int, dict[str, Figures]] = {r: {} for r in distances}
+    per_system: dict[str, dict[str, Figures]] = {}
     for name, rules in lever_variants().items():
         tokenize = tokenizer(rules)
-        scores = {
-            system: fingerprint_scores(fingerprints_of(lines, tokenize), [t for _, t in lines], distances)
-            for system, lines in data.items()
-        }
+        scores = {system: measure(lines, tokenize, distances) for system, lines in data.items()}
         for r in distances:
-            tables[r][name] = (
-                sum(s[r][0] for s in scores.values()) / len(scores),
-                sum(s[r][1] for s in scores.values()) / len(scores),
-                sum(s[r][2] for s in scores.values()) / len(scores),
-            )
+            tables[r][name] = average([s[r] for s in scores.values()])
         per_system[name] = {system: s[DEFAULT_DISTANCE] for system, s in scores.items()}
     return {"tables": tables, "per_system": per_system}
 
 
-def levers_held_out(per_system: dict[str, dict[str, tuple[float, float, float]]]) -> dict[str, Any]:
+def levers_held_out(per_system: dict[str, dict[str, Figures]]) -> dict[str, Any]:
     """Each lever judged by leave-one-system-out: for each held-out system, the product's rules or the lever,
-    whichever has the better mean of P, R and A over the seven others, scored on the held-out one.
+    whichever has the better mean of its figures (P, R, A and GA) over the seven others, scored on the held-out one.
 
     A lever that only one system wants is taken when that system is among the seven and left when it is held out, so
     the held-out average rises above the product's only when the lever helps systems it was not chosen on.
@@ -353,7 +442,7 @@ def levers_held_out(per_system: dict[str, dict[str, tuple[float, float, float]]]
     for name, scores in per_system.items():
         if name == "product":
             continue
-        held: dict[str, tuple[float, float, float]] = {}
+        held: dict[str, Figures] = {}
         taken = 0
         for system in systems:
             others = [s for s in systems if s != system]
@@ -364,10 +453,10 @@ def levers_held_out(per_system: dict[str, dict[str, tuple[float, float, float]]]
         result[name] = {
             "taken": taken,
             "held_out": held,
-            "average": tuple(sum(v[k] for v in held.values()) / len(held) for k in range(3)),
-            "in_sample": tuple(sum(v[k] for v in scores.values()) / len(scores) for k in range(3)),
+            "average": average(list(held.values())),
+            "in_sample": average(list(scores.values())),
         }
-    result["product"] = {"average": tuple(sum(v[k] for v in product.values()) / len(product) for k in range(3))}
+    result["product"] = {"average": average(list(product.values()))}
     return result
 
 
@@ -470,15 +559,16 @@ def print_leave_one_out(loo: dict[str, Any]) -> None:
     r, tried = loo["distance"], loo["combinations"]
     print(f"leave-one-out at r={r}: levers chosen on the other systems ({tried} combinations), scored on the eighth")
     ways = {"any": "any levers", "one": "one placeholder", "named": "named placeholders"}
-    print(f"{'held out':<10} " + "  ".join(f"{title:^20}" for title in ways.values()) + "  chosen (any levers)")
-    print(f"{'':<10} " + "  ".join(f"{'P':>6} {'R':>6} {'A':>6}" for _ in ways))
+    print(f"{'held out':<10} " + "  ".join(f"{title:^27}" for title in ways.values()) + "  chosen (any levers)")
+    print(f"{'':<10} " + "  ".join(f"{'P':>6} {'R':>6} {'A':>6} {'GA':>6}" for _ in ways))
     rows = loo["rows"]
     for system, row in rows.items():
         cells = "  ".join(" ".join(_pct2(x) for x in row[way]["held_out"]) for way in ways)
-        print(f"{system:<10} {cells}  {row['any']['chosen']}")
+        tied = f" (and {row['any']['tied'] - 1} tied)" if row["any"]["tied"] > 1 else ""
+        print(f"{system:<10} {cells}  {row['any']['chosen']}{tied}")
     for label, combine in (("average", lambda v: sum(v) / len(v)), ("lowest", min)):
         cells = "  ".join(
-            " ".join(_pct2(combine([row[way]["held_out"][k] for row in rows.values()])) for k in range(3))
+            " ".join(_pct2(combine([row[way]["held_out"][k] for row in rows.values()])) for k in range(4))
             for way in ways
         )
         print(f"{label:<10} {cells}")
@@ -507,6 +597,23 @@ def print_quality(results: dict[str, dict[str, Any]], distances: Sequence[int]) 
                     triple = results[system][method][r]
                 cells.append(" ".join(_pct(x) for x in triple))
             print(f"{system:<10} {method:<14} " + "  ".join(cells))
+
+
+def print_grouping(grouping: dict[str, dict[str, dict[int, float]]], distances: Sequence[int]) -> None:
+    """GA in % per system and method: at each distance for fingerprints, once for Drain3 (its clusters have none)."""
+    columns = [
+        (method, r)
+        for method in next(iter(grouping.values()))
+        for r in (distances if method in BY_DISTANCE else distances[:1])
+    ]
+    titles = [f"{method} r={r}" if method in BY_DISTANCE else method for method, r in columns]
+    widths = [max(len(title), 5) for title in titles]
+    print(f"{'system':<10} " + " ".join(f"{title:>{w}}" for title, w in zip(titles, widths, strict=True)))
+    rows = {system: [values[method][r] for method, r in columns] for system, values in grouping.items()}
+    rows["average"] = [sum(column) / len(column) for column in zip(*rows.values(), strict=True)]
+    rows["lowest"] = [min(column) for column in zip(*[rows[s] for s in grouping], strict=True)]
+    for system, row in rows.items():
+        print(f"{system:<10} " + " ".join(f"{100 * x:>{w}.1f}" for x, w in zip(row, widths, strict=True)))
 
 
 def find_loghub(given: Path | None) -> Path | None:
@@ -539,21 +646,33 @@ def main(argv: list[str] | None = None) -> int:
         print("drain3 is not installed (pip install -e '.[bench]'): its rows are left out", file=sys.stderr)
 
     results: dict[str, dict[str, Any]] = {}
+    grouping: dict[str, dict[str, dict[int, float]]] = {}
     for system, lines in data.items():
         templates = [t for _, t in lines]
         row: dict[str, Any] = {}
+        grouped: dict[str, dict[int, float]] = {}
         for name, tokenize in (("whitespace", whitespace_split), ("text", features_from_text)):
-            row[name] = fingerprint_scores(fingerprints_of(lines, tokenize), templates, distances)
+            fps = fingerprints_of(lines, tokenize)
+            row[name] = fingerprint_scores(fps, templates, distances)
+            grouped[name] = grouping_scores(fps, templates, distances)
         if drain:
             for name, masked in (("drain3", False), ("drain3+masks", True)):
-                triple = cluster_scores(drain3_clusters(lines, masked), templates)
-                row[name] = dict.fromkeys(distances, triple)  # a cluster has no distance
+                clusters = drain3_clusters(lines, masked)
+                row[name] = dict.fromkeys(distances, cluster_scores(clusters, templates))  # a cluster has no distance
+                grouped[name] = dict.fromkeys(distances, grouping_accuracy(clusters, templates))
         results[system] = row
+        grouping[system] = grouped
 
     print(f"Tokenizer version {TOKENIZER_VERSION}; Loghub samples in {loghub}")
     print("P: precision, R: recall (pairs), A: pure alerts, in %; Drain3 has no distance (same figures in each column)")
     print()
     print_quality(results, distances)
+    print()
+    print("GA: grouping accuracy in %, the share of lines whose group is exactly the lines of their template; the")
+    print("worker's groups (a line joins the group of its closest earlier line within r, ties to the earliest line,")
+    print("else opens one); Drain3's groups are its clusters")
+    print()
+    print_grouping(grouping, distances)
     one_line = micros_per_call(features_from_text, SPEED_LINE)
     baseline = micros_per_call(whitespace_split, SPEED_LINE)
     every_line = [content for lines in data.values() for content, _ in lines]
@@ -567,6 +686,9 @@ def main(argv: list[str] | None = None) -> int:
         "tokenizer_version": TOKENIZER_VERSION,
         "quality": {
             s: {m: {str(r): v for r, v in row.items()} for m, row in rows.items()} for s, rows in results.items()
+        },
+        "grouping_accuracy": {
+            s: {m: {str(r): v for r, v in row.items()} for m, row in rows.items()} for s, rows in grouping.items()
         },
         "speed_us_70_chars": one_line,
         "speed_us_whitespace": baseline,
@@ -585,14 +707,14 @@ def main(argv: list[str] | None = None) -> int:
         measured = levers_alone(data, distances)
         tables = measured["tables"]
         print()
-        print("each lever alone, mean over the systems, P R A in % at each distance:")
-        print(f"  {'rules':<34} " + "  ".join(f"{'r=' + str(r):^20}" for r in distances))
+        print("each lever alone, mean over the systems, P R A GA in % at each distance:")
+        print(f"  {'rules':<34} " + "  ".join(f"{'r=' + str(r):^27}" for r in distances))
         for name in tables[DEFAULT_DISTANCE]:
             print(f"  {name:<34} " + "  ".join(" ".join(_pct2(x) for x in tables[r][name]) for r in distances))
         held_out = levers_held_out(measured["per_system"])
         print()
         print(f"each lever by leave-one-system-out at r={DEFAULT_DISTANCE}: taken when it beats the product's rules")
-        print("on the seven others (mean of P, R, A); P R A in %, averaged over the eight held-out systems:")
+        print("on the seven others (mean of P, R, A, GA); P R A GA in %, averaged over the eight held-out systems:")
         product_average = " ".join(_pct2(x) for x in held_out["product"]["average"])
         print(f"  {'product':<34} {product_average}")
         for name, row in held_out.items():

@@ -8,7 +8,7 @@ from pathlib import Path
 from worker.cli import build_parser
 from worker.metrics import Metrics
 from worker.settings import ENV_PREFIX, Settings, settings_table
-from worker.text import DEFAULT_RULES, TOKENIZER_VERSION
+from worker.text import TOKENIZER_VERSION, WORD_WEIGHT
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
 
@@ -52,5 +52,5 @@ def test_the_readme_names_this_tokenizer_s_version_and_weights() -> None:
     """The text section's version and the Python section's weights once lagged the code by a version or two."""
     assert re.findall(r"`worker\.text\.TOKENIZER_VERSION`,\s*(\d+)\)", README) == [str(TOKENIZER_VERSION)]
     assert f"Version {TOKENIZER_VERSION} (this release)" in README
-    assert set(re.findall(r"plain words weighing (\w+)", README)) <= {str(DEFAULT_RULES.word_weight), "three"}
+    assert set(re.findall(r"plain words weighing (\w+)", README)) <= {str(WORD_WEIGHT), "three"}
     assert "plain words weighing" in README

@@ -16,19 +16,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from worker.fingerprint import MAX_WEIGHT, distance, fingerprint, fingerprint_reference, format_fingerprint
-from worker.text import (
-    ACCOUNT_NAMES,
-    DEFAULT_LOGINS,
-    DEFAULT_RULES,
-    PLACEHOLDER,
-    TOKENIZER_VERSION,
-    TextRules,
-    _words_function,
-    features_from_text,
-    tokenizer,
-    words,
-)
+from worker.fingerprint import distance, fingerprint, fingerprint_reference, format_fingerprint
+from worker.text import PLACEHOLDER, TOKENIZER_VERSION, WORD_WEIGHT, features_from_text, words
 
 _LOGHUB_PLACES = [
     Path(os.environ.get("LOGHUB_DIR", "/nonexistent")),
@@ -210,39 +199,6 @@ def test_the_word_after_user_is_a_value(text: str, expected: list[str]) -> None:
     assert words(text) == expected
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("rhost=1.2.3.4  user=mysql", ["rhost=", V, "user", V]),
-        ("rhost=1.2.3.4 user= x=1", ["rhost=", V, "user", "x=", V]),  # an empty value: the next key is no value
-        ("invalid user user=root", ["invalid", "user", "user", V]),
-        ("ruser= rhost=a.example.com", ["ruser=", "rhost=", V]),  # another key: unchanged
-    ],
-)
-def test_the_user_key_lever_masks_the_value_after_user_equals(text: str, expected: list[str]) -> None:
-    assert words(text, TextRules(user_key=True)) == expected
-
-
-def test_the_user_key_lever_keeps_a_line_with_the_key_apart_from_the_line_without() -> None:
-    bag = tokenizer(TextRules(user_key=True))
-    assert bag("tty=ssh rhost=1.2.3.4 user=ftp") == bag("tty=ssh rhost=5.6.7.8 user=root")
-    assert bag("tty=ssh rhost=1.2.3.4 user=ftp")["user"] == 3  # the key weighs as a word
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("Failed password for root from 1.2.3.4", ["failed", "password", "for", V, "from", V]),
-        ("for (mysql): ok", ["for", V, "ok"]),
-        ("rooted tree", ["rooted", "tree"]),
-    ],
-)
-def test_the_accounts_lever_masks_well_known_account_names(text: str, expected: list[str]) -> None:
-    assert words(text, TextRules(accounts=True)) == expected
-    assert {"root", "nobody", "ftp"} <= ACCOUNT_NAMES
-    assert not ACCOUNT_NAMES & DEFAULT_LOGINS
-
-
 def test_the_product_keeps_account_names_elsewhere_and_other_values_after_user_equals() -> None:
     """The product did not take `accounts` or `user_key` (BENCHMARKS.md): it keeps an account's name away from
     ``for`` and ``user=``, and any other name after ``user=``."""
@@ -268,26 +224,6 @@ def test_the_product_keeps_account_names_elsewhere_and_other_values_after_user_e
 )
 def test_a_system_account_after_user_equals_is_a_value(text: str, expected: list[str]) -> None:
     assert words(text) == expected
-    assert words(text) == _words_function(DEFAULT_RULES, fast=False)(text)
-
-
-def test_without_the_lever_user_equals_keeps_the_account() -> None:
-    assert words("user=root", TextRules(account_after_user_key=False)) == ["user=", "root"]
-
-
-@pytest.mark.parametrize(
-    ("text", "product", "with_logins"),
-    [
-        ("failures for admin [preauth]", ["failures", "for", "admin", "preauth"], ["failures", "for", V, "preauth"]),
-        ("x user=guest", ["x", "user=", "guest"], ["x", "user", V]),
-        ("for test", ["for", "test"], ["for", V]),
-    ],
-)
-def test_default_logins_are_user_names_unless_the_lever_asks(
-    text: str, product: list[str], with_logins: list[str]
-) -> None:
-    assert words(text) == product
-    assert words(text, TextRules(default_logins=True)) == with_logins
 
 
 PAM_FAILURE = "pam_unix(sshd:auth): authentication failure; logname= uid=0 euid=0 tty=ssh ruser= rhost={host}"
@@ -297,16 +233,14 @@ def test_lines_of_pam_s_authentication_failure_land_together() -> None:
     """The loss version 6 closes: one template, ``user=root`` beside ``user=ftp``, 11 bits apart under version 5;
     the line with a login people choose, and the line without ``user=``, another template each, stay apart."""
 
-    def fp(text: str, rules: TextRules = DEFAULT_RULES) -> int:
-        return fingerprint(tokenizer(rules)(text))
+    def fp(text: str) -> int:
+        return fingerprint(features_from_text(text))
 
     root = PAM_FAILURE.format(host="5.36.59.76") + " user=root"
     ftp = PAM_FAILURE.format(host="183.62.140.253") + " user=ftp"
     assert distance(fp(root), fp(ftp)) == 0
     for other in (PAM_FAILURE.format(host="1.2.3.4"), PAM_FAILURE.format(host="1.2.3.4") + " user=guest"):
         assert distance(fp(root), fp(other)) > ALERT_DISTANCE
-    version_5 = TextRules(account_after_user_key=False, default_logins=True)
-    assert distance(fp(root, version_5), fp(ftp, version_5)) > ALERT_DISTANCE
 
 
 @pytest.mark.parametrize(
@@ -328,18 +262,6 @@ def test_lines_of_pam_s_authentication_failure_land_together() -> None:
 )
 def test_an_account_name_after_for_is_a_value(text: str, expected: list[str]) -> None:
     assert words(text) == expected
-    assert features_from_text(text) == tokenizer(DEFAULT_RULES)(text)
-
-
-def test_without_the_lever_an_account_after_for_stays_a_word() -> None:
-    assert words("Failed password for root from 1.2.3.4", TextRules(account_after_for=False)) == [
-        "failed",
-        "password",
-        "for",
-        "root",
-        "from",
-        V,
-    ]
 
 
 def test_lines_of_sshd_s_failed_password_template_land_together() -> None:
@@ -347,14 +269,6 @@ def test_lines_of_sshd_s_failed_password_template_land_together() -> None:
     root = fingerprint(features_from_text("Failed password for root from 5.36.59.76 port 42393 ssh2"))
     ftp = fingerprint(features_from_text("Failed password for ftp from 5.188.10.180 port 54715 ssh2"))
     assert distance(root, ftp) == 0
-    old = tokenizer(TextRules(account_after_for=False))
-    assert (
-        distance(
-            fingerprint(old("Failed password for root from 5.36.59.76 port 42393 ssh2")),
-            fingerprint(old("Failed password for ftp from 5.188.10.180 port 54715 ssh2")),
-        )
-        > ALERT_DISTANCE
-    )
 
 
 @pytest.mark.parametrize(
@@ -441,20 +355,6 @@ def test_a_placeholder_already_in_the_text_reads_as_one() -> None:
 def test_every_masked_kind_is_the_one_placeholder() -> None:
     kinds = "1 0xff 38101a0b-2096-447d-96ea-a692162415ae 10.0.0.1 Jul 9 fe80::1 db-1.example.com 54fadb412c4e40cd /x"
     assert words(kinds) == [PLACEHOLDER] * 10
-
-
-def test_other_rules_name_the_masked_kinds() -> None:
-    rules = TextRules(one_placeholder=False)
-    assert words("1 0xff 38101a0b-2096-447d-96ea-a692162415ae 10.0.0.1 Jul 9 db.example.com /x", rules) == [
-        "<num>",
-        "<hex>",
-        "<uuid>",
-        "<ip>",
-        "<date>",
-        "<num>",
-        "<ip>",
-        "<path>",
-    ]
 
 
 # --- bags ---
@@ -574,9 +474,8 @@ def _assert_valid_bag_or_refused(text: str) -> None:
     assert bag
     assert set(bag) == set(words(text))
     assert all(type(token) is str for token in bag)
-    assert all(weight == (3 if token.isalpha() else 1) for token, weight in bag.items())
+    assert all(weight == (WORD_WEIGHT if token.isalpha() else 1) for token, weight in bag.items())
     assert fingerprint(bag) == fingerprint_reference(bag)
-    assert bag == tokenizer(DEFAULT_RULES)(text)  # the fast path is the general one under the product's rules
 
 
 @settings(max_examples=300, deadline=None)
@@ -595,86 +494,11 @@ def test_log_like_text_gives_a_valid_bag_or_a_value_error(text: str) -> None:
     _assert_valid_bag_or_refused(text)
 
 
-number_like_text = st.lists(
-    st.tuples(
-        st.sampled_from(["", "(", "[", "-", '"', "'", "/", "<", "=", "user ", "jul ", "x"]),
-        st.from_regex(r"[0-9٣]{1,4}([.:]{1,2}[0-9]{1,3}){0,4}", fullmatch=True),
-        st.sampled_from(["", ")", "],", ".", ":", "=", ";", ">", "kb", " kb", "x"]),
-    ),
-    max_size=6,
-).map(lambda parts: " ".join(before + number + after for before, number, after in parts))
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.one_of(log_like_text, number_like_text, st.text(max_size=60)))
-def test_the_shortcuts_give_the_words_of_the_general_path(text: str) -> None:
-    """Numbers, keys and punctuation-only chunks take shortcuts; they must give what the general path gives."""
-    for rules in (
-        DEFAULT_RULES,
-        TextRules(user_key=True, accounts=True),
-        TextRules(key_value=True),
-        TextRules(account_after_for=False),
-        TextRules(account_after_user_key=False, default_logins=True),
-    ):
-        assert words(text, rules) == _words_function(rules, fast=False)(text)
-
-
-@pytest.mark.parametrize(
-    "text",
-    ["1.2.3.4:80 5= -5 [1.2] (3:4), 1..2 1::2 ::1 12:30:45.123 1.2.", "uid=0 euid=0 tty=ssh = , user 1.2.3.4 5 kb"],
-)
-def test_the_shortcuts_on_pinned_lines(text: str) -> None:
-    assert words(text) == _words_function(DEFAULT_RULES, fast=False)(text)
-
-
 @settings(max_examples=300, deadline=None)
 @given(st.one_of(log_like_text, st.text(max_size=60)))
 def test_tokenizing_the_words_again_changes_nothing(text: str) -> None:
     tokens = words(text)
     assert words(" ".join(tokens)) == tokens
-
-
-@settings(max_examples=100, deadline=None)
-@given(
-    log_like_text,
-    st.sampled_from(["count", "binary"]),
-    st.integers(1, 3),
-    st.integers(0, 3),
-    st.lists(st.booleans(), min_size=13, max_size=13),
-)
-def test_every_lever_combination_gives_bags_the_fingerprint_accepts(
-    text: str, weights: str, word_weight: int, head: int, switches: list[bool]
-) -> None:
-    one, hosts, paths, tail, user, key_value, key_words, units, user_key, accounts, account_after_for, *more = switches
-    account_after_user_key, default_logins = more
-    rules = TextRules(
-        weights=weights,  # type: ignore[arg-type]
-        word_weight=word_weight,
-        head=head,
-        one_placeholder=one,
-        hosts=hosts,
-        paths=paths,
-        variable_tail=tail,
-        user_value=user,
-        key_value=key_value,
-        key_words=key_words,
-        units=units,
-        user_key=user_key,
-        accounts=accounts,
-        account_after_for=account_after_for,
-        account_after_user_key=account_after_user_key,
-        default_logins=default_logins,
-    )
-    tokens = words(text, rules)
-    assert tokens == _words_function(rules, fast=False)(text)
-    if not tokens:
-        return
-    bag = tokenizer(rules)(text)
-    assert set(bag) == set(tokens)
-    assert all(type(weight) is int and 1 <= weight <= MAX_WEIGHT for weight in bag.values())
-    if weights == "count" and head == 0 and not key_words:
-        assert sum(bag.values()) == sum(word_weight if token.isalpha() else 1 for token in tokens)
-    fingerprint(bag)
 
 
 # --- the demo's built-in sample ---

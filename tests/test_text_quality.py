@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -69,6 +71,72 @@ def test_cluster_scores_count_every_pair(rows: list[tuple[int, str]]) -> None:
     assert text_quality.cluster_scores(clusters, templates) == pytest.approx(expected)
 
 
+def test_grouping_accuracy_on_a_hand_checked_example() -> None:
+    """Six lines, templates A A A B B C. Groups g1 = {0, 1}, g2 = {2}, g3 = {3, 4}, g4 = {5}: A is split (its three
+    lines are wrong), B and C are grouped exactly (three lines right)."""
+    templates = ["A", "A", "A", "B", "B", "C"]
+    assert text_quality.grouping_accuracy(["g1", "g1", "g2", "g3", "g3", "g4"], templates) == 3 / 6
+    # a mixed group: C's line joins B's group, so B and C are wrong, and A, now whole, is right
+    assert text_quality.grouping_accuracy([1, 1, 1, 3, 3, 3], templates) == 3 / 6
+    assert text_quality.grouping_accuracy([0, 0, 0, 1, 1, 2], templates) == 1.0
+    assert text_quality.grouping_accuracy([0, 1, 2, 3, 4, 5], templates) == 1 / 6  # only C, alone, is right
+    assert text_quality.grouping_accuracy([], []) == 1.0
+
+
+def _ga_brute_force(groups: Sequence[object], templates: list[str]) -> float:
+    """GA as defined: line i is right when the lines grouped with it are exactly those sharing its template."""
+    n = len(templates)
+    right = sum(
+        {j for j in range(n) if groups[j] == groups[i]} == {j for j in range(n) if templates[j] == templates[i]}
+        for i in range(n)
+    )
+    return right / n if n else 1.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from("abcd")), max_size=30))
+def test_grouping_accuracy_is_its_definition_on_random_labelings(rows: list[tuple[int, str]]) -> None:
+    groups = [g for g, _ in rows]
+    templates = [t for _, t in rows]
+    assert text_quality.grouping_accuracy(groups, templates) == pytest.approx(_ga_brute_force(groups, templates))
+
+
+def _groups_brute_force(fps: list[int | None], r: int) -> list[int]:
+    """The group rule read literally: a line (with a fingerprint) joins the group of the earlier line with a
+    fingerprint at the smallest distance within r, the earliest of those at that distance; else it opens a group."""
+    groups: list[int] = []
+    for j, fp in enumerate(fps):
+        matches = [
+            ((fp ^ other).bit_count(), i)
+            for i, other in enumerate(fps[:j])
+            if fp is not None and other is not None and (fp ^ other).bit_count() <= r
+        ]
+        groups.append(groups[min(matches)[1]] if matches else j)
+    return groups
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines, st.lists(st.integers(0, 64), min_size=1, max_size=3, unique=True))
+def test_grouping_follows_the_closest_earlier_match(rows: list[tuple[int | None, str]], distances: list[int]) -> None:
+    fps = [fp for fp, _ in rows]
+    templates = [t for _, t in rows]
+    closest = text_quality.closest_earlier(fps)
+    scores = text_quality.grouping_scores(fps, templates, distances)
+    for r in distances:
+        expected = _groups_brute_force(fps, r)
+        assert text_quality.closest_match_groups(closest, r) == expected
+        assert scores[r] == pytest.approx(_ga_brute_force(expected, templates))
+
+
+def test_a_tie_joins_the_group_of_the_earliest_line() -> None:
+    """Line 2 is at distance 1 from lines 0 and 1, which opened groups of their own: it joins line 0's."""
+    fps: list[int | None] = [0b01, 0b10, 0b11]
+    assert text_quality.closest_match_groups(text_quality.closest_earlier(fps), 1) == [0, 1, 0]
+    assert text_quality.closest_match_groups(text_quality.closest_earlier(fps), 0) == [0, 1, 2]
+    # a line without a fingerprint opens a group nobody joins
+    assert text_quality.closest_match_groups(text_quality.closest_earlier([None, 0, None, 0]), 64) == [0, 1, 2, 1]
+
+
 def test_every_lever_combination_is_distinct_and_named() -> None:
     grid = text_quality.lever_grid()
     assert len(grid) == len(set(grid)) == 192
@@ -90,9 +158,11 @@ def test_quality_benchmark_runs_on_a_small_sample(tmp_path: Path) -> None:
 
     figures = json.loads(out.read_text(encoding="utf-8"))
     assert figures["quality"]["Tiny"]["text"]["7"] == [1.0, 1.0, 1.0]
+    assert figures["grouping_accuracy"]["Tiny"]["text"] == {"3": 1.0, "7": 1.0}
     assert figures["quality"]["Tiny"]["whitespace"]["7"][1] < 1.0  # nothing masked: the numbers keep lines apart
+    assert figures["grouping_accuracy"]["Tiny"]["whitespace"]["7"] < 1.0
     assert set(figures["levers_by_distance"]) == {"3", "7"}
-    assert figures["levers_by_distance"]["7"]["product"] == figures["quality"]["Tiny"]["text"]["7"]
+    assert figures["levers_by_distance"]["7"]["product"] == [1.0, 1.0, 1.0, 1.0]  # P, R, A and GA
     assert figures["lost_and_merged"]["Tiny"] == {"lost": [], "merged": []}
 
 
@@ -151,6 +221,26 @@ def test_the_published_figures_are_this_tokenizer_s_and_at_least_drain3_s() -> N
     assert mean("text", 2) >= 0.97  # pure alerts
 
 
+@pytest.mark.skipif(LOGHUB is None, reason="the Loghub samples are not on this machine")
+def test_the_published_grouping_accuracy_is_this_tokenizer_s() -> None:
+    """The GA BENCHMARKS.md publishes, at r = 5, 7 and 9 on the whole samples, is what this code measures, and at
+    the default distance it is above Drain3's (measured by the same run)."""
+    assert LOGHUB is not None
+    published = json.loads(PUBLISHED.read_text(encoding="utf-8"))["grouping_accuracy"]
+    for path in sorted(LOGHUB.glob("*_structured.csv")):
+        system = path.name.split("_")[0]
+        lines = text_quality.load(path)
+        fps = text_quality.fingerprints_of(lines, text_quality.features_from_text)
+        measured = text_quality.grouping_scores(fps, [t for _, t in lines], [5, 7, 9])
+        for r in (5, 7, 9):
+            assert measured[r] == pytest.approx(published[system]["text"][str(r)], abs=1e-12), (system, r)
+
+    def mean(method: str) -> float:
+        return sum(published[system][method]["7"] for system in published) / len(published)
+
+    assert mean("text") >= max(mean("drain3"), mean("drain3+masks"))
+
+
 def test_lost_and_merged_names_the_templates_and_a_pair_of_lines() -> None:
     lines = [
         ("authentication failure; logname= uid=0 tty=ssh ruser= rhost=10.0.0.1 user=alice", "A"),
@@ -193,3 +283,29 @@ def test_the_speed_comparison_loads_another_version_and_prints_both(capsys: pyte
     assert text_speed.main([str(other), "--rounds", "1"]) == 0
     printed = capsys.readouterr().out
     assert "this tree" in printed and str(other) in printed and "whitespace split" in printed
+
+
+def test_leave_one_out_averages_the_combinations_the_other_systems_cannot_tell_apart(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``ssh`` held out, the word after ``user`` changes no line of ``disk``: both combinations tie there, and
+    the held-out figures are their mean, not whichever the grid lists first."""
+    without_user = dataclasses.replace(text_quality.DEFAULT_RULES, user_value=False)
+    monkeypatch.setattr(text_quality, "lever_grid", lambda: [without_user, text_quality.DEFAULT_RULES])
+    names = ["alice", "bob", "carol", "dave", "erin", "frank"]
+    data = {
+        "ssh": [(f"Invalid user {name} from 10.0.0.{n} port 22 on host alpha", "E1") for n, name in enumerate(names)]
+        + [(f"Accepted password for {name} from 10.0.1.{n} port 22", "E2") for n, name in enumerate(names)],
+        "disk": [(f"Disk full on db-{n}: writes failing since 03:{n:02d} UTC", "E1") for n in range(6)]
+        + [(f"Certificate for api-{n} expires in {n} days", "E2") for n in range(6)],
+    }
+    loo = text_quality.leave_one_out(data, 7, progress=False)
+    ssh = loo["rows"]["ssh"]["any"]
+    assert ssh["tied"] == 2
+    expected = text_quality.average(
+        [
+            text_quality.measure(data["ssh"], text_quality.tokenizer(rules), [7])[7]
+            for rules in (without_user, text_quality.DEFAULT_RULES)
+        ]
+    )
+    assert ssh["held_out"] == pytest.approx(expected)

@@ -36,8 +36,8 @@ their fingerprints land close together. The rules (version 6):
      ``user=``, is a value: ``Failed password for root`` -> ``failed password for <*>``, as sshd, PAM, su and sudo
      name an account, and ``user=ftp`` -> ``user <*>`` (the key then reads as the word ``user``, which weighs as a
      word, so the line stays apart from the same line without the key). ``waiting for jobs`` and ``mysql started``
-     keep their words, and so do the names people choose or installers offer (``user=guest``, ``for admin``:
-     `DEFAULT_LOGINS`, not system accounts);
+     keep their words, and so do the names people choose or installers offer (``user=guest``, ``for admin``: not
+     system accounts);
    * a month name (``jan`` ... ``december``) beside a number is part of a date, and so is a weekday just before such
      a month: ``Sat Jul  9 12:59:44 2005`` -> five ``<*>``; ``in jul`` keeps its words;
    * a unit of size or time right after a number goes with it: ``8.8 KB`` and ``384.0 B`` -> ``<*>``, ``5 ms`` ->
@@ -48,7 +48,9 @@ their fingerprints land close together. The rules (version 6):
 
 Why these choices: `benchmarks/text_quality.py` measures them on the Loghub samples (lines of one template should
 land within the alert distance of each other, lines of different templates should not), beside Drain3, lever by
-lever, and chooses among the levers by leave-one-system-out (BENCHMARKS.md has the tables). What each rule fixes,
+lever, and chooses among the levers by leave-one-system-out (BENCHMARKS.md has the tables). The levers (each rule
+as a switch, and the alternatives measured and not taken) live with it, in `benchmarks/text_levers.py`: this module
+holds the shipped rules only. What each rule fixes,
 in pairs of one template that version 2 left farther apart than 7:
 
 * variable to the end of the word: IDs whose letters vary too (``attempt_..._m_...`` and ``..._r_...``), a reverse
@@ -66,33 +68,33 @@ and lines of different templates that differ by one word move farther apart). On
 keeps a value that is sometimes an address and sometimes a host name, or a hex ID without a letter a-f, from giving
 lines of one template different tokens.
 
-Measured and not taken: every value after the key ``user=`` read as a value (`TextRules.user_key`), the names of
-system accounts masked wherever they stand (`TextRules.accounts`), and ``admin``, ``administrator``, ``guest`` and
-``test`` read as accounts (`TextRules.default_logins`, version 4 and 5's list). Two samples label PAM's
-authentication failure: one puts ``user=root`` and ``user=ftp`` (``uucp``, ``git``, ``sshd``, ``mysql``) in one
-template, the other makes ``user=root``, ``user=guest`` and ``user=test`` three. Every name read as a value (the
-first and third levers) merges the second sample's three and costs most of its pure alerts; system accounts only is
-the rule both samples' labels agree with (and the labels of ``for admin`` beside ``for root``, two templates, agree
-too). The second lever would also mask a service's name (``mysql``, ``nginx``, ``git``) in any text, where an
-incident's title needs it; after ``for`` and ``user=`` only, it costs nothing measured.
+Measured and not taken (levers of `benchmarks/text_levers.py`): every value after the key ``user=`` read as a
+value (``user_key``), the names of system accounts masked wherever they stand (``accounts``), and ``admin``,
+``administrator``, ``guest`` and ``test`` read as accounts (``default_logins``, version 4 and 5's list). Two samples
+label PAM's authentication failure: one puts ``user=root`` and ``user=ftp`` (``uucp``, ``git``, ``sshd``,
+``mysql``) in one template, the other makes ``user=root``, ``user=guest`` and ``user=test`` three. Every name read as
+a value (the first and third levers) merges the second sample's three and costs most of its pure alerts; system
+accounts only is the rule both samples' labels agree with (and the labels of ``for admin`` beside ``for root``, two
+templates, agree too). The second lever would also mask a service's name (``mysql``, ``nginx``, ``git``) in any
+text, where an incident's title needs it; after ``for`` and ``user=`` only, it costs nothing measured.
 
 Speed: the text is cut at white space first, and most chunks need no pattern: a chunk of letters only (most of a
 log line), or one in brackets or before a comma, is a word; a chunk that is one number (digits joined by single dots
 or colons: an address, a time, a version) is one placeholder after one precompiled match; a chunk of punctuation is
 nothing. In a chunk cut by the pattern, a word of letters, a number and a ``key=`` of letters skip the masking
 function. A line whose chunks all took those shortcuts gets its bag without looking at each word again, and ASCII
-text (no surrogate possible) is not encoded to be checked. The shortcuts give exactly the words of the general path
-(the tests compare the two); a number or a word with a dot looks for a digit, or a top-level domain, before it
-tries the longer patterns. No cache: a line seen before costs what a new one does. Measured in one process,
-interleaved (`benchmarks/text_speed.py`): about 0.55 of the time of version 3 as first released for a 70-character
-line (a fifth of version 2's), 0.75 to 0.85 of it over the Loghub sample lines (BENCHMARKS.md).
+text (no surrogate possible) is not encoded to be checked. The shortcuts give exactly the words of the plain
+reading of the rules (`benchmarks/text_levers.py` at its defaults; the tests compare the two); a number or a word
+with a dot looks for a digit, or a top-level domain, before it tries the longer patterns. No cache: a line seen
+before costs what a new one does. Measured in one process, interleaved (`benchmarks/text_speed.py`): about 0.55 of
+the time of version 3 as first released for a 70-character line (a fifth of version 2's), 0.75 to 0.85 of it over
+the Loghub sample lines (BENCHMARKS.md).
 
 Text that yields no word (empty, blank, punctuation only) raises `ValueError`: it has no fingerprint. So does text
 holding a lone surrogate, which has no UTF-8 form and so no token hash.
 
 The rules have a version, `TOKENIZER_VERSION`: any change to what a text turns into bumps it, and an index records
 the version its text incidents were made with (fingerprints of one index must come from one tokenizer).
-`TextRules` holds the levers the benchmark chooses among; the product uses `DEFAULT_RULES` only.
 """
 
 from __future__ import annotations
@@ -100,22 +102,9 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import lru_cache
-from typing import Literal
 from unicodedata import normalize
 
-__all__ = [
-    "ACCOUNT_NAMES",
-    "DEFAULT_LOGINS",
-    "DEFAULT_RULES",
-    "PLACEHOLDER",
-    "TOKENIZER_VERSION",
-    "TextRules",
-    "features_from_text",
-    "tokenizer",
-    "words",
-]
+__all__ = ["ACCOUNT_NAMES", "PLACEHOLDER", "TOKENIZER_VERSION", "WORD_WEIGHT", "features_from_text", "words"]
 
 TOKENIZER_VERSION = 6
 """Bumped by every change to what a text turns into. 1: counts, five placeholders; 2: each word once, plain words
@@ -126,56 +115,8 @@ decomposed or full-width text gives the bag of its composed form; 6: the rules a
 
 PLACEHOLDER = "<*>"
 """The token (or the end of a token) that stands for a masked variable part."""
-
-
-@dataclass(frozen=True)
-class TextRules:
-    """The levers of the tokenizer. The product uses `DEFAULT_RULES`; the others exist to be measured.
-
-    * `weights`: ``binary`` (each distinct word once) or ``count`` (occurrences);
-    * `word_weight`: the weight of a word made of letters only (every other token weighs 1);
-    * `head`: the first `head` words weigh twice as much (Drain's premise: a line's first words are its constants);
-    * `one_placeholder`: every masked kind is ``<*>`` (else ``<num> <hex> <uuid> <ip> <date> <path>``, host names
-      as ``<ip>``);
-    * `hosts`: mask host names; `paths`: a path (from a ``/`` that starts a word to the next space) is one variable;
-    * `variable_tail`: a word is variable from its first variable part on (``attempt_<*>``), else only its digit
-      runs are masked (``attempt_<*>_<*>_m_<*>_<*>``);
-    * `user_value`: the word after ``user`` is a variable (a user name is a value, as after ``user=``);
-    * `key_value`: the word after a ``key=`` word is a variable;
-    * `key_words`: a ``key=`` word of letters weighs as a word of letters (else 1);
-    * `units`: a unit of size or time after a number (``8.8 kb``) goes with the number;
-    * `user_key`: the value after the key ``user=`` is a value too, and the key reads as the word ``user`` (a user
-      name is a value however it is introduced; the key weighs as a word, so a line with it stays apart from the
-      same line without it);
-    * `accounts`: the names of well-known accounts (``root``, ``nobody``, ``ftp``, ``mysql``: `ACCOUNT_NAMES`) are
-      values wherever they stand;
-    * `account_after_for`: the name of a system account right after ``for`` is a value (``failed password for
-      root``): the way sshd, PAM, su and sudo name an account;
-    * `account_after_user_key`: the name of a system account as the value of the key ``user=`` is a value, and the
-      key then reads as the word ``user`` (``user=ftp`` -> ``user <*>``; ``user=guest`` keeps both words);
-    * `default_logins`: ``admin``, ``administrator``, ``guest`` and ``test`` (`DEFAULT_LOGINS`) are accounts too,
-      wherever the rules above look for one (versions 4 and 5).
-    """
-
-    weights: Literal["binary", "count"] = "binary"
-    word_weight: int = 3
-    head: int = 0
-    one_placeholder: bool = True
-    hosts: bool = True
-    paths: bool = True
-    variable_tail: bool = True
-    user_value: bool = True
-    key_value: bool = False
-    key_words: bool = False
-    units: bool = True
-    user_key: bool = False
-    accounts: bool = False
-    account_after_for: bool = True
-    account_after_user_key: bool = True
-    default_logins: bool = False
-
-
-DEFAULT_RULES = TextRules()
+WORD_WEIGHT = 3
+"""The weight of a word of letters only (rule 5); every other token weighs 1."""
 
 # --- what a word is ---
 
@@ -222,20 +163,14 @@ def _chunk_matches(chunk: str) -> list[str]:
 
 # --- what is variable in a word ---
 
-_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-_IPV4_RE = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}(?::[0-9]{{1,5}})?(?![.0-9])")
 _HEX4 = r"[0-9a-f]{1,4}"
 _IPV6_RE = re.compile(
     rf"(?:{_HEX4}:){{7}}{_HEX4}"
     rf"|(?=[0-9a-f:]*[0-9])(?:{_HEX4}:){{0,6}}{_HEX4}?::(?:{_HEX4}:){{0,6}}{_HEX4}"  # one "::" and a digit
 )
-_UUID_RE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(?![^\W_])")
-# The first variable part of a word: a hex string (0x..., or 8 or more hex digits holding a digit) that makes a whole
-# run of letters and digits, else the first digit.
-_FIRST_VARIABLE_RE = re.compile(r"(?<![^\W_])(?:0x[0-9a-f]+|(?=[a-f]*[0-9])[0-9a-f]{8,})(?![^\W_])|\d")
-_DIGITS_RE = re.compile(r"\d+")
 _DIGIT_RE = re.compile(r"\d")
 _HEX_RUN_RE = re.compile(r"(?<![^\W_])(?:0x[0-9a-f]+|(?=[a-f]*[0-9])[0-9a-f]{8,})(?![^\W_])")
+"""A hex string that makes a whole run of letters and digits: ``0x`` and hex digits, or 8 or more holding a digit."""
 
 # Host names: dotted labels ending in a top-level domain, with an optional :port. Generic domains seen in logs, or
 # two letters (a country) unless a common file extension or `id` (the usual end of a dotted setting name), or
@@ -263,185 +198,117 @@ _UNITS = frozenset(
     {"b", "kb", "mb", "gb", "tb", "pb", "kib", "mib", "gib", "tib"} | {"ns", "us", "ms", "s", "sec", "secs", "min", "h"}
 )
 """Units after a number that scale with it (``384.0 B``, ``8.8 KB``): part of the value."""
-_VALUE_KEYS = frozenset(["user"])
-"""Words whose next word is a value, as the word after ``key=``: a user name is a parameter, never a template's."""
 ACCOUNT_NAMES = frozenset(
     {"root", "daemon", "bin", "sys", "nobody", "uucp", "ftp", "sshd", "mysql", "postgres", "oracle", "git"}
     | {"www-data", "apache", "nginx"}
 )
-"""Accounts that most Unix systems or their common services create: values after ``for`` and ``user=`` (and
-everywhere under the lever `accounts`)."""
-DEFAULT_LOGINS = frozenset({"admin", "administrator", "guest", "test"})
-"""Names that people choose or installers offer as logins: user names like any other, accounts only under the lever
-`default_logins`."""
+"""Accounts that most Unix systems or their common services create: values after ``for`` and ``user=``."""
+_NEIGHBOURLY = _MONTHS | {"user", "for"}
+"""Words of letters that need a look at their neighbours: a month (a date?), ``user`` (its value), ``for`` (an
+account?)."""
 _EDGES = "".join(c for c in string.punctuation if c not in "/=<>")
 """Characters that end no word at either end of a chunk: stripped, they leave the chunk's one word, if any."""
 _NUMBER_RE = re.compile(r"\d+(?:[.:]\d+)*")
 """A chunk's core that is one number: digits joined by single dots or colons (an address, a time, a version)."""
 VALUE, NUMBER, ACCOUNT = 1, 2, 3
-"""What a word asks of the next one: to be a value; (a unit) to go with it; to be a value if it is an account's."""
-_ACCOUNT_KEYS = frozenset(["for"])
-"""Words after which a system account's name is a value: ``Failed password for root`` (and ``user=``, a key, under
-the lever `account_after_user_key`)."""
+"""What a word asks of the next one: to be a value (after ``user``); (a unit) to go with it (after a number); to be
+a value if it is an account's (after ``for`` and ``user=``)."""
 
 
-def _kind(part: str) -> str:
-    """The named placeholder of a variable part (the rest of a word from its first variable part)."""
-    if _UUID_RE.match(part):
-        return "<uuid>"
-    if _IPV4_RE.match(part):
-        return "<ip>"
-    if _HEX_RUN_RE.match(part):
-        return "<hex>"
-    return "<num>"
+def _may_be_host(body: str) -> bool:
+    """False when what follows the last dot is no top-level domain, so `_HOST_RE` cannot match (sooner)."""
+    last = body[body.rfind(".") + 1 :]
+    colon = last.find(":")  # host:port
+    if colon >= 0:
+        last = last[:colon]
+    return len(last) == 2 or last in _GENERIC_TLD_SET
 
 
-Tokenizer = Callable[[str], dict[str, int]]
+def _first_variable_start(body: str) -> int:
+    """Where the first variable part of `body` starts, -1 when it has none: a hex string (`_HEX_RUN_RE`) that the
+    letters before the first digit may begin, else the first digit (every variable part holds a digit)."""
+    digit = _DIGIT_RE.search(body)
+    if digit is None:
+        return -1
+    start = begin = digit.start()
+    while begin and body[begin - 1] in "abcdef":
+        begin -= 1
+    if begin < start and _HEX_RUN_RE.match(body, begin) is not None:
+        return begin
+    return start
 
 
-@lru_cache(maxsize=64)
-def _scan_function(rules: TextRules, fast: bool = True) -> Callable[[str], tuple[list[str], bool]]:
-    """The function text -> (words, plain) under `rules` (see `scan`)."""
-    findall = _RAW_WORD_RE.findall
-    plain_findall = _PLAIN_RAW_WORD_RE.findall
-    chunk_matches = _chunk_matches
-    word_findall = _WORD_RE.findall
-    first_variable = _FIRST_VARIABLE_RE.search
-    host_match = _HOST_RE.fullmatch
-    ipv6_match = _IPV6_RE.fullmatch
-    digits_sub = _DIGITS_RE.sub
-    hex_sub = _HEX_RUN_RE.sub
-    hex_match = _HEX_RUN_RE.match
-    digit_search = _DIGIT_RE.search
-    generic_tlds = _GENERIC_TLD_SET
-    one = rules.one_placeholder
-    paths, hosts, tail = rules.paths, rules.hosts, rules.variable_tail
-    value_keys = _VALUE_KEYS if rules.user_value else frozenset()
-    user_key = rules.user_key
-    if user_key:
-        value_keys = value_keys | {"user="}
-    key_value = rules.key_value
-    keys_are_not_values = key_value or user_key  # a key= word is never the value of the word before it
-    account_names = ACCOUNT_NAMES | DEFAULT_LOGINS if rules.default_logins else ACCOUNT_NAMES
-    accounts = account_names if rules.accounts else frozenset()
-    account_keys = _ACCOUNT_KEYS if rules.account_after_for else frozenset()
-    if rules.account_after_user_key:
-        account_keys = account_keys | {"user="}
-    path_token = PLACEHOLDER if one else "<path>"
-    ip_token = PLACEHOLDER if one else "<ip>"
-    date_token = PLACEHOLDER if one else "<date>"
-    value_token = PLACEHOLDER if one else "<num>"
-    # a chunk whose core is one number (`_NUMBER_RE`) is one placeholder: what `chunk_words` would give, sooner
-    number_match = _NUMBER_RE.fullmatch if one and tail and fast else None
-    months, weekdays = _MONTHS, _WEEKDAYS
-    units = _UNITS if rules.units else frozenset()
-    special = months | value_keys | accounts | account_keys  # plain words that need a look at their neighbours
-    edges = _EDGES
+def _variable(word: str) -> str:
+    """A word that is not letters only, with its variable part masked (rule 3)."""
+    body, key = (word[:-1], "=") if word[-1] == "=" else (word, "")
+    if "." in body and (body[-1].isalpha() or ":" in body) and _may_be_host(body):
+        at = body.rfind("@") + 1  # user@host: the host part
+        if _HOST_RE.fullmatch(body, at) is not None:
+            return body[:at] + PLACEHOLDER + key
+    start = _first_variable_start(body)
+    if start < 0:
+        return word
+    if body.count(":") >= 2 and _IPV6_RE.fullmatch(body) is not None:
+        return PLACEHOLDER + key
+    prefix = body[:start]
+    if prefix[-1:] in ("-", "+") and not prefix[-2:-1].isalnum():  # a sign: blk_-42 is blk_42
+        prefix = prefix[:-1]
+    return prefix + PLACEHOLDER + key
 
-    def may_be_host(body: str) -> bool:
-        """False when what follows the last dot is no top-level domain, so `host_match` cannot match (sooner)."""
-        if not fast:
-            return True
-        last = body[body.rfind(".") + 1 :]
-        colon = last.find(":")  # host:port
-        if colon >= 0:
-            last = last[:colon]
-        return len(last) == 2 or last in generic_tlds
 
-    def first_variable_start(body: str) -> int:
-        """Where the first variable part of `body` starts (`_FIRST_VARIABLE_RE`), -1 when it has none."""
-        if not fast:
-            found = first_variable(body)
-            return -1 if found is None else found.start()
-        digit = digit_search(body)  # every variable part holds a digit
-        if digit is None:
-            return -1
-        start = begin = digit.start()
-        while begin and body[begin - 1] in "abcdef":  # a hex string may start at the letters before the digit
-            begin -= 1
-        if begin < start and hex_match(body, begin) is not None:
-            return begin
-        return start
-
-    def variable(word: str) -> str:
-        """A word that is not letters only, with its variable part masked (rules 3 and 4)."""
-        body, key = (word[:-1], "=") if word[-1] == "=" else (word, "")
-        if hosts and "." in body and (body[-1].isalpha() or ":" in body) and may_be_host(body):
-            at = body.rfind("@") + 1  # user@host: the host part
-            if host_match(body, at) is not None:
-                return body[:at] + ip_token + key
-        start = first_variable_start(body)
-        if start < 0:
-            return word
-        if body.count(":") >= 2 and ipv6_match(body) is not None:
-            return ip_token + key
-        if not tail:  # only the variable runs: hex strings, then digit runs
-            if one:
-                return digits_sub(PLACEHOLDER, hex_sub(PLACEHOLDER, body)) + key
-            return digits_sub("<num>", hex_sub("<hex>", body)) + key
-        prefix = body[:start]
-        if prefix[-1:] in ("-", "+") and not prefix[-2:-1].isalnum():  # a sign: blk_-42 is blk_42
-            prefix = prefix[:-1]
-        return prefix + (PLACEHOLDER if one else _kind(body[start:])) + key
-
-    def after_word(word: str) -> int:
-        """What `word` asks of the next one: VALUE (it is ``user``, or a ``key=`` under `key_value`), NUMBER, or 0."""
-        if word in value_keys or (key_value and word[-1] == "="):
-            return VALUE
-        if word in account_keys:
-            return ACCOUNT
-        return NUMBER if word[:1].isdecimal() else 0
-
-    def chunk_words(chunk: str, out: list[str], after: int) -> int:
-        """Append the words of a chunk that is not letters only (rules 2 to 4); return what its last word asks."""
-        if chunk.isalnum():  # one word (the same as the pattern would find, sooner)
-            found: list[str] | tuple[str] = (chunk,)
-        elif "/" in chunk:
-            found = chunk_matches(chunk)  # linear in the slashes a path may start at
-        elif "<" in chunk:
-            found = findall(chunk)
-        else:
-            found = plain_findall(chunk)
-        for word in found:
-            if after == VALUE and not (keys_are_not_values and word[-1] == "="):
-                out.append(value_token)  # a value: nothing after it is one
+def _chunk_words(chunk: str, out: list[str], after: int) -> int:
+    """Append the words of a chunk that is not letters only (rules 2 to 4); return what its last word asks."""
+    if chunk.isalnum():  # one word (the same as the pattern would find, sooner)
+        found: list[str] | tuple[str] = (chunk,)
+    elif "/" in chunk:
+        found = _chunk_matches(chunk)  # linear in the slashes a path may start at
+    elif "<" in chunk:
+        found = _RAW_WORD_RE.findall(chunk)
+    else:
+        found = _PLAIN_RAW_WORD_RE.findall(chunk)
+    for word in found:
+        if after == VALUE:
+            out.append(PLACEHOLDER)  # a value: nothing after it is one
+            after = 0
+            continue
+        if word.isalpha():
+            if after == NUMBER and word in _UNITS:  # "8.8 kb": the unit goes with its number
                 after = 0
                 continue
-            if word.isalpha():
-                if after == NUMBER and word in units:  # "8.8 kb": the unit goes with its number
-                    after = 0
-                    continue
-                if word in accounts or (after == ACCOUNT and word in account_names):
-                    if after == ACCOUNT and out and out[-1] == "user=":
-                        out[-1] = "user"
-                    out.append(value_token)
-                    after = 0
-                    continue
-                out.append(word)
-                after = VALUE if word in value_keys else ACCOUNT if word in account_keys else 0
+            if after == ACCOUNT and word in ACCOUNT_NAMES:
+                if out and out[-1] == "user=":
+                    out[-1] = "user"
+                out.append(PLACEHOLDER)
+                after = 0
                 continue
-            if number_match is not None and number_match(word) is not None:
-                out.append(PLACEHOLDER)  # what `variable` gives a number, sooner
-                after = NUMBER
-                continue
-            if fast and word[-1] == "=" and word[:-1].isalpha():  # a key of letters: `variable` keeps it
-                out.append("user" if user_key and word == "user=" else word)
-                after = VALUE if key_value or word in value_keys else ACCOUNT if word in account_keys else 0
-                continue
-            if word[0] == "<" and word[-1] == ">" and word.count("<") == 1:
-                out.append(word)
-            elif paths and (word[0] == "/" or "://" in word):
-                out.append(path_token)
-                if word[0] != "/":  # a URL: its query string is part of it
-                    return 0
-            elif word[0] == "/":  # paths measured as words
-                out.extend(part if part.isalpha() else variable(part) for part in word_findall(word))
-            elif user_key and word == "user=":  # the key reads as the word
-                out.append("user")
-            else:
-                out.append(variable(word))
-            after = after_word(word)
-        return after
+            out.append(word)
+            after = VALUE if word == "user" else ACCOUNT if word == "for" else 0
+            continue
+        if _NUMBER_RE.fullmatch(word) is not None:
+            out.append(PLACEHOLDER)  # what `_variable` gives a number, sooner
+            after = NUMBER
+            continue
+        if word[-1] == "=" and word[:-1].isalpha():  # a key of letters: `_variable` keeps it
+            out.append(word)
+            after = ACCOUNT if word == "user=" else 0
+            continue
+        if word[0] == "<" and word[-1] == ">" and word.count("<") == 1:
+            out.append(word)
+        elif word[0] == "/" or "://" in word:
+            out.append(PLACEHOLDER)
+            if word[0] != "/":  # a URL: its query string is part of it
+                return 0
+        else:
+            out.append(_variable(word))
+        after = NUMBER if word[:1].isdecimal() else 0
+    return after
+
+
+def _scanner() -> Callable[[str], tuple[list[str], bool]]:
+    """The function text -> (words, plain) (see `scan`), its constants bound once: a closure's reads of them cost
+    less than a module's, and this function is most of the tokenizer's time."""
+    number_match, edges, neighbourly, placeholder = _NUMBER_RE.fullmatch, _EDGES, _NEIGHBOURLY, PLACEHOLDER
+    account_names, units, months, weekdays, chunk_words = ACCOUNT_NAMES, _UNITS, _MONTHS, _WEEKDAYS, _chunk_words
 
     def scan(text: str) -> tuple[list[str], bool]:
         """The words of `text`, and whether each is a word of letters or `PLACEHOLDER` (no chunk took the general
@@ -450,7 +317,7 @@ def _scan_function(rules: TextRules, fast: bool = True) -> Callable[[str], tuple
         append = out.append
         after = 0  # what the previous word asks of this one
         month = -2  # where in `out` the last month name stands
-        plain = one
+        plain = True
         if not text.isascii():  # rule 1: one form for every way of writing the same characters (ASCII is in it)
             text = normalize("NFKC", text)
         for chunk in text.lower().split():
@@ -458,24 +325,20 @@ def _scan_function(rules: TextRules, fast: bool = True) -> Callable[[str], tuple
                 core = chunk.strip(edges)
                 if not core.isalpha():
                     if month == len(out) - 1 and core[:1].isdecimal():  # "jul 9", "sat jul 9": a date
-                        out[month] = date_token
+                        out[month] = placeholder
                         if month >= 1 and out[month - 1] in weekdays:
-                            out[month - 1] = date_token
-                    if number_match is not None and (core.isdecimal() or number_match(core) is not None):
-                        if after == VALUE:
-                            append(value_token)
-                            after = 0
-                        else:
-                            append(PLACEHOLDER)
-                            after = NUMBER
-                    elif fast and (not core or core == "="):  # punctuation only: no word, nothing changes
+                            out[month - 1] = placeholder
+                    if core.isdecimal() or number_match(core) is not None:  # one number: what `_chunk_words` gives
+                        append(placeholder)
+                        after = 0 if after == VALUE else NUMBER
+                    elif not core or core == "=":  # punctuation only: no word, nothing changes
                         continue
                     else:
                         after = chunk_words(chunk, out, after)
                         plain = False
                     continue
                 chunk = core  # a word in brackets or quotes, or before a comma or colon
-            if chunk not in special:
+            if chunk not in neighbourly:
                 if not after:  # most words of a log line
                     append(chunk)
                     continue
@@ -483,12 +346,12 @@ def _scan_function(rules: TextRules, fast: bool = True) -> Callable[[str], tuple
                     append(chunk)
                     after = 0
                     continue
-            elif not after and chunk in account_keys:  # "for"
+            elif not after and chunk == "for":
                 append(chunk)
                 after = ACCOUNT
                 continue
             if after == VALUE:
-                append(value_token)
+                append(placeholder)
                 after = 0
                 continue
             if after == ACCOUNT:  # "for root": an account's name
@@ -496,41 +359,33 @@ def _scan_function(rules: TextRules, fast: bool = True) -> Callable[[str], tuple
                 if chunk in account_names:
                     if out and out[-1] == "user=":
                         out[-1] = "user"
-                    append(value_token)
+                    append(placeholder)
                     continue
             if after == NUMBER:
                 after = 0
                 if chunk in units:  # "8.8 kb": the unit goes with its number
                     continue
                 if chunk in months:  # "9 jul": a date
-                    append(date_token)
+                    append(placeholder)
                     continue
             elif chunk in months:  # a date if a number follows
                 month = len(out)
-            if chunk in accounts:
-                append(value_token)
-                continue
             append(chunk)
-            if chunk in value_keys:
+            if chunk == "user":
                 after = VALUE
-            elif chunk in account_keys:
+            elif chunk == "for":
                 after = ACCOUNT
         return out, plain
 
     return scan
 
 
-@lru_cache(maxsize=64)
-def _words_function(rules: TextRules, fast: bool = True) -> Callable[[str], list[str]]:
-    """The function text -> words under `rules`; `fast=False` leaves out the shortcuts that give the same words
-    sooner (the tests compare the two)."""
-    scan = _scan_function(rules, fast)
-    return lambda text: scan(text)[0]
+_scan = _scanner()
 
 
-def words(text: str, rules: TextRules = DEFAULT_RULES) -> list[str]:
+def words(text: str) -> list[str]:
     """The words of `text` after lowercasing and masking, in order (rules 1 to 4 of the module docstring)."""
-    return _words_function(rules)(text)
+    return _scan(text)[0]
 
 
 def _check_text(text: str) -> None:
@@ -553,34 +408,6 @@ def _no_token(text: str) -> ValueError:
     )
 
 
-@lru_cache(maxsize=64)
-def tokenizer(rules: TextRules = DEFAULT_RULES) -> Tokenizer:
-    """A function text -> feature bag that applies `rules` (the product's own is `features_from_text`)."""
-    split = _words_function(rules)
-    head, word_weight, binary = rules.head, rules.word_weight, rules.weights == "binary"
-    key_words = rules.key_words
-
-    def bag_of(text: str) -> dict[str, int]:
-        _check_text(text)
-        tokens = split(text)
-        if not tokens:
-            raise _no_token(text)
-        bag: dict[str, int] = {}
-        for position, token in enumerate(tokens):
-            plain = token.isalpha() or (key_words and token[-1] == "=" and token[:-1].isalpha())
-            weight = word_weight if plain else 1
-            if position < head:
-                weight *= 2
-            if binary:
-                if bag.get(token, 0) < weight:
-                    bag[token] = weight
-            else:
-                bag[token] = bag.get(token, 0) + weight
-        return bag
-
-    return bag_of
-
-
 def features_from_text(text: str) -> dict[str, int]:
     """The feature bag of `text` under the product's rules (version `TOKENIZER_VERSION`).
 
@@ -588,16 +415,13 @@ def features_from_text(text: str) -> dict[str, int]:
     """
     if type(text) is not str or not text.isascii():  # ASCII text holds no surrogate: nothing to check
         _check_text(text)
-    tokens, plain = _default_scan(text)
+    tokens, plain = _scan(text)
     if not tokens:
         raise _no_token(text)
-    # each distinct word once; letters-only words weigh 3 (rule 5)
+    # each distinct word once; letters-only words weigh WORD_WEIGHT (rule 5)
     if plain:  # words of letters and placeholders only
-        bag = dict.fromkeys(tokens, 3)
+        bag = dict.fromkeys(tokens, WORD_WEIGHT)
         if PLACEHOLDER in bag:
             bag[PLACEHOLDER] = 1
         return bag
-    return {token: 3 if token.isalpha() else 1 for token in tokens}
-
-
-_default_scan = _scan_function(DEFAULT_RULES)
+    return {token: WORD_WEIGHT if token.isalpha() else 1 for token in tokens}
