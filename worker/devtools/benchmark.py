@@ -25,6 +25,7 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -37,8 +38,8 @@ from typing import Any
 
 import redis
 
-from .. import library
-from ..bands import DEFAULT_BANDS, BandLayout, recommend_bands
+from .. import __version__, library
+from ..bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, BandLayout, recommend_bands
 from ..fingerprint import fingerprint, fingerprint_reference
 from ..formats import IncidentEvent
 from ..index import FingerprintIndex
@@ -47,6 +48,7 @@ from ..metrics import Metrics
 from ..readpath import SNAPSHOT_SEND
 from ..replies import group_info
 from ..snapshot import MemoryIndex
+from ..text import TOKENIZER_VERSION
 from .workload import Workload
 
 __all__ = ["markdown", "run_benchmark"]
@@ -458,11 +460,41 @@ def _copy_search(fps: list[tuple[str, int]], items: list[tuple[str, dict[str, in
     }
 
 
+def code_version() -> dict[str, Any]:
+    """What the figures describe: the code the run measured.
+
+    `library` (a hash of the Lua source), the tokenizer's version and the layout and read-path defaults are what
+    tests/test_benchmarks_page.py holds against today's code, so that BENCHMARKS.md cannot show figures of code that
+    has since changed where the time goes; `commit` (and whether worker/ had changes not committed) is for people.
+    """
+    return {
+        "commit": _git("rev-parse", "HEAD"),
+        "uncommitted_changes": bool(_git("status", "--porcelain", "--", "worker")),
+        "version": __version__,
+        "library": library.LIBRARY_NAME,
+        "tokenizer_version": TOKENIZER_VERSION,
+        "default_bands": DEFAULT_BANDS,
+        "max_distance": DEFAULT_MAX_DISTANCE,
+        "snapshot_send": SNAPSHOT_SEND,
+    }
+
+
+def _git(*args: str) -> str | None:
+    """Output of a git command in the checkout the worker runs from; None outside one (an installed package)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
+
+
 def run_header(client: redis.Redis) -> dict[str, Any]:
-    """What every benchmark's results start with: when, the command, the machine (load average included)."""
+    """What every benchmark's results start with: when, the command, the code, the machine (load average included)."""
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "incident-worker bench " + " ".join(sys.argv[2:]),
+        "code": code_version(),
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
@@ -587,6 +619,13 @@ def markdown(results: dict[str, Any]) -> str:
     out = []
     machine = results["machine"]
     out.append(f"Run {results['date']}: `{results['command'].strip()}`")
+    code = results.get("code")
+    if code is not None:
+        changes = ", with changes not committed" if code["uncommitted_changes"] else ""
+        out.append(
+            f"Code: commit {(code['commit'] or 'unknown')[:12]}{changes}; Functions library {code['library']}, "
+            f"tokenizer version {code['tokenizer_version']}, {code['default_bands']} bands by default."
+        )
     out.append(
         f"Machine: {machine['cpus']} CPUs, {machine['platform']}, Python {machine['python']}, "
         f"Redis {machine['redis']}. Workload: {results['workload']}."
