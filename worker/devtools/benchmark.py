@@ -19,10 +19,13 @@ measured through a queue.
 
 from __future__ import annotations
 
+import argparse
 import csv
+import json
 import multiprocessing as mp
 import os
 import platform
+import re
 import resource
 import statistics
 import subprocess
@@ -51,7 +54,7 @@ from ..snapshot import MemoryIndex
 from ..text import TOKENIZER_VERSION
 from .workload import Workload
 
-__all__ = ["markdown", "run_benchmark"]
+__all__ = ["code_version", "markdown", "page_blocks", "run_benchmark", "update_page"]
 
 CLASSIC_BANDS = 8
 
@@ -737,3 +740,64 @@ def markdown(results: dict[str, Any]) -> str:
         footnote = " (* capped at the time limit.)" if capped_any else ""
         out.append(f"\nRatios: {', '.join(ratios)}.{footnote}")
     return "\n".join(out)
+
+
+# -- BENCHMARKS.md --------------------------------------------------------------------------------------------
+
+PAGE_BLOCK = re.compile(r"<!-- bench-results: (?P<path>\S+) -->\n(?P<body>.*?)\n<!-- end bench-results -->", re.DOTALL)
+"""A table of BENCHMARKS.md rendered from a results file: the marker names the file, the body is `markdown` of it."""
+
+
+def page_blocks(page: str) -> list[tuple[str, str]]:
+    """(results file, rendered body) of every block of the page that a results file renders."""
+    return [(match["path"], match["body"]) for match in PAGE_BLOCK.finditer(page)]
+
+
+def update_page(page_path: Path, results_paths: list[Path]) -> str:
+    """The page with each block rendered again from its results file; a results file given replaces the block whose
+    run had the same command (a new run of `incident-worker bench --json` replaces the old run's table)."""
+    root = page_path.parent
+    page = page_path.read_text(encoding="utf-8")
+    replacing = {}
+    for path in results_paths:
+        command = json.loads(path.read_text(encoding="utf-8"))["command"].strip()
+        replacing[command] = path.resolve().relative_to(root.resolve()).as_posix()
+    used = set()
+
+    def render(match: re.Match[str]) -> str:
+        name = match["path"]
+        old = json.loads((root / name).read_text(encoding="utf-8"))
+        command = old["command"].strip()
+        if command in replacing:
+            name = replacing[command]
+            used.add(command)
+        results = json.loads((root / name).read_text(encoding="utf-8"))
+        return f"<!-- bench-results: {name} -->\n{markdown(results)}\n<!-- end bench-results -->"
+
+    updated = PAGE_BLOCK.sub(render, page)
+    if unused := set(replacing) - used:
+        commands = [json.loads((root / p).read_text(encoding="utf-8"))["command"] for p, _ in page_blocks(page)]
+        raise SystemExit(
+            f"no table of {page_path} is from the command {sorted(unused)}; its tables are from {commands}"
+        )
+    return updated
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m worker.devtools.benchmark",
+        description="Render BENCHMARKS.md's tables of the benchmark again from their results files "
+        "(tests/test_benchmarks_page.py holds the page to them, and them to today's code).",
+        epilog="After `incident-worker bench --json > benchmarks/results-NEW.json`: "
+        "python -m worker.devtools.benchmark benchmarks/results-NEW.json (replaces the table of the run with the same "
+        "command).",
+    )
+    parser.add_argument("results", nargs="*", type=Path, help="new results files, each replacing its command's table")
+    parser.add_argument("--page", type=Path, default=Path("BENCHMARKS.md"), help="the page (default BENCHMARKS.md)")
+    args = parser.parse_args(argv)
+    args.page.write_text(update_page(args.page, args.results), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
