@@ -498,7 +498,7 @@ def shown_default(name: str) -> str:
 
 
 def settings_table() -> str:
-    """The configuration table of docs/configuration.md, generated from the fields above (a test keeps the two equal)."""
+    """The configuration table of docs/configuration.md, generated from the fields above (a test keeps them equal)."""
     rows = ["| variable | flag of `run` | default | meaning |", "|---|---|---|---|"]
     for name, info in Settings.model_fields.items():
         flag = f"`--{name.replace('_', '-')}`"
