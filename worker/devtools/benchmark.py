@@ -744,13 +744,13 @@ def markdown(results: dict[str, Any]) -> str:
 
 # -- BENCHMARKS.md --------------------------------------------------------------------------------------------
 
-PAGE_BLOCK = re.compile(r"<!-- bench-results: (?P<path>\S+) -->\n(?P<body>.*?)\n<!-- end bench-results -->", re.DOTALL)
+PAGE_BLOCK = re.compile(r"<!-- bench-results: (?P<path>\S+) -->\n(?P<body>.*?)<!-- end bench-results -->", re.DOTALL)
 """A table of BENCHMARKS.md rendered from a results file: the marker names the file, the body is `markdown` of it."""
 
 
 def page_blocks(page: str) -> list[tuple[str, str]]:
     """(results file, rendered body) of every block of the page that a results file renders."""
-    return [(match["path"], match["body"]) for match in PAGE_BLOCK.finditer(page)]
+    return [(match["path"], match["body"].rstrip("\n")) for match in PAGE_BLOCK.finditer(page)]
 
 
 def update_page(page_path: Path, results_paths: list[Path]) -> str:
