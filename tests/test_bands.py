@@ -191,7 +191,7 @@ def test_band_advice_keeps_the_default_until_three_bands_save_real_time() -> Non
     from worker.bands import query_cost_us, recommend_bands
 
     assert [recommend_bands(n) for n in (0, 3, 10_000, 100_000)] == [4, 4, 4, 4]
-    assert recommend_bands(1_000_000) == 3  # measured: faster than the default at 1M (BENCHMARKS.md)
+    assert recommend_bands(1_000_000) == 3  # measured: faster than the default at 1M (benchmarks/journal/pipeline.md)
     # the cost model: more incidents cost more; at 1M three bands' 508 probes are cheaper than 4 bands' candidates
     assert query_cost_us(4, 7, 10_000) < query_cost_us(4, 7, 100_000) < query_cost_us(4, 7, 1_000_000)
     assert query_cost_us(3, 7, 1_000_000) < query_cost_us(4, 7, 1_000_000) < query_cost_us(8, 7, 1_000_000)

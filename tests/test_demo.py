@@ -6,12 +6,15 @@ import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import IN_CI
 from tests.redis_server import free_port
 from tests.streams import clean_env, worker_command
+
+README = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
 
 
 def _demo(*args: str, background: bool = False) -> subprocess.Popen[str]:
@@ -51,6 +54,9 @@ def test_demo_runs_the_sample_and_prints_the_alerts() -> None:
     assert out.count("ALERT ") >= 10  # the near-duplicate groups of the sample
     assert "0 dead letters" in out
     assert "redis-cli -p " in out and "HGET '{incidents}:fp' 47" in out
+    shown = README.split("<!-- demo-output -->", 1)[1].split("<!-- end demo-output -->", 1)[0].split("```")[1]
+    for line in shown.strip().splitlines():
+        assert line in out.splitlines(), f"the README shows the demo printing {line!r}; it prints:\n{out}"
 
 
 def test_demo_keep_serves_redis_cli_and_alerts_new_events() -> None:

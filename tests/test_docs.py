@@ -1,7 +1,8 @@
 """docs/contract.md is the contract users read: its key and field tables must match what the code writes.
 
 A key builder, a stream field, a meta field or a dead-letter reason added without a row in the contract fails here,
-and so does a row the code no longer has.
+and so does a row the code no longer has. The other pages are held too: every link between them arrives, and the
+module map of docs/architecture.md lists exactly the modules of worker/.
 """
 
 from __future__ import annotations
@@ -138,15 +139,21 @@ def test_settings_the_contract_names_exist() -> None:
     assert {n.lower() for n in named} <= set(Settings.model_fields), named
 
 
-def _anchors() -> set[str]:
-    """GitHub's anchors of the contract's headings."""
-    headings = re.findall(r"^#+ (.+)$", CONTRACT, re.MULTILINE)
+def _anchors(path: Path = CONTRACT_PATH) -> set[str]:
+    """GitHub's anchors of a Markdown page's headings."""
+    headings = re.findall(r"^#+ (.+)$", path.read_text(encoding="utf-8"), re.MULTILINE)
     return {re.sub(r"[^\w\- ]", "", h).strip().lower().replace(" ", "-") for h in headings}
+
+
+def _pages() -> list[Path]:
+    """Every Markdown page people read in a clone: the README, BENCHMARKS.md, docs/, deploy/ and the journal."""
+    pages = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return pages + sorted((ROOT / "deploy").rglob("*.md")) + sorted((ROOT / "benchmarks").rglob("*.md"))
 
 
 def test_links_into_the_contract_point_at_its_sections() -> None:
     anchors = _anchors()
-    sources = [ROOT / "README.md", CONTRACT_PATH, *sorted((ROOT / "worker").rglob("*.py"))]
+    sources = [*_pages(), *sorted((ROOT / "worker").rglob("*.py"))]
     sources += sorted((ROOT / "worker").rglob("*.lua"))
     links = 0
     for path in sources:
@@ -154,15 +161,60 @@ def test_links_into_the_contract_point_at_its_sections() -> None:
         for anchor in re.findall(r"contract\.md#([a-z0-9\-]+)", text):
             links += 1
             assert anchor in anchors, f"{path.relative_to(ROOT)} links to docs/contract.md#{anchor}, not a section"
-        if path == CONTRACT_PATH:
-            for anchor in re.findall(r"\]\(#([a-z0-9\-]+)\)", text):
-                assert anchor in anchors, f"docs/contract.md links to #{anchor}, not a section"
     assert links, "nothing links to docs/contract.md"
+
+
+def test_every_link_between_the_pages_arrives() -> None:
+    """Pages moved out of the README keep their links: every relative link names a file of the repository, and an
+    anchor into a Markdown page names one of its headings."""
+    checked = 0
+    for page in _pages():
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.DOTALL)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue  # https:, mailto:
+            name, _, anchor = target.partition("#")
+            path = (page.parent / name).resolve() if name else page
+            where = f"{page.relative_to(ROOT)} links to {target}"
+            assert path.exists(), f"{where}: no such file"
+            if anchor and path.suffix == ".md":
+                assert anchor in _anchors(path), f"{where}: {path.name} has no such heading"
+            checked += 1
+    assert checked > 50, checked
+
+
+MODULE_MAP = ROOT / "docs" / "architecture.md"
+
+
+def test_the_module_map_lists_every_module() -> None:
+    """docs/architecture.md's module map names every module of worker/ (Python and Lua), found on disk, and nothing
+    else: a module added, split or renamed needs its line there."""
+    text = MODULE_MAP.read_text(encoding="utf-8")
+    marker = "<!-- module-map -->"
+    assert marker in text, "docs/architecture.md has no <!-- module-map --> table"
+    rows = text.split(marker, 1)[1].strip().splitlines()[2:]
+    listed: list[str] = []
+    for row in rows:
+        if not row.startswith("|"):
+            break
+        found = re.fullmatch(r"\| `([^`]+)` \| (.+) \|", row)
+        assert found and found.group(2).strip(), f"a module map row is not | `path` | what it owns |: {row}"
+        listed.append(found.group(1))
+    assert len(listed) == len(set(listed)), "a module is listed twice"
+    on_disk = {
+        path.relative_to(ROOT).as_posix()
+        for pattern in ("*.py", "*.lua")
+        for path in (ROOT / "worker").rglob(pattern)
+        if "__pycache__" not in path.parts
+    }
+    missing, gone = sorted(on_disk - set(listed)), sorted(set(listed) - on_disk)
+    assert not missing, f"modules not in docs/architecture.md's module map (add a line each): {missing}"
+    assert not gone, f"docs/architecture.md's module map lists modules that do not exist: {gone}"
 
 
 def test_the_docs_and_the_code_cite_the_contract_not_spec_sections() -> None:
     """A clone has docs/contract.md, not the customer's SPEC.md: citations point at the contract's sections."""
-    sources = [ROOT / "README.md", CONTRACT_PATH, *sorted((ROOT / "worker").rglob("*.py"))]
+    sources = [*_pages(), *sorted((ROOT / "worker").rglob("*.py"))]
     sources += sorted((ROOT / "worker").rglob("*.lua"))
     for path in sources:
         text = path.read_text(encoding="utf-8")

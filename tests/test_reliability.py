@@ -177,8 +177,9 @@ def test_connection_kill_storm_makes_no_poison(fresh: RedisServer, tmp_path: Pat
     """CLIENT KILL of every worker connection every 5 ms for 3 s: many reconnects, each re-reading own entries.
 
     The storm is shorter than claim_idle_ms (5 s here), the bound the contract gives: a worker cut off for longer loses
-    its entries to a peer, and each takeover counts a delivery (README, "What it does not promise"). With the suite's
-    usual 1 s, a loaded machine let claims through the storm: entries taken over back and forth turned to poison."""
+    its entries to a peer, and each takeover counts a delivery (docs/reliability.md, "What it does not promise").
+    With the suite's usual 1 s, a loaded machine let claims through the storm: entries taken over back and forth
+    turned to poison."""
     admin = fresh.client()
     killed: list[int] = []
 

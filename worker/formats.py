@@ -522,7 +522,9 @@ class Heartbeat(BaseModel):
     consumer: str = Field(description="the worker's consumer name")
     at: float | None = Field(None, description="Unix time of the beat, in seconds")
     started: float | None = Field(None, description="Unix time the worker started, in seconds")
-    processed: int | None = Field(None, description="entries the worker processed since it started")
+    processed: int | None = Field(
+        None, description="entries the worker processed since it started, as of its last round of batches"
+    )
     read_path: str | None = Field(None, description="where its searches run: primary, or snapshot (its own copy)")
     snapshot_position: str | None = Field(None, description="the change-log entry its copy reflects (snapshot)")
     host: str | None = Field(

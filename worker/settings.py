@@ -480,7 +480,7 @@ class Settings(BaseSettings):
 
 
 def shown_default(name: str) -> str:
-    """A setting's default as people read it (in --help and in the README)."""
+    """A setting's default as people read it (in --help and in docs/configuration.md)."""
     default = Settings.model_fields[name].get_default(call_default_factory=False)
     if name == "consumer":
         return "host name and PID"
@@ -498,7 +498,7 @@ def shown_default(name: str) -> str:
 
 
 def settings_table() -> str:
-    """The README's configuration table, generated from the fields above (a test keeps the two equal)."""
+    """The configuration table of docs/configuration.md, generated from the fields above (a test keeps them equal)."""
     rows = ["| variable | flag of `run` | default | meaning |", "|---|---|---|---|"]
     for name, info in Settings.model_fields.items():
         flag = f"`--{name.replace('_', '-')}`"

@@ -28,7 +28,7 @@ those it was built with (and _SEAL_AT: `_STALE_SHARE`), O(1) amortised a delete;
 as many of its candidates, found within their distance but of rows that went, as it holds rows (`_waste`): a storm
 of near-duplicates retired is a small share of a big tier but shares its band values, so every query near it
 verified all of it (185 ms a query near a 200,000-row storm deleted from a 1,200,000-row loaded tier; 9 us once
-rebuilt, BENCHMARKS.md). `compact`, numbering the rows anew, only gives the empty rows' memory back.
+rebuilt, benchmarks/journal/pipeline.md). `compact`, numbering the rows anew, only gives the empty rows' memory back.
 """
 
 from __future__ import annotations

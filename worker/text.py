@@ -48,10 +48,10 @@ their fingerprints land close together. The rules (version 6):
 
 Why these choices: `benchmarks/text_quality.py` measures them on the Loghub samples (lines of one template should
 land within the alert distance of each other, lines of different templates should not), beside Drain3, lever by
-lever, and chooses among the levers by leave-one-system-out (BENCHMARKS.md has the tables). The levers (each rule
-as a switch, and the alternatives measured and not taken) live with it, in `benchmarks/text_levers.py`: this module
-holds the shipped rules only. What each rule fixes,
-in pairs of one template that version 2 left farther apart than 7:
+lever, and chooses among the levers by leave-one-system-out (benchmarks/journal/text-quality.md has the tables;
+BENCHMARKS.md the summary). The levers (each rule as a switch, and the alternatives measured and not taken) live with
+it, in `benchmarks/text_levers.py`: this module holds the shipped rules only. What each rule fixes, in pairs of one
+template that version 2 left farther apart than 7:
 
 * variable to the end of the word: IDs whose letters vary too (``attempt_..._m_...`` and ``..._r_...``), a reverse
   DNS name read as ``<*>.<*>`` beside a host name read as ``<*>``, timestamps and hex IDs cut into several pieces;
@@ -88,7 +88,7 @@ reading of the rules (`benchmarks/text_levers.py` at its defaults; the tests com
 with a dot looks for a digit, or a top-level domain, before it tries the longer patterns. No cache: a line seen
 before costs what a new one does. Measured in one process, interleaved (`benchmarks/text_speed.py`): about 0.55 of
 the time of version 3 as first released for a 70-character line (a fifth of version 2's), 0.75 to 0.85 of it over
-the Loghub sample lines (BENCHMARKS.md).
+the Loghub sample lines (benchmarks/journal/text-quality.md).
 
 Text that yields no word (empty, blank, punctuation only) raises `ValueError`: it has no fingerprint. So does text
 holding a lone surrogate, which has no UTF-8 form and so no token hash.

@@ -137,7 +137,8 @@ def recommendation(count: int, bands: int, max_distance: int, on_copies: bool = 
     `on_copies`: the workers search their own copies (the snapshot read path). The primary then only validates,
     at a cost the layout does not change, and a copy searches bands of at most 20 bits through direct tables: the
     default's 16-bit bands took 20 us a query at 1,000,000, 3 bands of 21 and 22 bits 163 us, with 2.2x the Redis
-    memory (benchmarks/snapshot_overlay.py --bands, BENCHMARKS.md). So the default stays the advice there.
+    memory (benchmarks/snapshot_overlay.py --bands, benchmarks/journal/pipeline.md). So the default stays the advice
+    there.
     """
     if on_copies and probe_count(DEFAULT_BANDS, max_distance) <= MAX_PROBES:
         if bands == DEFAULT_BANDS:

@@ -19,12 +19,16 @@ measured through a queue.
 
 from __future__ import annotations
 
+import argparse
 import csv
+import json
 import multiprocessing as mp
 import os
 import platform
+import re
 import resource
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -37,8 +41,8 @@ from typing import Any
 
 import redis
 
-from .. import library
-from ..bands import DEFAULT_BANDS, BandLayout, recommend_bands
+from .. import __version__, library
+from ..bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, BandLayout, recommend_bands
 from ..fingerprint import fingerprint, fingerprint_reference
 from ..formats import IncidentEvent
 from ..index import FingerprintIndex
@@ -47,9 +51,10 @@ from ..metrics import Metrics
 from ..readpath import SNAPSHOT_SEND
 from ..replies import group_info
 from ..snapshot import MemoryIndex
+from ..text import TOKENIZER_VERSION
 from .workload import Workload
 
-__all__ = ["markdown", "run_benchmark"]
+__all__ = ["code_version", "markdown", "page_blocks", "run_benchmark", "update_page"]
 
 CLASSIC_BANDS = 8
 
@@ -458,11 +463,41 @@ def _copy_search(fps: list[tuple[str, int]], items: list[tuple[str, dict[str, in
     }
 
 
+def code_version() -> dict[str, Any]:
+    """What the figures describe: the code the run measured.
+
+    `library` (a hash of the Lua source), the tokenizer's version and the layout and read-path defaults are what
+    tests/test_benchmarks_page.py holds against today's code, so that BENCHMARKS.md cannot show figures of code that
+    has since changed where the time goes; `commit` (and whether worker/ had changes not committed) is for people.
+    """
+    return {
+        "commit": _git("rev-parse", "HEAD"),
+        "uncommitted_changes": bool(_git("status", "--porcelain", "--", "worker")),
+        "version": __version__,
+        "library": library.LIBRARY_NAME,
+        "tokenizer_version": TOKENIZER_VERSION,
+        "default_bands": DEFAULT_BANDS,
+        "max_distance": DEFAULT_MAX_DISTANCE,
+        "snapshot_send": SNAPSHOT_SEND,
+    }
+
+
+def _git(*args: str) -> str | None:
+    """Output of a git command in the checkout the worker runs from; None outside one (an installed package)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip()
+
+
 def run_header(client: redis.Redis) -> dict[str, Any]:
-    """What every benchmark's results start with: when, the command, the machine (load average included)."""
+    """What every benchmark's results start with: when, the command, the code, the machine (load average included)."""
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "incident-worker bench " + " ".join(sys.argv[2:]),
+        "code": code_version(),
         "machine": {
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
@@ -587,6 +622,13 @@ def markdown(results: dict[str, Any]) -> str:
     out = []
     machine = results["machine"]
     out.append(f"Run {results['date']}: `{results['command'].strip()}`")
+    code = results.get("code")
+    if code is not None:
+        changes = ", with changes not committed" if code["uncommitted_changes"] else ""
+        out.append(
+            f"Code: commit {(code['commit'] or 'unknown')[:12]}{changes}; Functions library {code['library']}, "
+            f"tokenizer version {code['tokenizer_version']}, {code['default_bands']} bands by default."
+        )
     out.append(
         f"Machine: {machine['cpus']} CPUs, {machine['platform']}, Python {machine['python']}, "
         f"Redis {machine['redis']}. Workload: {results['workload']}."
@@ -698,3 +740,64 @@ def markdown(results: dict[str, Any]) -> str:
         footnote = " (* capped at the time limit.)" if capped_any else ""
         out.append(f"\nRatios: {', '.join(ratios)}.{footnote}")
     return "\n".join(out)
+
+
+# -- BENCHMARKS.md --------------------------------------------------------------------------------------------
+
+PAGE_BLOCK = re.compile(r"<!-- bench-results: (?P<path>\S+) -->\n(?P<body>.*?)<!-- end bench-results -->", re.DOTALL)
+"""A table of BENCHMARKS.md rendered from a results file: the marker names the file, the body is `markdown` of it."""
+
+
+def page_blocks(page: str) -> list[tuple[str, str]]:
+    """(results file, rendered body) of every block of the page that a results file renders."""
+    return [(match["path"], match["body"].rstrip("\n")) for match in PAGE_BLOCK.finditer(page)]
+
+
+def update_page(page_path: Path, results_paths: list[Path]) -> str:
+    """The page with each block rendered again from its results file; a results file given replaces the block whose
+    run had the same command (a new run of `incident-worker bench --json` replaces the old run's table)."""
+    root = page_path.parent
+    page = page_path.read_text(encoding="utf-8")
+    replacing = {}
+    for path in results_paths:
+        command = json.loads(path.read_text(encoding="utf-8"))["command"].strip()
+        replacing[command] = path.resolve().relative_to(root.resolve()).as_posix()
+    used = set()
+
+    def render(match: re.Match[str]) -> str:
+        name = match["path"]
+        old = json.loads((root / name).read_text(encoding="utf-8"))
+        command = old["command"].strip()
+        if command in replacing:
+            name = replacing[command]
+            used.add(command)
+        results = json.loads((root / name).read_text(encoding="utf-8"))
+        return f"<!-- bench-results: {name} -->\n{markdown(results)}\n<!-- end bench-results -->"
+
+    updated = PAGE_BLOCK.sub(render, page)
+    if unused := set(replacing) - used:
+        commands = [json.loads((root / p).read_text(encoding="utf-8"))["command"] for p, _ in page_blocks(page)]
+        raise SystemExit(
+            f"no table of {page_path} is from the command {sorted(unused)}; its tables are from {commands}"
+        )
+    return updated
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m worker.devtools.benchmark",
+        description="Render BENCHMARKS.md's tables of the benchmark again from their results files "
+        "(tests/test_benchmarks_page.py holds the page to them, and them to today's code).",
+        epilog="After `incident-worker bench --json > benchmarks/results-NEW.json`: "
+        "python -m worker.devtools.benchmark benchmarks/results-NEW.json (replaces the table of the run with the same "
+        "command).",
+    )
+    parser.add_argument("results", nargs="*", type=Path, help="new results files, each replacing its command's table")
+    parser.add_argument("--page", type=Path, default=Path("BENCHMARKS.md"), help="the page (default BENCHMARKS.md)")
+    args = parser.parse_args(argv)
+    args.page.write_text(update_page(args.page, args.results), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
