@@ -16,7 +16,8 @@ Which keys a call touches is the index's business (worker/index.py builds them);
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -53,6 +54,7 @@ __all__ = [
     "FN_VERIFY_CHECK",
     "FN_VERIFY_POSTINGS",
     "FN_VERIFY_REPAIR",
+    "FUNCTIONS",
     "LIBRARY_NAME",
     "LIBRARY_SOURCE",
     "ApplyResult",
@@ -60,6 +62,7 @@ __all__ = [
     "StreamTarget",
     "apply_batch",
     "apply_call",
+    "assemble",
     "dead_letter_command",
     "fcall",
     "installed_versions",
@@ -67,47 +70,93 @@ __all__ = [
     "load",
     "missing_message",
     "parse_apply",
+    "registered_names",
     "stored_value",
 ]
 
 _SOURCE_NAME = "incident_index_v2"
-"""The library's name as written in index.lua; replaced by the versioned name when loaded."""
+"""The library's name as written in worker/lua/; replaced by the versioned name when loaded."""
+
+_INCLUDE = re.compile(r'^--- @include "([a-z_]+)"\n', re.MULTILINE)
+_REGISTER = re.compile(r"^register\('([a-z_]+)'", re.MULTILINE)
+
+
+def assemble(read: Callable[[str], str], root: str = "index") -> str:
+    """The library's source: `root` (worker/lua/index.lua) with each `--- @include "<name>"` line replaced by the
+    file `read(name)` gives, itself assembled the same way, the first time the name occurs (later lines of that name
+    go: what a file defines is visible to all the text after it, in one chunk)."""
+    placed: set[str] = set()
+
+    def expand(name: str, within: tuple[str, ...]) -> str:
+        if name in within:
+            raise ValueError(f"worker/lua/{name}.lua includes itself through {' -> '.join(within)}")
+        placed.add(name)
+        text = read(name)
+
+        def include(match: re.Match[str]) -> str:
+            wanted = match.group(1)
+            return "" if wanted in placed else expand(wanted, (*within, name))
+
+        return _INCLUDE.sub(include, text)
+
+    return expand(root, ())
+
+
+def _read_packaged(name: str) -> str:
+    return resources.files(__package__).joinpath(f"lua/{name}.lua").read_text(encoding="utf-8")
+
+
+def registered_names(source: str) -> list[str]:
+    """The names the library's `register` calls give its functions (without the library's prefix), in order."""
+    return _REGISTER.findall(source)
 
 
 def _versioned_source() -> tuple[str, str]:
     """The Lua library with its name and function names made unique to this code (a hash of it)."""
-    source = resources.files(__package__).joinpath("lua/index.lua").read_text(encoding="utf-8")
+    source = assemble(_read_packaged)
     digest = hashlib.sha1(source.encode()).hexdigest()[:10]
     name = f"incident_index_{digest}"
     return name, source.replace(_SOURCE_NAME, name)
 
 
 LIBRARY_NAME, LIBRARY_SOURCE = _versioned_source()
-FN_APPLY = f"{LIBRARY_NAME}_apply"
-FN_APPLY_BATCH = f"{LIBRARY_NAME}_apply_batch"
-FN_MATCHES = f"{LIBRARY_NAME}_matches"
-FN_DEAD_LETTER = f"{LIBRARY_NAME}_dead_letter"
-FN_ENSURE_META = f"{LIBRARY_NAME}_ensure_meta"
-FN_PREFLIGHT = f"{LIBRARY_NAME}_preflight"
-FN_FORGET_CONSUMER = f"{LIBRARY_NAME}_forget_consumer"
-FN_READ_NEW = f"{LIBRARY_NAME}_read_new"
-FN_READ_PENDING = f"{LIBRARY_NAME}_read_pending"
-FN_CLAIM = f"{LIBRARY_NAME}_claim"
-FN_TRIM_EVENTS = f"{LIBRARY_NAME}_trim_events"
-FN_TRIM_CHANGES = f"{LIBRARY_NAME}_trim_changes"
-FN_LEASE = f"{LIBRARY_NAME}_lease"
-FN_SET_RETENTION = f"{LIBRARY_NAME}_set_retention"
-FN_EXPIRY_BACKFILL = f"{LIBRARY_NAME}_expiry_backfill"
-FN_EXPIRE = f"{LIBRARY_NAME}_expire"
-FN_VERIFY_CHECK = f"{LIBRARY_NAME}_verify_check"
-FN_VERIFY_REPAIR = f"{LIBRARY_NAME}_verify_repair"
-FN_VERIFY_POSTINGS = f"{LIBRARY_NAME}_verify_postings"
-FN_MIGRATE_START = f"{LIBRARY_NAME}_migrate_start"
-FN_MIGRATE_BUILD = f"{LIBRARY_NAME}_migrate_build"
-FN_MIGRATE_SWITCH = f"{LIBRARY_NAME}_migrate_switch"
-FN_MIGRATE_ABORT = f"{LIBRARY_NAME}_migrate_abort"
-FN_MIGRATE_REMOVE = f"{LIBRARY_NAME}_migrate_remove"
-FN_SERVER_RUN = f"{LIBRARY_NAME}_server_run"
+FUNCTIONS = {name: f"{LIBRARY_NAME}_{name}" for name in registered_names(LIBRARY_SOURCE)}
+"""Each function of the library by its name in worker/lua/ (`register('apply', ...)`): the name to FCALL."""
+
+
+def _function(name: str) -> str:
+    """The FCALL name of a function the library registers; an unknown name fails as this module is imported."""
+    try:
+        return FUNCTIONS[name]
+    except KeyError:
+        raise ImportError(f"worker/lua/ registers no function {name!r}; it registers {sorted(FUNCTIONS)}") from None
+
+
+FN_APPLY = _function("apply")
+FN_APPLY_BATCH = _function("apply_batch")
+FN_MATCHES = _function("matches")
+FN_DEAD_LETTER = _function("dead_letter")
+FN_ENSURE_META = _function("ensure_meta")
+FN_PREFLIGHT = _function("preflight")
+FN_FORGET_CONSUMER = _function("forget_consumer")
+FN_READ_NEW = _function("read_new")
+FN_READ_PENDING = _function("read_pending")
+FN_CLAIM = _function("claim")
+FN_TRIM_EVENTS = _function("trim_events")
+FN_TRIM_CHANGES = _function("trim_changes")
+FN_LEASE = _function("lease")
+FN_SET_RETENTION = _function("set_retention")
+FN_EXPIRY_BACKFILL = _function("expiry_backfill")
+FN_EXPIRE = _function("expire")
+FN_VERIFY_CHECK = _function("verify_check")
+FN_VERIFY_REPAIR = _function("verify_repair")
+FN_VERIFY_POSTINGS = _function("verify_postings")
+FN_MIGRATE_START = _function("migrate_start")
+FN_MIGRATE_BUILD = _function("migrate_build")
+FN_MIGRATE_SWITCH = _function("migrate_switch")
+FN_MIGRATE_ABORT = _function("migrate_abort")
+FN_MIGRATE_REMOVE = _function("migrate_remove")
+FN_SERVER_RUN = _function("server_run")
 
 
 LIBRARY_PREFIX = "incident_index_"
