@@ -6,8 +6,9 @@
   `incident-worker load-functions`, run with an administrator's credentials; workers never load code.
   `is_missing_function(error)` tells an error reply that means the library is not there, and `missing_message()`
   says what to run about it.
-* Call builders: `apply_call`, `dead_letter_command`, `fcall`: the KEYS and ARGV of each function, in the order
-  the Lua header of that function documents, and `parse_apply` for the apply function's reply.
+* Calls: `ApplyKeys` and `ApplyArgs`, the apply function's KEYS and ARGV declared once, named and in order (the index
+  fills them: `FingerprintIndex.apply_command`), and `apply_command` the FCALL of them; `apply_batch`,
+  `dead_letter_command`, `fcall`; `parse_apply` for the apply function's reply.
 * `StreamTarget`: the streams and group a stream-mode call acknowledges in and publishes to.
 
 Which keys a call touches is the index's business (worker/index.py builds them); the order they travel in is here.
@@ -20,7 +21,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.exceptions import ResponseError
 
@@ -57,11 +58,13 @@ __all__ = [
     "FUNCTIONS",
     "LIBRARY_NAME",
     "LIBRARY_SOURCE",
+    "ApplyArgs",
+    "ApplyKeys",
     "ApplyResult",
     "SnapshotClaim",
     "StreamTarget",
     "apply_batch",
-    "apply_call",
+    "apply_command",
     "assemble",
     "dead_letter_command",
     "fcall",
@@ -69,6 +72,8 @@ __all__ = [
     "is_missing_function",
     "load",
     "missing_message",
+    "pack_migration",
+    "pack_snapshot",
     "parse_apply",
     "registered_names",
     "stored_value",
@@ -300,94 +305,72 @@ def parse_apply(reply: Sequence[Any]) -> ApplyResult:
     )
 
 
-def apply_call(
-    *,
-    meta: str,
-    fingerprints: str,
-    changes: str,
-    events: str,
-    alerts: str,
-    new_group: str,
-    old_group: str,
-    expiry: str,
-    new_keys: Sequence[str],
-    old_keys: Sequence[str],
-    probe_keys: Sequence[str],
-    probed: int,
-    op: str,
-    incident_id: str,
-    fingerprint: str,
-    expected: str,
-    layout_tag: str,
-    max_distance: int,
-    stream: StreamTarget | None,
-    entry_id: str,
-    max_matches: int,
-    alert_text: str = "",
-    tokenizer: str = "",
-    snapshot: SnapshotClaim | None = None,
-    building: str = "",
-    target_new_keys: Sequence[str] = (),
-    target_old_keys: Sequence[str] = (),
-    target_bands: int = 0,
-) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of the apply function, in the order index.lua documents.
+class ApplyKeys(NamedTuple):
+    """The apply function's KEYS, named and in the order of the header of `apply_at` in worker/lua/apply.lua (a test
+    holds the two equal): eight keys, then five lists of keys."""
 
-    `new_group` and `old_group` are the twin groups of the new fingerprint and of the one it replaces (the same key
-    when there is only one fingerprint: an add, a delete, an upsert of an ID not indexed yet). `expiry` is the
-    retention bookkeeping `{N}:expiry`, written only while `{N}:meta` records a retention window.
-    `new_keys` are the new fingerprint's posting keys (band 0 first; the first `probed` of them are probed too),
-    `old_keys` those of the fingerprint it replaces, `probe_keys` its other probe keys. `fingerprint` and
-    `expected` are hex ('' for a delete; expected '-' for "not indexed", '*' for "don't check"). Without a
-    `stream` the call runs in library mode: no acknowledgement and no alert, `events` and `alerts` unused.
-    `alert_text` goes into the alert's `text` field (when not ''); `tokenizer` is the tokenizer version of a text
-    incident ('' for a bag, or a delete), which the call refuses when `{N}:meta` records another version, and records
-    there when it indexes the namespace's first text incident.
-    While a migration builds another layout, `building` is its tag and `target_new_keys`, `target_old_keys` the
-    posting keys in it of the new fingerprint and of the one replaced (`target_bands` each, or none): the call
-    writes them too, and is refused when `{N}:meta` names another layout being built (or none).
-    """
-    keys = [
-        meta,
-        fingerprints,
-        changes,
-        events,
-        alerts,
-        new_group,
-        old_group,
-        expiry,
-        *new_keys,
-        *old_keys,
-        *probe_keys,
-    ]
-    keys += [*target_new_keys, *target_old_keys]  # migration: last, so that the probe keys keep their place
-    args = [
-        op,
-        incident_id,
-        fingerprint,
-        expected,
-        layout_tag,
-        max_distance,
-        len(new_keys),
-        len(old_keys),
-        stream.group if stream else "",
-        entry_id,
-        stream.alerts_maxlen if stream else 0,
-        max_matches,
-        probed,
-        alert_text,
-        tokenizer,
-    ]
-    # args[16..18]: the snapshot claim (empty without one); args[19..20]: the migration; args[21..]: listed matches
-    if snapshot is not None:
-        args += [snapshot.position, snapshot.count, "1" if snapshot.complete else "0"]
-    else:
-        args += ["", "", ""]
-    args += [building, target_bands if building else 0]
-    if snapshot is not None:
-        for listed_id, distance in snapshot.listed:
-            args += [listed_id, distance]
-    return keys, args
+    meta: str
+    fingerprints: str
+    changes: str
+    events: str
+    alerts: str
+    new_group: str
+    """The twin group of the new fingerprint (of the expected one for a delete)."""
+    old_group: str
+    """The twin group of the fingerprint replaced; `new_group` when there is only one fingerprint."""
+    expiry: str
+    new_postings: list[str]
+    """The new fingerprint's posting keys, band 0 first; the first `ApplyArgs.probed` of them are probed too."""
+    old_postings: list[str]
+    probes: list[str]
+    """The new fingerprint's other probe keys."""
+    target_new: list[str]
+    """While a migration builds another layout: the new fingerprint's posting keys in it."""
+    target_old: list[str]
+
+
+class ApplyArgs(NamedTuple):
+    """The apply function's ARGV, named and in the order of the header of `apply_at` in worker/lua/apply.lua (a test
+    holds the two equal). The optional parts travel packed (`pack_snapshot`, `pack_migration`), one value each;
+    `listed`, the snapshot's listed matches, goes last as a list of its own."""
+
+    op: str
+    incident_id: str
+    fingerprint: str
+    expected: str
+    layout_tag: str
+    max_distance: int
+    n_new: int
+    n_old: int
+    group: str
+    entry_id: str
+    alerts_maxlen: int
+    max_matches: int
+    probed: int
+    alert_text: str
+    tokenizer: str
+    snapshot: str
+    migration: str
+    listed: list[Any]
+
+
+def pack_snapshot(snapshot: SnapshotClaim | None) -> tuple[str, list[Any]]:
+    """A snapshot's claim as `ApplyArgs.snapshot` and `ApplyArgs.listed` ('' and [] without one)."""
+    if snapshot is None:
+        return "", []
+    listed = [part for pair in snapshot.listed for part in pair]
+    return f"{snapshot.position} {snapshot.count} {1 if snapshot.complete else 0}", listed
+
+
+def pack_migration(building: str, bands: int) -> str:
+    """`ApplyArgs.migration`: the layout a migration is building and its number of bands ('' for none)."""
+    return f"{bands} {building}" if building else ""
+
+
+def apply_command(keys: ApplyKeys, args: ApplyArgs) -> Command:
+    """The FCALL of the apply function with these keys and arguments (its reply: `parse_apply`)."""
+    flat = [*keys[:8], *keys.new_postings, *keys.old_postings, *keys.probes, *keys.target_new, *keys.target_old]
+    return ("FCALL", FN_APPLY, len(flat), *flat, *args[:-1], *args.listed)
 
 
 def dead_letter_command(

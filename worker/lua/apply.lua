@@ -50,38 +50,52 @@ end
 
 -- Add, upsert or delete one incident; in stream mode also publish its alert and acknowledge its entry.
 --
--- keys[1] = {N}:meta       keys[2] = {N}:fp         keys[3] = {N}:changes (a stream: one entry <op> <ID> a change)
--- keys[4] = events stream  keys[5] = alerts stream
--- keys[6] = {N}:twins:<new fingerprint> (delete: of the expected one)
--- keys[7] = {N}:twins:<the fingerprint the client expects to replace> (add, or none expected: same as keys[6])
--- keys[8] = {N}:expiry (retention bookkeeping: scored with the server's time on add and upsert while retention is
---           on, see retention_on; the incident leaves it on delete)
--- keys[9 .. 8+n_new]             = the new fingerprint's posting keys, band 0 first
--- keys[9+n_new .. 8+n_new+n_old] = the posting keys of the fingerprint the client expects to replace, band 0 first
--- keys[9+n_new+n_old .. #keys-t] = the other probe keys of the new fingerprint
--- keys[#keys-t+1 .. #keys]       = while a migration builds another layout (args[19]): the new fingerprint's posting
---                                  keys in it (n_target of them when n_new > 0), then those of the fingerprint the
---                                  client expects to replace (n_target when n_old > 0); t counts both (0 otherwise)
--- The groups of the matches found are read under the prefix of keys[6] (all in the index's hash tag): their names
+-- KEYS, in this order (worker/library.py's ApplyKeys names the same, in the same order: a test holds them equal).
+-- A name ending in ... is a list of keys, as many as the count in ARGV says.
+--   [1] meta            {N}:meta
+--   [2] fingerprints    {N}:fp
+--   [3] changes         {N}:changes (a stream: one entry <op> <ID> a change)
+--   [4] events          the events stream
+--   [5] alerts          the alerts stream
+--   [6] new_group       {N}:twins:<new fingerprint> (delete: of the expected one)
+--   [7] old_group       {N}:twins:<the fingerprint the client expects to replace> (add, or none expected: new_group)
+--   [8] expiry          {N}:expiry (retention bookkeeping: scored with the server's time on add and upsert while
+--                       retention is on, see retention_on; the incident leaves it on delete)
+--   new_postings...     n_new keys: the new fingerprint's posting keys, band 0 first
+--   old_postings...     n_old keys: the posting keys of the fingerprint the client expects to replace, band 0 first
+--   probes...           the other probe keys of the new fingerprint
+--   target_new...       while a migration builds another layout (ARGV migration): the new fingerprint's posting keys
+--                       in it, n_target of them when n_new > 0 (none otherwise)
+--   target_old...       then those of the fingerprint the client expects to replace, n_target when n_old > 0
+-- The groups of the matches found are read under the prefix of new_group (all in the index's hash tag): their names
 -- depend on fingerprints that only the server knows.
 --
--- args[1] = op: add | upsert | delete       args[2] = incident ID
--- args[3] = new fingerprint (hex; '' for delete)
--- args[4] = the fingerprint the client expects stored now: hex, '-' for none, '*' for "any" (add)
--- args[5] = layout tag, must equal {N}:meta's `layout`
--- args[6] = max distance   args[7] = n_new   args[8] = n_old
--- args[9] = consumer group ('' = library mode: no acknowledgement, no alert)   args[10] = stream entry ID
--- args[11] = approximate MAXLEN of the alerts stream (0 = no trimming)
--- args[12] = most matches to list (0 = all)
--- args[13] = how many of the new posting keys (band 0 first) are probed too; the rest are only written
--- args[14] = text to publish in the alert's `text` field ('' = none)
--- args[15] = tokenizer version of a text incident ('' for a bag): refused (error TOKENIZER) when it differs from
---            {N}:meta's `tokenizer`; recorded there by the first call that indexes a text incident
--- args[16] = snapshot position in {N}:changes ('' or absent: search the postings here; see validate_snapshot)
--- args[17] = the snapshot's match count   args[18] = '1' when it listed every match ('' .. '' without a snapshot)
--- args[19] = the layout tag a migration is building, which this call writes too ('' = none): must equal {N}:meta's
---            `building` (refused with MIGRATION otherwise)   args[20] = n_target, posting keys per fingerprint in it
--- args[21 ..] = the snapshot's listed matches: id, d, ...
+-- ARGV, in this order (worker/library.py's ApplyArgs, likewise). The optional parts a call may carry (a snapshot's
+-- claim, a migration) travel packed, one value each; only the snapshot's listed matches, which can be many, are a
+-- list of their own, last, read in place (decoding them from one value would cost each event).
+--   [1] op              add | upsert | delete
+--   [2] incident_id     the incident's ID
+--   [3] fingerprint     the new fingerprint (hex; '' for delete)
+--   [4] expected        the fingerprint the client expects stored now: hex, '-' for none, '*' for "any" (add)
+--   [5] layout_tag      must equal {N}:meta's `layout`
+--   [6] max_distance    the layout's max distance
+--   [7] n_new           how many new_postings
+--   [8] n_old           how many old_postings
+--   [9] group           consumer group ('' = library mode: no acknowledgement, no alert)
+--   [10] entry_id       the stream entry's ID
+--   [11] alerts_maxlen  approximate MAXLEN of the alerts stream (0 = no trimming)
+--   [12] max_matches    most matches to list (0 = all)
+--   [13] probed         how many of new_postings (band 0 first) are probed too; the rest are only written
+--   [14] alert_text     text to publish in the alert's `text` field ('' = none)
+--   [15] tokenizer      tokenizer version of a text incident ('' for a bag): refused (error TOKENIZER) when it
+--                       differs from {N}:meta's `tokenizer`; recorded there by the first call that indexes a text
+--   [16] snapshot       '' (search the postings here), or a snapshot's claim '<position> <count> <complete>': its
+--                       position in {N}:changes, its match count, and 1 when it listed every match, else 0 (see
+--                       validate_snapshot)
+--   [17] migration      '' (none), or '<n_target> <layout tag>': the layout a migration is building, which this
+--                       call writes too (it must equal {N}:meta's `building`, refused with MIGRATION otherwise),
+--                       and its posting keys per fingerprint
+--   listed...           the snapshot's listed matches: id, d, ... (none without a snapshot)
 --
 -- Returns {status, match_count, candidates_verified, alert_entry_id_or_'', id1, d1, id2, d2, ...} where status is
 -- indexed | repeat | duplicate | stale | deleted | absent | not_pending | unvalidated. Only indexed, repeat,
@@ -91,6 +105,8 @@ end
 --
 -- apply_at runs the call whose keys are keys[ko + 1 .. ko + nk] and arguments args[ao + 1 .. ao + na] (apply_batch's
 -- calls, in place); apply, a call of its own, is apply_at with all of them.
+local ARGS = 17  -- the arguments before `listed`
+
 local function apply_at(keys, ko, nk, args, ao, na, context)
   local meta_key, fp_key, changes_key = keys[ko + 1], keys[ko + 2], keys[ko + 3]
   local events_key, alerts_key = keys[ko + 4], keys[ko + 5]
@@ -102,13 +118,34 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
   local streaming = group ~= ''
   local FIRST = 9
 
+  -- the packed parts, read before anything is written
+  local position, claimed, complete = '', 0, false
+  local snapshot = args[ao + 16] or ''
+  if snapshot ~= '' then
+    local count, all
+    position, count, all = string.match(snapshot, '^(%S+) (%d+) ([01])$')
+    if not position then
+      return redis.error_reply('ERR apply: snapshot "' .. snapshot .. '" is not "<position> <count> <0 or 1>"')
+    end
+    claimed, complete = tonumber(count), all == '1'
+  end
+  local building, n_target = '', 0
+  local migration = args[ao + 17] or ''
+  if migration ~= '' then
+    local n
+    n, building = string.match(migration, '^(%d+) (.+)$')
+    if not n then
+      return redis.error_reply('ERR apply: migration "' .. migration .. '" is not "<n_target> <layout tag>"')
+    end
+    n_target = tonumber(n)
+  end
+
   local meta = meta_of(context, meta_key)
   local refused = layout_refusal(meta_key, meta.layout, args[ao + 5])
   if refused then return refused end
   -- a migration's target layout, written beside the current one (see check_building)
-  refused = building_refusal(meta_key, meta.building, args[ao + 19] or '')
+  refused = building_refusal(meta_key, meta.building, building)
   if refused then return refused end
-  local n_target = tonumber(args[ao + 20]) or 0
   local t_new = n_new > 0 and n_target or 0
   local t_old = n_old > 0 and n_target or 0
   local LAST_PROBE = nk - t_new - t_old
@@ -152,13 +189,11 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
   end
 
   -- A snapshot's claim is validated before anything is written: `unvalidated` must change nothing.
-  local position = args[ao + 16] or ''
   local verified, matched, flat, twin, held
-  local n_listed = na > 20 and na - 20 or 0
+  local n_listed = na > ARGS and na - ARGS or 0
   if position ~= '' then
     verified, matched, flat, held = validate_snapshot(context, meta_key, changes_key, fp, limit, id, cap, position,
-                                                      tonumber(args[ao + 17]), args, ao + 20, n_listed,
-                                                      args[ao + 18] == '1')
+                                                      claimed, args, ao + ARGS, n_listed, complete)
     if not verified then return {'unvalidated', 0, 0, ''} end
   end
 
@@ -174,7 +209,7 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
     call_keys(probes, keys, ko, nk, FIRST + n_new + n_old, LAST_PROBE)
     local twin_prefix = string.sub(new_group, 1, -17)
     verified, matched, flat, twin = find_matches(fp_key, twin_prefix, probes, fp, limit, cap)
-  elseif not surely_unheld(held, tonumber(args[ao + 17]), args, ao + 20, n_listed) then
+  elseif not surely_unheld(held, claimed, args, ao + ARGS, n_listed) then
     -- (the common case, a fingerprint nobody holds, needs no read: see surely_unheld)
     twin = representative_of(fp_key, new_group, fp, call_keys({}, keys, ko, nk, FIRST, FIRST - 1 + n_new))
   end
@@ -239,7 +274,7 @@ local function apply_batch(keys, args)
   for i = 1, n do
     local nk, na = tonumber(args[2 * i]), tonumber(args[2 * i + 1])
     local ok, reply
-    if nk >= 8 and na >= 20 and nk % 1 == 0 and na % 1 == 0 and k + nk <= n_keys and a + na <= n_args then
+    if nk >= 8 and na >= ARGS and nk % 1 == 0 and na % 1 == 0 and k + nk <= n_keys and a + na <= n_args then
       -- the call's keys and arguments read in place (every one it reads is its own: see apply_at, call_keys)
       ok, reply = pcall(apply_at, keys, k, nk, args, a, na, context)
     else
