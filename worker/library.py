@@ -93,16 +93,16 @@ def assemble(read: Callable[[str], str], root: str = "index") -> str:
     placed: set[str] = set()
 
     def expand(name: str, within: tuple[str, ...]) -> str:
-        if name in within:
-            raise ValueError(f"worker/lua/{name}.lua includes itself through {' -> '.join(within)}")
         placed.add(name)
-        text = read(name)
+        chain = (*within, name)
 
         def include(match: re.Match[str]) -> str:
             wanted = match.group(1)
-            return "" if wanted in placed else expand(wanted, (*within, name))
+            if wanted in chain:  # its text would come before what it uses
+                raise ValueError(f"worker/lua/{wanted}.lua includes itself through {' -> '.join(chain)}")
+            return "" if wanted in placed else expand(wanted, chain)
 
-        return _INCLUDE.sub(include, text)
+        return _INCLUDE.sub(include, read(name))
 
     return expand(root, ())
 
