@@ -1,7 +1,7 @@
 """The index API (docs/contract.md): add, upsert, delete, matches, get, postings, stats of one namespace.
 
 `FingerprintIndex` keeps fingerprints in `{N}:fp` and band postings in `{N}:band:<b>:<v>` sets. Each change is one
-call of a Redis Function (worker/library.py, worker/lua/index.lua) that finds the matches, indexes, and in stream
+call of a Redis Function (worker/library.py, worker/lua/apply.lua) that finds the matches, indexes, and in stream
 mode publishes the alert and acknowledges the entry, all in one atomic step on the server. Batches of calls travel
 through worker/transport.py; key names come from worker/keys.py.
 """

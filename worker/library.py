@@ -1,7 +1,9 @@
-"""The server side of the index: the Redis Functions library `worker/lua/index.lua`, and the calls of its functions.
+"""The server side of the index: the Redis Functions library under `worker/lua/`, and the calls of its functions.
 
-* `LIBRARY_NAME`, `LIBRARY_SOURCE`: the library, named after a hash of its source, so that workers of two versions
-  can share a server during a rolling upgrade; `FN_APPLY`, `FN_MATCHES`, ... its functions' names.
+* `LIBRARY_NAME`, `LIBRARY_SOURCE`: the library, assembled from the files `worker/lua/index.lua` includes (one
+  concern a file; `assemble`) and named after a hash of it, so that workers of two versions can share a server during
+  a rolling upgrade; `FUNCTIONS` and `FN_APPLY`, `FN_MATCHES`, ...: its functions' names, read from the `register`
+  calls of the source.
 * `load(client)`: FUNCTION LOAD REPLACE (on a cluster, on every primary): the deployment step
   `incident-worker load-functions`, run with an administrator's credentials; workers never load code.
   `is_missing_function(error)` tells an error reply that means the library is not there, and `missing_message()`

@@ -1,8 +1,8 @@
 #!lua name=incident_index_v2
 --
--- The server side of one incident fingerprint index (docs/contract.md: bands, keys, what each entry does), as a Redis Functions library.
--- Loaded once per server by worker/library.py (FUNCTION LOAD REPLACE); the version is part of every name, so
--- workers of two versions can share a server during a rolling upgrade.
+-- The server side of one incident fingerprint index (docs/contract.md: bands, keys, what each entry does), as a
+-- Redis Functions library. Loaded once per server by worker/library.py (FUNCTION LOAD REPLACE); the version is part
+-- of every name, so workers of two versions can share a server during a rolling upgrade.
 --
 -- Each call is one atomic step: it reads everything it needs, decides, and only then writes, so a call that
 -- refuses (stale, duplicate, not pending) changes nothing. Every key a call touches arrives in `keys`, except the
@@ -17,7 +17,7 @@
 -- is indexed under one ID or 100,000.
 --
 -- Fingerprints travel and are stored as 16 lowercase hex digits: Lua numbers cannot hold 64 bits exactly.
--- The distance of two of them is summed from per-digit tables built here at load time, with plain arithmetic
+-- The distance of two of them is summed from per-digit tables built at load time (search.lua), with plain arithmetic
 -- (only `redis` is visible while a library loads) and without the `bit` library, which real Redis has and
 -- fakeredis lacks: the same code runs on both.
 --
