@@ -2,7 +2,7 @@
 
 Pre-loads N incidents of the benchmark's seeded Zipf workload into a redis-server of its own and starts one
 `StreamWorker` (the code of `incident-worker run`, snapshot read path) in this process. Each round then, for every
-version in turn (the order alternates from round to round), loads that version's `worker/lua/index.lua` under this
+version in turn (the order alternates from round to round), loads that version's library (worker/lua/) under this
 code's library name (FUNCTION LOAD REPLACE: the worker's calls do not change), publishes M events, runs the worker
 until the stream is idle, and reads FCALL's time by function from SLOWLOG (at 0 us during the round): apply_batch's
 us per event and median call, FCALL's us per event (INFO commandstats: every function, read_new included), and the
@@ -13,7 +13,7 @@ call).
 Prints each round, then per version the median of its rounds and the ratio to the first version.
 
 Usage: python benchmarks/snapshot_ab.py [--size N] [--events M] [--rounds R] [VERSION ...]
-A VERSION is a git revision (its worker/lua/index.lua) or a path to a .lua file; default: main and the work tree.
+A VERSION is a git revision (its worker/lua/) or a path to a .lua file; default: main and the work tree.
 """
 
 from __future__ import annotations
@@ -40,18 +40,25 @@ INNER = ("fcall", "fcall_ro")
 
 
 def source_of(version: str) -> str:
-    """The library source of a version (a .lua path, 'worktree', or a git revision), named as this code calls it."""
+    """The library source of a version (a .lua path, 'worktree', or a git revision), named as this code calls it.
+
+    A revision's worker/lua/index.lua is assembled with the files it includes, as worker/library.py does (one of
+    before the split, without includes, is the whole library); a .lua path is taken as a whole library."""
     if version == "worktree":
-        text = (REPO_ROOT / "worker/lua/index.lua").read_text(encoding="utf-8")
+        text = library.assemble(lambda name: (REPO_ROOT / f"worker/lua/{name}.lua").read_text(encoding="utf-8"))
     elif os.path.exists(version):
         text = Path(version).read_text(encoding="utf-8")
     else:
-        text = subprocess.run(
-            ["git", "-C", str(REPO_ROOT), "show", f"{version}:worker/lua/index.lua"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
+
+        def read(name: str) -> str:
+            return subprocess.run(
+                ["git", "-C", str(REPO_ROOT), "show", f"{version}:worker/lua/{name}.lua"],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+
+        text = library.assemble(read)
     return text.replace("incident_index_v2", library.LIBRARY_NAME)
 
 

@@ -577,13 +577,13 @@ def test_concurrent_upserts_and_deletes_leave_postings_consistent(redis_client: 
 
 
 def test_max_matches_keeps_the_closest(redis_client: redis.Redis) -> None:
-    from worker.library import FN_APPLY, parse_apply
+    from worker.library import parse_apply
 
     index = FingerprintIndex(redis_client)
     base = 0x0F0F_0F0F_0F0F_0F0F
     for n, bits in enumerate([5, 1, 7, 3, 0, 6, 2]):
         index.add_fingerprint(f"d{n}", flip(base, bits, random.Random(n)))
-    keys, args = index.apply_call("add", "q", base, max_matches=3)
-    result = parse_apply(index._fcall(FN_APPLY, keys, args))
+    [reply] = index.execute([index.apply_command("add", "q", base, max_matches=3)])
+    result = parse_apply(reply)
     assert result.match_count == 7
     assert [d for _, d in result.matches] == [0, 1, 2]

@@ -22,7 +22,7 @@ import redis
 from tests.oracle import Oracle, assert_postings_match, clustered
 from worker import retention
 from worker.index import FingerprintIndex
-from worker.library import FN_APPLY, SnapshotClaim, parse_apply
+from worker.library import SnapshotClaim, parse_apply
 from worker.readpath import ChangeFollower
 from worker.replies import text
 
@@ -287,8 +287,9 @@ def test_the_snapshot_path_sees_an_expiry_as_a_removal(redis_client: redis.Redis
     search = follower.index.search(0xABC, exclude="new", limit=100)
     assert [m[0] for m in search.matches] == ["old", "twin-old"]  # the copy is stale: it still has them
     claim = SnapshotClaim(follower_fresh_before, search.match_count, search.matches, True)
-    keys, args = index.apply_call("add", "new", 0xABC, snapshot=claim, max_matches=100)
-    result = parse_apply(redis_client.fcall(FN_APPLY, len(keys), *keys, *args))
+    result = parse_apply(
+        redis_client.execute_command(*index.apply_command("add", "new", 0xABC, snapshot=claim, max_matches=100))
+    )
     assert result.status == "indexed"
     assert result.matches == [("young", 2)] and result.match_count == 1
     follower.catch_up()

@@ -559,7 +559,7 @@ def test_follower_refuses_entries_without_fingerprints(redis_client) -> None:
 # -- the validation step alone: a stale copy's search, validated by the apply call, equals a linear scan --------
 
 from worker.index import FingerprintIndex  # noqa: E402
-from worker.library import FN_APPLY, FN_TRIM_CHANGES, SnapshotClaim, parse_apply  # noqa: E402
+from worker.library import FN_TRIM_CHANGES, ApplyArgs, SnapshotClaim, parse_apply  # noqa: E402
 
 
 def _claim(follower: ChangeFollower, fp: int, exclude: str, cap: int, extra: int) -> SnapshotClaim:
@@ -633,10 +633,10 @@ def test_a_validated_stale_snapshot_finds_exactly_what_a_full_search_finds(
     fp = flip(pool[query], rng.randint(0, 3), rng)
     claim = _claim(follower, fp, new_id, cap, extra)
     expected = oracle.matches(fp, exclude=new_id)
-    keys, args = index.apply_call(
+    command = index.apply_command(
         op, new_id, fp, expected="*" if op == "add" else index.get(new_id), max_matches=cap, snapshot=claim
     )
-    result = parse_apply(redis_client.fcall(FN_APPLY, len(keys), *keys, *args))
+    result = parse_apply(redis_client.execute_command(*command))
     if result.status == "unvalidated":
         # only allowed when the copy listed too little to cover the cap after removals
         assert not claim.complete
@@ -663,8 +663,8 @@ def test_a_snapshot_behind_a_trimmed_log_is_not_validated(redis_client) -> None:
     index.add_fingerprint("b", 3)
     redis_client.hset(index.keys.meta, CHANGES_FLOOR_FIELD, "99999999999999-0")
     claim = _claim(follower, 7, "c", 100, 0)
-    keys, args = index.apply_call("add", "c", 7, snapshot=claim, max_matches=100)
-    result = parse_apply(redis_client.fcall(FN_APPLY, len(keys), *keys, *args))
+    command = index.apply_command("add", "c", 7, snapshot=claim, max_matches=100)
+    result = parse_apply(redis_client.execute_command(*command))
     assert result.status == "unvalidated"
     assert index.get("c") is None  # it changed nothing
 
@@ -683,18 +683,18 @@ def test_a_snapshot_whose_position_the_log_no_longer_holds_is_not_validated(redi
     redis_client.delete(index.keys.changes, index.keys.fingerprints, *redis_client.keys(f"{index.keys.tag}:band:*"))
     time.sleep(0.002)  # (a log written again within the same millisecond may reuse an ID: the worker's check sees it)
     index.add_fingerprint("far", (1 << 64) - 1)  # the new log's entries come after the copy's position
-    keys, args = index.apply_call("add", "c", 7, snapshot=claim, max_matches=100)
-    result = parse_apply(redis_client.fcall(FN_APPLY, len(keys), *keys, *args))
+    command = index.apply_command("add", "c", 7, snapshot=claim, max_matches=100)
+    result = parse_apply(redis_client.execute_command(*command))
     assert result.status == "unvalidated"  # not "indexed" with two matches the index no longer has
     assert index.get("c") is None  # it changed nothing
-    keys, args = index.apply_call("add", "c", 7, max_matches=100)  # the full search the worker then sends
-    result = parse_apply(redis_client.fcall(FN_APPLY, len(keys), *keys, *args))
+    command = index.apply_command("add", "c", 7, max_matches=100)  # the full search the worker then sends
+    result = parse_apply(redis_client.execute_command(*command))
     assert (result.status, result.match_count) == ("indexed", 0)
 
 
 # -- the batched form: one apply_batch call per send, every claim from the same stale copy ----------------------
 
-from worker.library import FN_APPLY_BATCH, apply_batch, fcall  # noqa: E402
+from worker.library import FN_APPLY_BATCH, apply_batch  # noqa: E402
 from worker.transport import execute  # noqa: E402
 
 
@@ -721,8 +721,7 @@ def test_a_batch_validated_against_one_stale_snapshot_equals_the_events_one_by_o
         fp = None if kind == "delete" else flip(pool[which], rng.randint(0, 3), rng)
         claim = None if fp is None else _claim(follower, fp, incident_id, cap, extra)
         expected = "*" if kind == "add" else oracle.fps.get(incident_id)
-        keys, args = index.apply_call(kind, incident_id, fp, expected=expected, max_matches=cap, snapshot=claim)
-        commands.append(fcall(FN_APPLY, keys, args))
+        commands.append(index.apply_command(kind, incident_id, fp, expected=expected, max_matches=cap, snapshot=claim))
         events.append((kind, incident_id, fp, claim))
     command = apply_batch(commands)
     assert command[1] == FN_APPLY_BATCH
@@ -765,10 +764,11 @@ def test_an_error_in_one_call_of_a_batch_leaves_the_others_alone(redis_client) -
     index.open()
     follower = ChangeFollower(redis_client, index.keys, index.layout)
     follower.load()
-    good = [index.apply_call("add", f"a{n}", n, snapshot=_claim(follower, n, f"a{n}", 10, 0)) for n in (1, 2)]
-    keys, args = index.apply_call("add", "bad", 3, snapshot=_claim(follower, 3, "bad", 10, 0))
-    args[4] = "some other layout"
-    commands = [fcall(FN_APPLY, *good[0]), fcall(FN_APPLY, keys, args), fcall(FN_APPLY, *good[1])]
+    good = [index.apply_command("add", f"a{n}", n, snapshot=_claim(follower, n, f"a{n}", 10, 0)) for n in (1, 2)]
+    bad = index.apply_command("add", "bad", 3, snapshot=_claim(follower, 3, "bad", 10, 0))
+    layout_at = 3 + bad[2] + ApplyArgs._fields.index("layout_tag")
+    bad = (*bad[:layout_at], "some other layout", *bad[layout_at + 1 :])
+    commands = [good[0], bad, good[1]]
     [replies] = execute(redis_client, [apply_batch(commands)])
     assert parse_apply(replies[0]).status == "indexed"
     assert isinstance(replies[1], Exception) and "LAYOUT" in str(replies[1])
@@ -784,7 +784,7 @@ def test_an_error_in_one_call_of_a_batch_leaves_the_others_alone(redis_client) -
 @pytest.mark.parametrize("where", ["copy", "log", "batch", "nowhere"])
 def test_the_new_fingerprint_joins_whoever_holds_it_whether_the_copy_log_or_batch_knows(redis_client, where) -> None:
     """The apply step skips reading the postings only when neither the copy nor a later change has an incident of
-    the new fingerprint (see surely_unheld in index.lua): each place a holder can come from makes a twin group."""
+    the new fingerprint (see surely_unheld in snapshot.lua): each place a holder can come from makes a twin group."""
     index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
     index.open()
     index.add_fingerprint("far", 0xFFFF_0000_FFFF_0000)
@@ -798,13 +798,9 @@ def test_the_new_fingerprint_joins_whoever_holds_it_whether_the_copy_log_or_batc
         index.upsert_fingerprint("moved", 0x9999_0000)
     commands = []
     if where == "batch":
-        commands.append(
-            fcall(
-                FN_APPLY, *index.apply_call("add", "holder", 0x1234, snapshot=_claim(follower, 0x1234, "holder", 0, 0))
-            )
-        )
+        commands.append(index.apply_command("add", "holder", 0x1234, snapshot=_claim(follower, 0x1234, "holder", 0, 0)))
     claim = _claim(follower, 0x1234, "new", 0, 0)
-    commands.append(fcall(FN_APPLY, *index.apply_call("add", "new", 0x1234, snapshot=claim)))
+    commands.append(index.apply_command("add", "new", 0x1234, snapshot=claim))
     [replies] = execute(redis_client, [apply_batch(commands)])
     result = parse_apply(replies[-1])
     assert result.status == "indexed"
@@ -831,7 +827,7 @@ def _text(value: object) -> str:
 
 @pytest.mark.parametrize("others", [0, 3, 200])
 def test_a_batch_knows_which_entries_are_pending_and_what_its_own_calls_changed(redis_client, others) -> None:
-    """The calls of one apply_batch share one XPENDING and one HMGET (see prefetch in index.lua): an entry another
+    """The calls of one apply_batch share one XPENDING and one HMGET (see prefetch, apply_context.lua): an entry another
     consumer finished before the batch is not pending, an entry a call of the batch acknowledged is not pending to a
     later call, and a later call of the same incident sees what the earlier one stored; `others` entries of another
     consumer pending between them (more than the one XPENDING asks for, at 200) change nothing."""
@@ -856,10 +852,9 @@ def test_a_batch_knows_which_entries_are_pending_and_what_its_own_calls_changed(
 
     def call(op, incident_id, fp, entry_id, expected):
         claim = None if fp is None else _claim(follower, fp, incident_id, 0, 0)
-        keys, args = index.apply_call(
+        return index.apply_command(
             op, incident_id, fp, expected=expected, stream=stream, entry_id=entry_id, snapshot=claim
         )
-        return fcall(FN_APPLY, keys, args)
 
     commands = [
         call("add", "a", 0x10, mine[0], "*"),
@@ -919,7 +914,7 @@ def _namespace_dump(redis_client, tag: str) -> dict[str, object]:
 def test_a_batch_read_in_place_answers_and_writes_as_its_calls_one_by_one(
     redis_client, seed, before, after, batch, cap, extra, shuffle, short
 ) -> None:
-    """apply_batch reads each call's keys and arguments in place (apply_at; a call shorter than the usual 20
+    """apply_batch reads each call's keys and arguments in place (apply_at; a call shorter than the usual 17
     arguments is copied out first), and the validation leaves a claim's list as it is when it is in order already,
     reads the last 8 digits of a change only when the first 8 are within the distance, and finds a later holder of
     the new fingerprint while it reads the changes. Each of these has a general form: the same changes, one call
@@ -956,13 +951,13 @@ def test_a_batch_read_in_place_answers_and_writes_as_its_calls_one_by_one(
                 first, *rest = claim.listed
                 rest = rest[::-1] if claim.complete else [*rest[-2::-1], rest[-1]]
                 claim = SnapshotClaim(claim.position, claim.count, [first, *rest], claim.complete)
-            keys, args = index.apply_call(kind, incident_id, fp, expected=expected, max_matches=cap, snapshot=claim)
+            command = index.apply_command(kind, incident_id, fp, expected=expected, max_matches=cap, snapshot=claim)
             if short and kind == "delete":
-                assert args[18:] == ["", 0]
-                args = args[:18]
-            calls[tag].append((keys, args))
-    [batched] = execute(redis_client, [apply_batch([fcall(FN_APPLY, keys, args) for keys, args in calls["v"]])])
-    alone = execute(redis_client, [fcall(FN_APPLY, keys, args) for keys, args in calls["w"]])
+                assert command[-2:] == ("", ""), "a delete's snapshot and migration are empty"
+                command = command[:-2]
+            calls[tag].append(command)
+    [batched] = execute(redis_client, [apply_batch(calls["v"])])
+    alone = execute(redis_client, calls["w"])
 
     def outcome(reply):
         return ("error", str(reply).replace("{w}", "{v}")) if isinstance(reply, Exception) else parse_apply(reply)

@@ -2,7 +2,7 @@
 
 A blocking XREADGROUP, XAUTOCLAIM or XRANGE sends an entry whole, however large: 20 entries of 25 MB once made a
 worker under a 1 GiB limit crash-loop while every valid event behind them waited. So the worker reads through three
-functions of the index library (worker/lua/index.lua: `read_new`, `read_pending`, `claim`) that size each entry on
+functions of the index library (worker/lua/streams.lua: `read_new`, `read_pending`, `claim`) that size each entry on
 the server and send it whole only when its field names and values total at most `max_entry_bytes`; a larger entry
 arrives as a summary (the first `dead_letter_prefix_bytes` of each of its first 1,000 fields, and every size), which
 is all its dead letter needs. Each reply also stops at `max_batch_bytes`, so one read never holds more than that

@@ -1,7 +1,7 @@
 """The index API (docs/contract.md): add, upsert, delete, matches, get, postings, stats of one namespace.
 
 `FingerprintIndex` keeps fingerprints in `{N}:fp` and band postings in `{N}:band:<b>:<v>` sets. Each change is one
-call of a Redis Function (worker/library.py, worker/lua/index.lua) that finds the matches, indexes, and in stream
+call of a Redis Function (worker/library.py, worker/lua/apply.lua) that finds the matches, indexes, and in stream
 mode publishes the alert and acknowledges the entry, all in one atomic step on the server. Batches of calls travel
 through worker/transport.py; key names come from worker/keys.py.
 """
@@ -411,7 +411,7 @@ class FingerprintIndex:
                 others.extend(band.keys(value, masks[1:]))
         return own, probed, others
 
-    def apply_call(
+    def apply_command(
         self,
         op: str,
         incident_id: str,
@@ -424,14 +424,18 @@ class FingerprintIndex:
         alert_text: str = "",
         tokenizer: str = "",
         snapshot: SnapshotClaim | None = None,
-    ) -> tuple[list[str], list[Any]]:
-        """Keys and arguments of one apply call (see index.lua): for a pipeline, or for `_fcall`.
+    ) -> Command:
+        """One apply call (worker/lua/apply.lua) as a command for `execute` or a transport; parse its reply with
+        `parse_apply`. Its keys and arguments are `library.ApplyKeys` and `library.ApplyArgs`, filled here.
 
         `expected` is the fingerprint the caller believes is stored (None: not indexed; ANY, "*": don't check; any
         other text: the stored value as it is when that is not a fingerprint, see `library.stored_value`).
-        `max_matches` caps the matches listed (0: all); `match_count` always counts them all.
+        Without a `stream` the call runs in library mode: no acknowledgement and no alert. `max_matches` caps the
+        matches listed (0: all); `match_count` always counts them all. `alert_text` goes into the alert's `text`
+        field (when not ''); `tokenizer` is the tokenizer version of a text incident ('' for a bag, or a delete).
         With `snapshot`, the call validates what a search of a copy of the index found instead of searching the
-        postings (no probe keys are sent; see worker/readpath.py).
+        postings (no probe keys are sent; see worker/readpath.py). While a migration builds another layout
+        (`building`), the call writes the fingerprint's postings in it too.
         """
         own: list[str] = []
         others: list[str] = []
@@ -452,20 +456,22 @@ class FingerprintIndex:
         else:
             expected_hex = "-" if expected is None else ANY
         old = [] if op == "add" or replaced is None else self.posting_keys(replaced)
+        hex_fp = "" if fp is None else format_fingerprint(fp)
         if replaced is not None:
             old_group = self.keys.twins(format_fingerprint(replaced))
         elif fp is not None and not mangled:
-            old_group = self.keys.twins(format_fingerprint(fp))  # nothing replaced: the same key as the new group
+            old_group = self.keys.twins(hex_fp)  # nothing replaced: the same key as the new group
         else:
             old_group = self.keys.twins("-")  # names no group
-        new_group = self.keys.twins(format_fingerprint(fp)) if fp is not None else old_group
+        new_group = self.keys.twins(hex_fp) if fp is not None else old_group
         target = self.building  # a migration under way: the change goes into its layout too
         target_new: list[str] = []
         target_old: list[str] = []
         if target is not None:
             target_new = target.posting_keys(fp) if fp is not None else []
             target_old = target.posting_keys(replaced) if replaced is not None and old else []
-        return library.apply_call(
+        packed, listed = library.pack_snapshot(snapshot)
+        keys = library.ApplyKeys(
             meta=self.keys.meta,
             fingerprints=self.keys.fingerprints,
             changes=self.keys.changes,
@@ -474,32 +480,33 @@ class FingerprintIndex:
             new_group=new_group,
             old_group=old_group,
             expiry=self.keys.expiry,
-            new_keys=own,
-            old_keys=old,
-            probe_keys=others,
-            probed=probed,
+            new_postings=own,
+            old_postings=old,
+            probes=others,
+            target_new=target_new,
+            target_old=target_old,
+        )
+        args = library.ApplyArgs(
             op=op,
             incident_id=incident_id,
-            fingerprint="" if fp is None else format_fingerprint(fp),
+            fingerprint=hex_fp,
             expected=expected_hex,
             layout_tag=self.layout_tag,
             max_distance=self.layout.max_distance,
-            stream=stream,
+            n_new=len(own),
+            n_old=len(old),
+            group=stream.group if stream else "",
             entry_id=entry_id,
+            alerts_maxlen=stream.alerts_maxlen if stream else 0,
             max_matches=max_matches,
+            probed=probed,
             alert_text=alert_text,
             tokenizer=tokenizer,
-            snapshot=snapshot,
-            building=target.tag if target is not None else "",
-            target_new_keys=target_new,
-            target_old_keys=target_old,
-            target_bands=target.layout.bands if target is not None else 0,
+            snapshot=packed,
+            migration=library.pack_migration(target.tag, target.layout.bands) if target is not None else "",
+            listed=listed,
         )
-
-    def apply_command(self, op: str, incident_id: str, fp: int | None, **kwargs: Any) -> Command:
-        """One apply call as a command for `execute`; parse its reply with `parse_apply`."""
-        keys, args = self.apply_call(op, incident_id, fp, **kwargs)
-        return library.fcall(library.FN_APPLY, keys, args)
+        return library.apply_command(keys, args)
 
     def execute(self, commands: Sequence[Command]) -> list[Any]:
         """Send commands in one round trip, in order; returns each reply, or the ResponseError it got."""
@@ -581,8 +588,10 @@ class FingerprintIndex:
     # -- the library API --------------------------------------------------------------------------------------
 
     def _apply(self, op: str, incident_id: str, fp: int | None, **kwargs: Any) -> ApplyResult:
-        def build() -> tuple[list[str], list[Any]]:
-            return self.apply_call(op, incident_id, fp, **kwargs)
+        def build() -> tuple[Sequence[str], Sequence[Any]]:
+            command = self.apply_command(op, incident_id, fp, **kwargs)
+            first = 3 + command[2]
+            return command[3:first], command[first:]
 
         self._ensure_open()  # it may take another layout from the meta
         keys, args = build()

@@ -266,7 +266,7 @@ class Verifier:
         return self.report
 
     def _server_run(self) -> str:
-        """Which run of the server answers (worker/lua/index.lua, server_run)."""
+        """Which run of the server answers (worker/lua/base.lua, server_run)."""
         try:
             return text(self.client.fcall_ro(library.FN_SERVER_RUN, 1, self.keys.meta))
         except ResponseError as error:

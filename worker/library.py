@@ -1,13 +1,16 @@
-"""The server side of the index: the Redis Functions library `worker/lua/index.lua`, and the calls of its functions.
+"""The server side of the index: the Redis Functions library under `worker/lua/`, and the calls of its functions.
 
-* `LIBRARY_NAME`, `LIBRARY_SOURCE`: the library, named after a hash of its source, so that workers of two versions
-  can share a server during a rolling upgrade; `FN_APPLY`, `FN_MATCHES`, ... its functions' names.
+* `LIBRARY_NAME`, `LIBRARY_SOURCE`: the library, assembled from the files `worker/lua/index.lua` includes (one
+  concern a file; `assemble`) and named after a hash of it, so that workers of two versions can share a server during
+  a rolling upgrade; `FUNCTIONS` and `FN_APPLY`, `FN_MATCHES`, ...: its functions' names, read from the `register`
+  calls of the source.
 * `load(client)`: FUNCTION LOAD REPLACE (on a cluster, on every primary): the deployment step
   `incident-worker load-functions`, run with an administrator's credentials; workers never load code.
   `is_missing_function(error)` tells an error reply that means the library is not there, and `missing_message()`
   says what to run about it.
-* Call builders: `apply_call`, `dead_letter_command`, `fcall`: the KEYS and ARGV of each function, in the order
-  the Lua header of that function documents, and `parse_apply` for the apply function's reply.
+* Calls: `ApplyKeys` and `ApplyArgs`, the apply function's KEYS and ARGV declared once, named and in order (the index
+  fills them: `FingerprintIndex.apply_command`), and `apply_command` the FCALL of them; `apply_batch`,
+  `dead_letter_command`, `fcall`; `parse_apply` for the apply function's reply.
 * `StreamTarget`: the streams and group a stream-mode call acknowledges in and publishes to.
 
 Which keys a call touches is the index's business (worker/index.py builds them); the order they travel in is here.
@@ -16,10 +19,11 @@ Which keys a call touches is the index's business (worker/index.py builds them);
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.exceptions import ResponseError
 
@@ -53,61 +57,113 @@ __all__ = [
     "FN_VERIFY_CHECK",
     "FN_VERIFY_POSTINGS",
     "FN_VERIFY_REPAIR",
+    "FUNCTIONS",
     "LIBRARY_NAME",
     "LIBRARY_SOURCE",
+    "ApplyArgs",
+    "ApplyKeys",
     "ApplyResult",
     "SnapshotClaim",
     "StreamTarget",
     "apply_batch",
-    "apply_call",
+    "apply_command",
+    "assemble",
     "dead_letter_command",
     "fcall",
     "installed_versions",
     "is_missing_function",
     "load",
     "missing_message",
+    "pack_migration",
+    "pack_snapshot",
     "parse_apply",
+    "registered_names",
     "stored_value",
 ]
 
 _SOURCE_NAME = "incident_index_v2"
-"""The library's name as written in index.lua; replaced by the versioned name when loaded."""
+"""The library's name as written in worker/lua/; replaced by the versioned name when loaded."""
+
+_INCLUDE = re.compile(r'^--- @include "([a-z_]+)"\n', re.MULTILINE)
+_REGISTER = re.compile(r"^register\('([a-z_]+)'", re.MULTILINE)
+
+
+def assemble(read: Callable[[str], str], root: str = "index") -> str:
+    """The library's source: `root` (worker/lua/index.lua) with each `--- @include "<name>"` line replaced by the
+    file `read(name)` gives, itself assembled the same way, the first time the name occurs (later lines of that name
+    go: what a file defines is visible to all the text after it, in one chunk)."""
+    placed: set[str] = set()
+
+    def expand(name: str, within: tuple[str, ...]) -> str:
+        placed.add(name)
+        chain = (*within, name)
+
+        def include(match: re.Match[str]) -> str:
+            wanted = match.group(1)
+            if wanted in chain:  # its text would come before what it uses
+                raise ValueError(f"worker/lua/{wanted}.lua includes itself through {' -> '.join(chain)}")
+            return "" if wanted in placed else expand(wanted, chain)
+
+        return _INCLUDE.sub(include, read(name))
+
+    return expand(root, ())
+
+
+def _read_packaged(name: str) -> str:
+    return resources.files(__package__).joinpath(f"lua/{name}.lua").read_text(encoding="utf-8")
+
+
+def registered_names(source: str) -> list[str]:
+    """The names the library's `register` calls give its functions (without the library's prefix), in order."""
+    return _REGISTER.findall(source)
 
 
 def _versioned_source() -> tuple[str, str]:
     """The Lua library with its name and function names made unique to this code (a hash of it)."""
-    source = resources.files(__package__).joinpath("lua/index.lua").read_text(encoding="utf-8")
+    source = assemble(_read_packaged)
     digest = hashlib.sha1(source.encode()).hexdigest()[:10]
     name = f"incident_index_{digest}"
     return name, source.replace(_SOURCE_NAME, name)
 
 
 LIBRARY_NAME, LIBRARY_SOURCE = _versioned_source()
-FN_APPLY = f"{LIBRARY_NAME}_apply"
-FN_APPLY_BATCH = f"{LIBRARY_NAME}_apply_batch"
-FN_MATCHES = f"{LIBRARY_NAME}_matches"
-FN_DEAD_LETTER = f"{LIBRARY_NAME}_dead_letter"
-FN_ENSURE_META = f"{LIBRARY_NAME}_ensure_meta"
-FN_PREFLIGHT = f"{LIBRARY_NAME}_preflight"
-FN_FORGET_CONSUMER = f"{LIBRARY_NAME}_forget_consumer"
-FN_READ_NEW = f"{LIBRARY_NAME}_read_new"
-FN_READ_PENDING = f"{LIBRARY_NAME}_read_pending"
-FN_CLAIM = f"{LIBRARY_NAME}_claim"
-FN_TRIM_EVENTS = f"{LIBRARY_NAME}_trim_events"
-FN_TRIM_CHANGES = f"{LIBRARY_NAME}_trim_changes"
-FN_LEASE = f"{LIBRARY_NAME}_lease"
-FN_SET_RETENTION = f"{LIBRARY_NAME}_set_retention"
-FN_EXPIRY_BACKFILL = f"{LIBRARY_NAME}_expiry_backfill"
-FN_EXPIRE = f"{LIBRARY_NAME}_expire"
-FN_VERIFY_CHECK = f"{LIBRARY_NAME}_verify_check"
-FN_VERIFY_REPAIR = f"{LIBRARY_NAME}_verify_repair"
-FN_VERIFY_POSTINGS = f"{LIBRARY_NAME}_verify_postings"
-FN_MIGRATE_START = f"{LIBRARY_NAME}_migrate_start"
-FN_MIGRATE_BUILD = f"{LIBRARY_NAME}_migrate_build"
-FN_MIGRATE_SWITCH = f"{LIBRARY_NAME}_migrate_switch"
-FN_MIGRATE_ABORT = f"{LIBRARY_NAME}_migrate_abort"
-FN_MIGRATE_REMOVE = f"{LIBRARY_NAME}_migrate_remove"
-FN_SERVER_RUN = f"{LIBRARY_NAME}_server_run"
+FUNCTIONS = {name: f"{LIBRARY_NAME}_{name}" for name in registered_names(LIBRARY_SOURCE)}
+"""Each function of the library by its name in worker/lua/ (`register('apply', ...)`): the name to FCALL."""
+
+
+def _function(name: str) -> str:
+    """The FCALL name of a function the library registers; an unknown name fails as this module is imported."""
+    try:
+        return FUNCTIONS[name]
+    except KeyError:
+        raise ImportError(f"worker/lua/ registers no function {name!r}; it registers {sorted(FUNCTIONS)}") from None
+
+
+FN_APPLY = _function("apply")
+FN_APPLY_BATCH = _function("apply_batch")
+FN_MATCHES = _function("matches")
+FN_DEAD_LETTER = _function("dead_letter")
+FN_ENSURE_META = _function("ensure_meta")
+FN_PREFLIGHT = _function("preflight")
+FN_FORGET_CONSUMER = _function("forget_consumer")
+FN_READ_NEW = _function("read_new")
+FN_READ_PENDING = _function("read_pending")
+FN_CLAIM = _function("claim")
+FN_TRIM_EVENTS = _function("trim_events")
+FN_TRIM_CHANGES = _function("trim_changes")
+FN_LEASE = _function("lease")
+FN_SET_RETENTION = _function("set_retention")
+FN_EXPIRY_BACKFILL = _function("expiry_backfill")
+FN_EXPIRE = _function("expire")
+FN_VERIFY_CHECK = _function("verify_check")
+FN_VERIFY_REPAIR = _function("verify_repair")
+FN_VERIFY_POSTINGS = _function("verify_postings")
+FN_MIGRATE_START = _function("migrate_start")
+FN_MIGRATE_BUILD = _function("migrate_build")
+FN_MIGRATE_SWITCH = _function("migrate_switch")
+FN_MIGRATE_ABORT = _function("migrate_abort")
+FN_MIGRATE_REMOVE = _function("migrate_remove")
+FN_SERVER_RUN = _function("server_run")
 
 
 LIBRARY_PREFIX = "incident_index_"
@@ -251,94 +307,72 @@ def parse_apply(reply: Sequence[Any]) -> ApplyResult:
     )
 
 
-def apply_call(
-    *,
-    meta: str,
-    fingerprints: str,
-    changes: str,
-    events: str,
-    alerts: str,
-    new_group: str,
-    old_group: str,
-    expiry: str,
-    new_keys: Sequence[str],
-    old_keys: Sequence[str],
-    probe_keys: Sequence[str],
-    probed: int,
-    op: str,
-    incident_id: str,
-    fingerprint: str,
-    expected: str,
-    layout_tag: str,
-    max_distance: int,
-    stream: StreamTarget | None,
-    entry_id: str,
-    max_matches: int,
-    alert_text: str = "",
-    tokenizer: str = "",
-    snapshot: SnapshotClaim | None = None,
-    building: str = "",
-    target_new_keys: Sequence[str] = (),
-    target_old_keys: Sequence[str] = (),
-    target_bands: int = 0,
-) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of the apply function, in the order index.lua documents.
+class ApplyKeys(NamedTuple):
+    """The apply function's KEYS, named and in the order of the header of `apply_at` in worker/lua/apply.lua (a test
+    holds the two equal): eight keys, then five lists of keys."""
 
-    `new_group` and `old_group` are the twin groups of the new fingerprint and of the one it replaces (the same key
-    when there is only one fingerprint: an add, a delete, an upsert of an ID not indexed yet). `expiry` is the
-    retention bookkeeping `{N}:expiry`, written only while `{N}:meta` records a retention window.
-    `new_keys` are the new fingerprint's posting keys (band 0 first; the first `probed` of them are probed too),
-    `old_keys` those of the fingerprint it replaces, `probe_keys` its other probe keys. `fingerprint` and
-    `expected` are hex ('' for a delete; expected '-' for "not indexed", '*' for "don't check"). Without a
-    `stream` the call runs in library mode: no acknowledgement and no alert, `events` and `alerts` unused.
-    `alert_text` goes into the alert's `text` field (when not ''); `tokenizer` is the tokenizer version of a text
-    incident ('' for a bag, or a delete), which the call refuses when `{N}:meta` records another version, and records
-    there when it indexes the namespace's first text incident.
-    While a migration builds another layout, `building` is its tag and `target_new_keys`, `target_old_keys` the
-    posting keys in it of the new fingerprint and of the one replaced (`target_bands` each, or none): the call
-    writes them too, and is refused when `{N}:meta` names another layout being built (or none).
-    """
-    keys = [
-        meta,
-        fingerprints,
-        changes,
-        events,
-        alerts,
-        new_group,
-        old_group,
-        expiry,
-        *new_keys,
-        *old_keys,
-        *probe_keys,
-    ]
-    keys += [*target_new_keys, *target_old_keys]  # migration: last, so that the probe keys keep their place
-    args = [
-        op,
-        incident_id,
-        fingerprint,
-        expected,
-        layout_tag,
-        max_distance,
-        len(new_keys),
-        len(old_keys),
-        stream.group if stream else "",
-        entry_id,
-        stream.alerts_maxlen if stream else 0,
-        max_matches,
-        probed,
-        alert_text,
-        tokenizer,
-    ]
-    # args[16..18]: the snapshot claim (empty without one); args[19..20]: the migration; args[21..]: listed matches
-    if snapshot is not None:
-        args += [snapshot.position, snapshot.count, "1" if snapshot.complete else "0"]
-    else:
-        args += ["", "", ""]
-    args += [building, target_bands if building else 0]
-    if snapshot is not None:
-        for listed_id, distance in snapshot.listed:
-            args += [listed_id, distance]
-    return keys, args
+    meta: str
+    fingerprints: str
+    changes: str
+    events: str
+    alerts: str
+    new_group: str
+    """The twin group of the new fingerprint (of the expected one for a delete)."""
+    old_group: str
+    """The twin group of the fingerprint replaced; `new_group` when there is only one fingerprint."""
+    expiry: str
+    new_postings: list[str]
+    """The new fingerprint's posting keys, band 0 first; the first `ApplyArgs.probed` of them are probed too."""
+    old_postings: list[str]
+    probes: list[str]
+    """The new fingerprint's other probe keys."""
+    target_new: list[str]
+    """While a migration builds another layout: the new fingerprint's posting keys in it."""
+    target_old: list[str]
+
+
+class ApplyArgs(NamedTuple):
+    """The apply function's ARGV, named and in the order of the header of `apply_at` in worker/lua/apply.lua (a test
+    holds the two equal). The optional parts travel packed (`pack_snapshot`, `pack_migration`), one value each;
+    `listed`, the snapshot's listed matches, goes last as a list of its own."""
+
+    op: str
+    incident_id: str
+    fingerprint: str
+    expected: str
+    layout_tag: str
+    max_distance: int
+    n_new: int
+    n_old: int
+    group: str
+    entry_id: str
+    alerts_maxlen: int
+    max_matches: int
+    probed: int
+    alert_text: str
+    tokenizer: str
+    snapshot: str
+    migration: str
+    listed: list[Any]
+
+
+def pack_snapshot(snapshot: SnapshotClaim | None) -> tuple[str, list[Any]]:
+    """A snapshot's claim as `ApplyArgs.snapshot` and `ApplyArgs.listed` ('' and [] without one)."""
+    if snapshot is None:
+        return "", []
+    listed = [part for pair in snapshot.listed for part in pair]
+    return f"{snapshot.position} {snapshot.count} {1 if snapshot.complete else 0}", listed
+
+
+def pack_migration(building: str, bands: int) -> str:
+    """`ApplyArgs.migration`: the layout a migration is building and its number of bands ('' for none)."""
+    return f"{bands} {building}" if building else ""
+
+
+def apply_command(keys: ApplyKeys, args: ApplyArgs) -> Command:
+    """The FCALL of the apply function with these keys and arguments (its reply: `parse_apply`)."""
+    flat = [*keys[:8], *keys.new_postings, *keys.old_postings, *keys.probes, *keys.target_new, *keys.target_old]
+    return ("FCALL", FN_APPLY, len(flat), *flat, *args[:-1], *args.listed)
 
 
 def dead_letter_command(

@@ -2,7 +2,7 @@
 
 `incident-worker migrate --bands M [--max-distance R]` drives it; docs/contract.md ("Moving to another layout") says
 what it guarantees. The state lives in Redis, in `{N}:migration` and `{N}:meta`, and every step is one atomic call
-of the index's functions (worker/lua/index.lua, `migrate_*`), so a migrator killed at any moment is resumed by
+of the index's functions (worker/lua/migrate.lua, `migrate_*`), so a migrator killed at any moment is resumed by
 running the same command again:
 
 1. start: `{N}:migration` records the source and target layouts and the target's generation (its posting keys are

@@ -84,7 +84,7 @@ _LAST_PART = 2**64 - 1
 
 
 def _id_after(ms: int, seq: int) -> str:
-    """The first entry ID after ms-seq (itself for the last possible one), as trim_events in index.lua has it."""
+    """The first entry ID after ms-seq (itself for the last possible one), as trim_events in upkeep.lua has it."""
     if seq < _LAST_PART:
         return f"{ms}-{seq + 1}"
     return f"{ms + 1}-0" if ms < _LAST_PART else f"{ms}-{seq}"
@@ -129,7 +129,7 @@ class TrimResult:
 
 
 def trim_events(index: FingerprintIndex, stream: str, own_group: str, max_age_ms: int, limit: int) -> TrimResult:
-    """Trim `stream` below the oldest entry any consumer group needs (see trim_events in index.lua)."""
+    """Trim `stream` below the oldest entry any consumer group needs (see trim_events in worker/lua/upkeep.lua)."""
     reply = index.call(FN_TRIM_EVENTS, [stream], [own_group, max_age_ms, limit])
     groups = [
         GroupPosition(

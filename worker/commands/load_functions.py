@@ -75,7 +75,7 @@ def _load_functions(args: argparse.Namespace, settings: Settings) -> int:
 def configure(parser: argparse.ArgumentParser) -> None:
     describe(
         parser,
-        "Load the index's Redis Functions library (worker/lua/index.lua, named after a hash of its code) with an "
+        "Load the index's Redis Functions library (worker/lua/, named after a hash of its code) with an "
         "administrator's credentials: FUNCTION LOAD REPLACE, on every primary of a cluster. Workers may not load "
         "code, so this is a deployment step, run once per version of the code before its workers start (compose "
         "and the Kubernetes manifests do it). Loading is idempotent; several versions' libraries can be loaded "

@@ -1,0 +1,186 @@
+-- snapshot.lua: the snapshot read path's validation (docs/contract.md, "Snapshot reads"): the change log after a
+-- copy's position, read once per FCALL, and the check of what a search of the copy found against it.
+
+--- @include "base"
+--- @include "meta"
+--- @include "search"
+
+-- A snapshot whose position is more changes behind than this is not validated: the full search is cheaper.
+local MAX_VALIDATED_CHANGES = 4000
+
+-- The changes after a snapshot's position, summed up per incident: `first_prev[id]`, its fingerprint before its
+-- first change after the position (what the copy saw), `latest[id]`, its fingerprint now ('' when deleted), `order`,
+-- the incidents in the order of their first change, and `count`, the changes. One view serves every call of a batch
+-- (apply_batch): the log is read once, and each call's own change is noted in it as it is written, so a later call
+-- of the batch is validated against the earlier ones too, without reading the log again.
+local function note_change(view, id, fp, prev)
+  view.count = view.count + 1
+  if view.first_prev[id] == nil then
+    view.first_prev[id] = prev
+    view.order[#view.order + 1] = id
+  end
+  view.latest[id] = fp
+end
+
+-- `context` is what the calls of one FCALL share: the view of the changes after `context.position` in
+-- `context.key`, or false when those cannot be had (trimmed past the position, too many, or of an older format
+-- without fingerprints, or the log no longer holds the position's own entry). Read from the log the first time a
+-- call asks for that position.
+--
+-- The position's own entry is read too, as the proof that this log is the one the copy followed: a copy's position
+-- is an entry it applied (or '0-0', or the trim floor when the log was trimmed empty), and trimming keeps every
+-- entry at or above the floor. A log without it was reset (the namespace deleted, FLUSHALL) or went back in time (a
+-- restart from an older save, a failover to a replica that lagged), and the copy may hold incidents the index no
+-- longer has: its claim is not validated, and its worker loads the copy again (readpath.py does the same check).
+local function changes_after(context, meta_key, changes_key, position)
+  if context.key == changes_key and context.position == position then return context.view end
+  local view = false
+  local floor = meta_of(context, meta_key).changes_trimmed_to
+  if not (floor and id_less(position, floor)) then
+    local changes = redis.call('XRANGE', changes_key, position, '+', 'COUNT', MAX_VALIDATED_CHANGES + 2)
+    local first = 1
+    if changes[1] and changes[1][1] == position then
+      first = 2
+    elseif position ~= '0-0' and position ~= floor then
+      first = nil
+    end
+    if first and #changes - first + 1 <= MAX_VALIDATED_CHANGES then
+      view = {count = 0, first_prev = {}, latest = {}, order = {}}
+      for i = first, #changes do
+        local f = changes[i][2]
+        -- <op> <id> fp <new hex or ''> prev <old hex or ''>
+        if f[3] ~= 'fp' or f[5] ~= 'prev' then
+          view = false
+          break
+        end
+        note_change(view, f[2], f[4], f[6])
+      end
+    end
+  end
+  context.key, context.position, context.view = changes_key, position, view
+  return view
+end
+
+-- Whether no incident holds the fingerprint `fp` now, judged without reading the postings, from what the snapshot
+-- path has at hand: the claim of a copy of the index at a position of {N}:changes (its match count `count` and its
+-- closest matches `listed`, flat id, d, ... closest first) and every change after that position (changes_after;
+-- this FCALL's earlier calls included), read by validate_snapshot: `held`, see below. True only when that is
+-- certain; false means "read the postings" (representative_of), never "someone holds it".
+--
+-- Why true is certain. Take any incident x other than `self_id`, the caller's own (which does not hold `fp` at this
+-- point: an add of a new ID holds nothing, an upsert took its old fingerprint out, and one already holding `fp`
+-- answered `repeat`).
+-- * x has no change after the position: its value in {N}:fp is the one it had at the position (every write of
+--   {N}:fp logs a change, but for verify's repair of a mis-spelt value into its lowercase form, which keeps its
+--   number), and the copy, exact at the position, holds that number for x. Had it been `fp`, the copy's search,
+--   which leaves out only `self_id` and finds every incident within the distance, would have counted x at distance
+--   0 and listed it first, matches being listed closest first. So when it counted none, or listed a closest match
+--   further than 0, x does not hold `fp`.
+-- * x changed after the position: its value now is its latest change's, view.latest[x], compared with `fp` by
+--   validate_snapshot as it reads the changes for the distances: `held` is whether any such x holds `fp`.
+-- So no incident holds `fp`: none of its posting sets holds an incident of it, and it has no twin group (a group
+-- exists only while two or more incidents share its fingerprint), which is what representative_of would find.
+--
+-- `listed` is read in place: args[lo + 1 .. lo + n] of the call.
+local function surely_unheld(held, count, listed, lo, n)
+  if count ~= 0 and not (n >= 2 and tonumber(listed[lo + 2]) > 0) then return false end
+  return not held
+end
+
+-- Append one change to {N}:changes, and note it in the view of this FCALL's calls (when they have one).
+local function log_change(context, changes_key, op, id, fp, prev)
+  redis.call('XADD', changes_key, '*', op, id, 'fp', fp, 'prev', prev)
+  if context.view and context.key == changes_key then note_change(context.view, id, fp, prev) end
+end
+
+-- Snapshot reads (docs/contract.md, "Snapshot reads"). A worker searched its own copy of the index as it stood at
+-- `position` in {N}:changes and counted `count` matches other than `self_id`, the closest listed in `listed`
+-- (flat id, d, ... sorted by distance then ID; all of them when `complete`), here args[lo + 1 .. lo + n_listed] of
+-- the call's arguments (read in place, not copied). Every change after that position is re-checked against the new
+-- fingerprint: an incident the copy counted (its fingerprint before its first later change was within `limit`) and
+-- one that counts now (its latest fingerprint is) adjust the count and the list.
+--
+-- Returns changes_checked, matched, flat (at most `cap` pairs when cap > 0), and `held`: whether an incident other
+-- than `self_id` holds `query` by its latest change after the position (see surely_unheld); or nil when the copy
+-- cannot be validated (its changes were trimmed, are too many, or lack fingerprints, or what it listed no longer
+-- covers the cap): the caller then answers `unvalidated` and the worker sends the full search.
+--
+-- Each change costs table reads and additions only: the distance is summed from the per-digit rows of `query`
+-- (find_matches's), and only within the limit after the first 8 digits are the other 8 read (the sum only grows,
+-- so one past the limit there is past it in the end; its exact value is never used).
+local function validate_snapshot(context, meta_key, changes_key, query, limit, self_id, cap, position, count, listed,
+                                 lo, n_listed, complete)
+  local view = changes_after(context, meta_key, changes_key, position)
+  if not view or view.count > MAX_VALIDATED_CHANGES then return nil end
+  local first_prev, latest, order = view.first_prev, view.latest, view.order
+
+  local byte = string.byte
+  local T1, T2, T3, T4, T5, T6, T7, T8, T9, T10, T11, T12, T13, T14, T15, T16 = digit_rows(query)
+  -- (a query that is not 16 hex digits has rows missing: then every digit is read, and the sum fails as it always did)
+  local halves = T9 and T10 and T11 and T12 and T13 and T14 and T15 and T16 and true
+
+  local held = false
+  local additions, n_additions = nil, 0
+  for j = 1, #order do
+    local id = order[j]
+    if id ~= self_id then
+      local was, now = first_prev[id], latest[id]
+      -- the distances of `was` and `now` ('' for none: 64), one sum written once (no function call a change)
+      local d_was, d = 64, 64
+      for k = 1, 2 do
+        local h = k == 1 and was or now
+        if #h == 16 then
+          local c1, c2, c3, c4, c5, c6, c7, c8 = byte(h, 1, 8)
+          local e = T1[c1] + T2[c2] + T3[c3] + T4[c4] + T5[c5] + T6[c6] + T7[c7] + T8[c8]
+          if e <= limit or not halves then
+            local c9, c10, c11, c12, c13, c14, c15, c16 = byte(h, 9, 16)
+            e = e + T9[c9] + T10[c10] + T11[c11] + T12[c12] + T13[c13] + T14[c14] + T15[c15] + T16[c16]
+          end
+          if k == 1 then d_was = e else d = e end
+        end
+      end
+      if d_was <= limit then count = count - 1 end
+      if now == query then held = true end
+      if d <= limit then
+        count = count + 1
+        n_additions = n_additions + 1
+        if n_additions == 1 then additions = {} end
+        additions[n_additions] = {d, id}
+      end
+    end
+  end
+
+  local kept, n_kept = {}, 0
+  for i = 1, n_listed, 2 do
+    local id = listed[lo + i]
+    if first_prev[id] == nil then
+      n_kept = n_kept + 1
+      kept[n_kept] = {tonumber(i < n_listed and listed[lo + i + 1] or nil), id}
+    end
+  end
+
+  -- the copy listed every match, or only those up to its last listed one: past that, nothing is known
+  local less = id_less_of(context)
+  local bound_d, bound_id = nil, nil
+  if not complete then
+    if n_listed == 0 then return nil end
+    bound_d, bound_id = tonumber(listed[lo + n_listed]), n_listed >= 2 and listed[lo + n_listed - 1] or nil
+  end
+  for i = 1, n_additions do
+    local pair = additions[i]
+    if complete or not pair_before(less, bound_d, bound_id, pair[1], pair[2]) then
+      n_kept = n_kept + 1
+      kept[n_kept] = pair
+    end
+  end
+  if n_kept > 1 then sort_pairs(kept, n_kept, less) end
+  local want = count
+  if cap > 0 and cap < want then want = cap end
+  if n_kept < want then return nil end
+  local flat = {}
+  for i = 1, want do
+    flat[2 * i - 1] = kept[i][2]
+    flat[2 * i] = kept[i][1]
+  end
+  return view.count, count, flat, held
+end
