@@ -477,7 +477,15 @@ class StreamWorker:
                 raise reply
         if isinstance(beat, OutOfMemoryError):
             # SET and ZADD are refused at maxmemory; extending a TTL is not (the registry keeps the name an hour)
-            self.redis.pexpire(self._heartbeat_key, ttl)
+            try:
+                self.redis.pexpire(self._heartbeat_key, ttl)
+            except redis_lib.exceptions.NoPermissionError as error:
+                # a user made from an older users.acl: the beat lapses, but the held batch must not be dropped for it
+                self.log.warning(
+                    "cannot keep the heartbeat alive while redis is out of memory",
+                    error=error_message(error),
+                    hint="grant the worker's Redis user +pexpire (deploy/redis/users.acl)",
+                )
         self._next_heartbeat = time.monotonic() + ttl / 3000
 
     def _stop_on_another_type(self, key: str) -> KeyTypeError:
