@@ -7,9 +7,11 @@ build with `pytest tests/test_attacks.py`.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -17,9 +19,12 @@ import redis
 from tests.conftest import FAST, require_redis_server
 from tests.redis_server import RedisServer
 from tests.streams import alerts, assert_pairs_reported_once, fingerprints, pending_count, publish, start_worker
-from tests.test_deploy import PASSWORDS, USER_PASSWORDS, WORKER_USER, render_acl, worker_url
-from worker import library
+from tests.test_deploy import PASSWORDS, SUBSCRIBER_USER, USER_PASSWORDS, WORKER_USER, render_acl, worker_url
+from worker import library, upkeep
 from worker.devtools.workload import Workload
+from worker.index import FingerprintIndex
+from worker.settings import Settings
+from worker.upkeep import Upkeep
 
 FP = "{incidents}:fp"
 
@@ -92,3 +97,74 @@ def test_worker_of_the_acl_user_holds_its_batch_at_maxmemory(acl_redis: RedisSer
     assert pending_count(admin) == 0
     refused = {entry["object"] for entry in admin.acl_log()} - {"client|setinfo"}
     assert refused == ({"pexpire"} if acl != "shipped" else set()), "the worker was refused something it swallowed"
+
+
+# -- 3. a subscriber group that never acknowledges costs nobody else their alerts ------------------------------------
+
+ALERTS = "{incidents}:alerts"
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict[str, Any]]] = []
+
+    def __getattr__(self, level: str) -> Any:
+        return lambda event, **fields: self.lines.append((level, event, fields))
+
+
+def _add_alerts(client: redis.Redis, first: int, count: int) -> None:
+    """Alerts of two matches, one a millisecond (a busy worker's pace: how far apart the IDs are sets what a pending
+    entry costs)."""
+    pipe = client.pipeline(transaction=False)
+    for n in range(first, first + count):
+        matches = json.dumps(
+            [{"incident_id": f"inc-{n - 1}", "distance": 3}, {"incident_id": f"inc-{n}", "distance": 5}]
+        )
+        fields = {"incident_id": f"inc-{n}", "fingerprint": f"{n:016x}", "matches": matches, "op": "add"}
+        pipe.xadd(ALERTS, fields, id=f"{1_733_000_000_000 + n}-0")
+    pipe.execute()
+
+
+def _entries_bytes(admin: redis.Redis) -> int:
+    """What the alerts' entries alone take: the same entries in a stream without consumer groups."""
+    admin.delete("{incidents}:copy")
+    pipe = admin.pipeline(transaction=False)
+    for entry_id, fields in admin.xrange(ALERTS):
+        pipe.xadd("{incidents}:copy", fields, id=entry_id)
+    pipe.execute()
+    used = int(admin.memory_usage("{incidents}:copy", samples=0) or 0)
+    admin.delete("{incidents}:copy")
+    return used
+
+
+def test_a_subscriber_that_never_acknowledges_does_not_make_the_memory_budget_trim_the_alerts(
+    acl_redis: RedisServer,
+) -> None:
+    admin = admin_of(acl_redis)
+    subscriber = user_of(acl_redis, SUBSCRIBER_USER)
+    _add_alerts(admin, 0, 4000)
+    entries = _entries_bytes(admin)
+    # one subscriber reads every alert and never acknowledges one; another reads and acknowledges
+    for group in ("silent", "pager"):
+        subscriber.xgroup_create(ALERTS, group, id="0")
+    subscriber.xreadgroup("silent", "s-1", {ALERTS: ">"})
+    read = subscriber.xreadgroup("pager", "p-1", {ALERTS: ">"})
+    subscriber.xack(ALERTS, "pager", *[entry_id for entry_id, _ in read[0][1]])
+    budget = entries * 3 // 2
+    assert int(admin.memory_usage(ALERTS, samples=0)) > budget, "the silent group's pending entries pass the budget"
+    job = Upkeep(FingerprintIndex(user_of(acl_redis, WORKER_USER)), Settings(alerts_max_memory=str(budget)), _Log())
+    for _ in range(3):
+        job.trim_memory()
+    assert admin.xlen(ALERTS) == 4000, "alerts within the budget were trimmed for the silent group's pending list"
+    [warned] = [fields for level, event, fields in job.log.lines if "never acknowledged" in event]
+    assert warned["groups"] == {"silent": 4000}
+    # past the budget by their own size, the oldest go, down to the budget and no further (less exactly: what the
+    # silent group's pending list holds is estimated high, so that none of the budget's alerts go for it)
+    held = int(admin.memory_usage(ALERTS, samples=0)) - entries
+    _add_alerts(admin, 4000, 4000)
+    for _ in range(3):
+        job.trim_memory()
+    kept = _entries_bytes(admin)
+    slack = 4000 * upkeep.PENDING_ENTRY_BYTES - held + 2 * 300 * 100  # the estimate's excess, two stream nodes
+    assert budget * 0.8 < kept <= budget + slack, f"the alerts take {kept:,} bytes for a budget of {budget:,}"
+    assert admin.xrevrange(ALERTS, count=1)[0][1][b"incident_id"] == b"inc-7999"

@@ -37,6 +37,7 @@ __all__ = [
     "Upkeep",
     "group_positions",
     "memory_by_part",
+    "pending_by_group",
     "server_time_ms",
     "trim_changes",
     "trim_events",
@@ -188,9 +189,35 @@ class MeasureRefusedError(Exception):
     """The server would not measure a stream (MEMORY USAGE refused, or unknown to fakeredis)."""
 
 
-def trim_to_memory(client: Any, stream: str, max_bytes: int, limit: int = TRIM_LIMIT) -> tuple[int, int]:
-    """Trim the oldest entries of `stream` while it takes more than `max_bytes` of Redis memory; returns (its memory
-    before, in bytes, entries removed).
+PENDING_ENTRY_BYTES = 1_200
+"""What MEMORY USAGE counts for one entry pending in a consumer group (its place in the group's and its consumer's
+pending lists): 546 to 1,160 bytes on Redis 7.0, by how far apart the entry IDs are. Trimming cannot free it (the
+pending lists keep the IDs of trimmed entries), so the memory budgets leave it out, at the upper end: a subscriber
+that never acknowledges must not make the budget trim everyone's entries."""
+
+PENDING_WARN_SHARE = 0.1
+"""The upkeep names the consumer groups whose pending lists take more than this share of a stream's budget."""
+
+
+def pending_by_group(client: Any, stream: str) -> dict[str, int]:
+    """The entries pending in each consumer group of `stream` (none when it does not exist)."""
+    try:
+        rows = client.xinfo_groups(stream)
+    except ResponseError:
+        return {}
+    pending = {}
+    for row in rows:
+        info = replies.info(row)
+        pending[info["name"]] = int(info.get("pending", 0))
+    return pending
+
+
+def trim_to_memory(
+    client: Any, stream: str, max_bytes: int, limit: int = TRIM_LIMIT, *, held_bytes: int = 0
+) -> tuple[int, int]:
+    """Trim the oldest entries of `stream` while its entries take more than `max_bytes` of Redis memory; returns
+    (their memory before, in bytes, entries removed). `held_bytes` is what its consumer groups' pending lists take,
+    which trimming cannot free: it is left out of the measure.
 
     The memory is MEMORY USAGE with every stream node counted (SAMPLES 0: Redis's default samples only the oldest
     nodes, which underestimates a stream whose newest entries are larger, as a storm's alerts are); it costs about
@@ -205,7 +232,7 @@ def trim_to_memory(client: Any, stream: str, max_bytes: int, limit: int = TRIM_L
     before, removed, per_entry = 0, 0, 0.0
     last_used, removed_last = 0, 0
     for _ in range(MEMORY_ROUNDS):
-        used = _measure(client, stream)
+        used = max(0, _measure(client, stream) - held_bytes)
         if removed_last and last_used > used:
             per_entry = (last_used - used) / removed_last
         before = before or used
@@ -310,6 +337,7 @@ class Upkeep:
         self._next_memory = 0.0
         self._ignored: set[str] = set()
         self._unmeasured: set[str] = set()
+        self._silent: dict[str, set[str]] = {}
 
     def tick(self) -> None:
         """Called between event batches: renew or take the lease, then one bounded step of each job that is due."""
@@ -337,8 +365,12 @@ class Upkeep:
         ):
             if not budget or stream in self._unmeasured:
                 continue
+            pending = pending_by_group(self.index.redis, stream)
+            self._warn_unacknowledged(kind, stream, budget, pending)
             try:
-                used, removed = trim_to_memory(self.index.redis, stream, budget)
+                used, removed = trim_to_memory(
+                    self.index.redis, stream, budget, held_bytes=sum(pending.values()) * PENDING_ENTRY_BYTES
+                )
             except MeasureRefusedError as error:
                 # asked once per worker: each refusal would land in Redis's ACL log
                 self._unmeasured.add(stream)
@@ -364,6 +396,26 @@ class Upkeep:
                     used_bytes=used,
                     **{setting: getattr(settings, setting)},
                 )
+
+    def _warn_unacknowledged(self, kind: str, stream: str, budget: int, pending: Mapping[str, int]) -> None:
+        """Name, once each, the consumer groups of `stream` whose pending lists take a good share of its budget: the
+        memory they hold is theirs (left out of the budget) and only they can free it."""
+        heavy = {
+            name: count for name, count in pending.items() if count * PENDING_ENTRY_BYTES > PENDING_WARN_SHARE * budget
+        }
+        new = set(heavy) - self._silent.get(stream, set())
+        self._silent[stream] = set(heavy)
+        if new:
+            self.log.warning(
+                f"consumer groups of the {kind} stream hold entries never acknowledged; the memory of their pending "
+                "lists is left out of the budget",
+                stream=stream,
+                groups=heavy,
+                pending_bytes=sum(heavy.values()) * PENDING_ENTRY_BYTES,
+                hint=f"each pending entry takes up to {PENDING_ENTRY_BYTES} bytes that trimming cannot free: have the "
+                f"group acknowledge what it read (XACK), or remove a group that nothing reads (XGROUP DESTROY {stream} "
+                "<group>)",
+            )
 
     def configure(self) -> None:
         """Record this worker's retention window in `{N}:meta` if another one is recorded (at start): the window is
