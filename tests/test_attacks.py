@@ -168,3 +168,54 @@ def test_a_subscriber_that_never_acknowledges_does_not_make_the_memory_budget_tr
     slack = 4000 * upkeep.PENDING_ENTRY_BYTES - held + 2 * 300 * 100  # the estimate's excess, two stream nodes
     assert budget * 0.8 < kept <= budget + slack, f"the alerts take {kept:,} bytes for a budget of {budget:,}"
     assert admin.xrevrange(ALERTS, count=1)[0][1][b"incident_id"] == b"inc-7999"
+
+
+# -- 7. a hand-edited {N}:meta: named, with what to run, and no worker taken down -------------------------------------
+
+META = "{incidents}:meta"
+
+
+def _repair_from(message: str) -> list[str]:
+    """The redis-cli command a message tells an administrator to run (the text after its last colon)."""
+    return message.rsplit(": ", 1)[1].split()
+
+
+@pytest.mark.parametrize(("field", "value"), [("changes_trimmed_to", "garbage"), ("building", "oops")])
+@pytest.mark.parametrize("read_path", ["primary", "snapshot"])
+def test_a_damaged_meta_field_is_named_and_takes_no_worker_down(
+    acl_redis: RedisServer, tmp_path: Path, field: str, value: str, read_path: str
+) -> None:
+    admin = admin_of(acl_redis)
+    events = [{"incident_id": i, "features": bag} for i, bag in Workload(seed=27).take(400)]
+    publish(admin, events[:200])
+    url = worker_url(acl_redis)
+    first = start_worker(url, "--until-idle", log=tmp_path / "first.log", read_path=read_path, **FAST)
+    assert first.wait(timeout=60) == 0, (tmp_path / "first.log").read_text()[-3000:]
+    admin.hset(META, field, value)
+    publish(admin, events[200:])
+    log = tmp_path / "w.log"
+    workers = [
+        start_worker(url, log=log, read_path=read_path, consumer=f"w{n}", reconnect_max_backoff_s=0.5, **FAST)
+        for n in range(2)
+    ]
+    try:
+        # the upkeep's first trim of the change log comes within a second of a worker's start
+        _wait_for(lambda: field in log.read_text() or any(w.poll() is not None for w in workers), 20, "the finding")
+        time.sleep(2)
+        assert [w.poll() for w in workers] == [None, None], log.read_text()[-3000:]
+        lines = [json.loads(line) for line in log.read_text().splitlines() if field in line]
+        message = lines[0]["error"]
+        assert f"{META} field {field} holds {value!r}" in message
+        if field == "building":
+            assert admin.hlen(FP) == 200, "an incident was indexed while the migration's target was unreadable"
+        admin.execute_command(*_repair_from(message))
+        _wait_for(lambda: admin.hlen(FP) == 400 and pending_count(admin) == 0, 60, "the events after the repair")
+        for worker in workers:
+            worker.terminate()
+            assert worker.wait(timeout=30) == 0, log.read_text()[-3000:]
+    finally:
+        for worker in workers:
+            worker.kill()
+    fps = fingerprints(events)
+    assert {k.decode(): int(v, 16) for k, v in admin.hgetall(FP).items()} == fps
+    assert_pairs_reported_once(fps, alerts(admin))

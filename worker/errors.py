@@ -14,6 +14,8 @@ Library errors (what a caller of `worker.fingerprint`, `worker.bands` or `worker
   * `StaleRetriesExhaustedError`: an upsert or delete kept racing another client rewriting the same incident.
   * `PreflightError`: the worker's Redis user may not run a command the index's functions send, or one of the
     namespace's keys holds another type; a call would stop midway, keeping what it wrote before.
+  * `DamagedMetaError`: a field of `{N}:meta` holds what no version writes there (a hand edit); the message names
+    the field and what to run. `worker.metafields` builds it.
   * `KeyTypeError`: a key of the namespace holds another type than the index keeps there (Redis's WRONGTYPE); the
     message names the key, the type it holds and what to do (`worker.keytypes` builds it).
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 __all__ = [
     "CommandError",
+    "DamagedMetaError",
     "DuplicateIncidentError",
     "FingerprintIndexError",
     "FunctionsMissingError",
@@ -82,6 +85,14 @@ class DuplicateIncidentError(FingerprintIndexError):
 
 class LayoutMismatchError(FingerprintIndexError):
     """The namespace was built with another layout than this index is configured with."""
+
+
+class DamagedMetaError(FingerprintIndexError):
+    """A field of `{N}:meta` holds a value that no version writes there (a hand edit); `field` is its name."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class TokenizerMismatchError(LayoutMismatchError):

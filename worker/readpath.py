@@ -22,6 +22,7 @@ from .bands import BandLayout
 from .fingerprint import stored_fingerprint
 from .keys import IndexKeys
 from .library import SnapshotClaim
+from .metafields import changes_floor
 from .replies import text as _text
 from .snapshot import MemoryIndex
 
@@ -107,8 +108,7 @@ class ChangeFollower:
         self.catch_up()
 
     def _floor(self) -> str | None:
-        floor = self.client.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
-        return None if floor is None else _text(floor)
+        return changes_floor(self.client, self.keys, self.client.hget(self.keys.meta, CHANGES_FLOOR_FIELD))
 
     def catch_up(self, *, limit: int | None = None) -> int:
         """Apply the changes after the copy's position (at most `limit`); returns how many it applied.
@@ -132,7 +132,7 @@ class ChangeFollower:
             pipe.xrange(self.keys.changes, position, "+", count=count + 1)
             pipe.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
             entries, floor = pipe.execute()
-            floor = None if floor is None else _text(floor)
+            floor = changes_floor(self.client, self.keys, floor)
             if floor is not None and entry_id_tuple(position) < entry_id_tuple(floor):
                 raise SnapshotLostError(
                     f"{self.keys.changes} was trimmed to {floor}, past this copy's position {position}"

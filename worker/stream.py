@@ -41,6 +41,7 @@ from .connection import RedisClient
 from .entries import Entry, next_id, parse_entries
 from .errors import (
     CredentialsRefusedError,
+    DamagedMetaError,
     DuplicateIncidentError,
     KeyTypeError,
     LayoutMismatchError,
@@ -78,6 +79,9 @@ __all__ = ["StreamWorker", "WorkerStats"]
 
 _DEAD_CONSUMER_IDLE_MS = 3_600_000
 """A consumer with nothing pending and silent for an hour has gone; its name is removed from the group."""
+
+_SNAPSHOT_OFF_S = 60.0
+"""How long the snapshot read path stays off after its copy could not be validated for a damaged `{N}:meta`."""
 
 _FORGET_WORKER_MS = 3_600_000
 """A name in `{N}:workers` whose heartbeat expired an hour ago (a crashed worker's) is removed by the next beat of any
@@ -198,6 +202,7 @@ class StreamWorker:
         self._tokenizer = str(TOKENIZER_VERSION)
         self._layout_seen: tuple[str, str] | None = None
         self._outcomes: dict[str, int] = {}  # of the replies handled since the last _count_outcomes
+        self._snapshot_off_until = 0.0
 
     # -- control ----------------------------------------------------------------------------------------------
 
@@ -254,6 +259,12 @@ class StreamWorker:
                 self._stop.wait(self._idle_wait)
             except LayoutMismatchError:
                 raise
+            except DamagedMetaError as error:
+                # a hand edit the worker cannot work around (the message says what to run): every worker waits for
+                # the repair rather than exit, which would only restart it into the same refusal
+                failures += 1
+                ready = False
+                self._reconnect_pause(error, failures, "the index's meta is damaged; waiting for it to be repaired")
             except redis_lib.AuthenticationError as error:
                 if not started:
                     raise CredentialsRefusedError(
@@ -424,6 +435,8 @@ class StreamWorker:
         """
         if self.snapshot is not None or self.settings.read_path == "primary":
             return
+        if time.monotonic() < self._snapshot_off_until:
+            return
         if self.settings.read_path == "auto":
             try:
                 size = len(self.index)
@@ -432,7 +445,16 @@ class StreamWorker:
             if size < self.settings.snapshot_min_incidents:
                 return
         self.snapshot = SnapshotReader(self.redis, self.index.keys, self.index.layout, log=self.log)
-        self.snapshot.refresh()
+        try:
+            self.snapshot.refresh()
+        except DamagedMetaError as error:
+            self._snapshot_off(error)
+
+    def _snapshot_off(self, error: DamagedMetaError) -> None:
+        """Search on the primary for a while: the copy cannot be validated (its change log's floor is damaged)."""
+        self.snapshot = None
+        self._snapshot_off_until = time.monotonic() + _SNAPSHOT_OFF_S
+        self.log.error("snapshot read path off; searching on the primary", error=str(error), field=error.field)
 
     def maintain(self) -> None:
         """The periodic work: heartbeat, pending recovery and claims, the summary line, the namespace's upkeep."""
@@ -719,7 +741,11 @@ class StreamWorker:
         # after a refresh, keep that to a few changes an event.
         replies: list[Any] = []
         for start in range(0, len(items), SNAPSHOT_SEND):
-            self.snapshot.refresh()
+            try:
+                self.snapshot.refresh()
+            except DamagedMetaError as error:
+                self._snapshot_off(error)
+                return replies + self.index.execute([self._command(item, expected) for item in items[start:]])
             send = items[start : start + SNAPSHOT_SEND]
             claims = self._claims(send)
             replies += self._send_batched(

@@ -28,8 +28,10 @@ from typing import Any
 from redis.exceptions import OutOfMemoryError, ResponseError
 
 from . import replies, retention
+from .errors import DamagedMetaError
 from .index import FingerprintIndex
 from .library import FN_LEASE, FN_TRIM_CHANGES, FN_TRIM_EVENTS
+from .metafields import changes_floor
 
 __all__ = [
     "LEASE_TTL_MS",
@@ -179,6 +181,7 @@ def trim_changes(index: FingerprintIndex, keep_ms: int, limit: int = TRIM_LIMIT)
     if bound <= 0:
         return 0
     keys = index.keys
+    changes_floor(index.redis, keys, index.redis.hget(keys.meta, "changes_trimmed_to"))  # a hand edit: named
     return int(index.call(FN_TRIM_CHANGES, [keys.meta, keys.changes], [f"{bound}-0", limit]))
 
 
@@ -477,7 +480,11 @@ class Upkeep:
                 hint="its entries older than that may be trimmed before it reads them; delete the group if unused",
             )
         self._ignored = ignored
-        removed = trim_changes(self.index, self.settings.changes_keep_ms)
+        try:
+            removed = trim_changes(self.index, self.settings.changes_keep_ms)
+        except DamagedMetaError as error:
+            self.log.error("the change log is not trimmed: the index's meta is damaged", error=str(error))
+            removed = 0
         if result.removed or removed:
             self.log.debug("trimmed streams", events=result.removed, changes=removed, events_bound=result.bound)
 
