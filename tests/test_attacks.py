@@ -8,6 +8,7 @@ build with `pytest tests/test_attacks.py`.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,16 @@ import redis
 
 from tests.conftest import FAST, require_redis_server
 from tests.redis_server import RedisServer
-from tests.streams import alerts, assert_pairs_reported_once, fingerprints, pending_count, publish, start_worker
+from tests.streams import (
+    alerts,
+    assert_pairs_reported_once,
+    clean_env,
+    fingerprints,
+    pending_count,
+    publish,
+    start_worker,
+    worker_command,
+)
 from tests.test_deploy import PASSWORDS, SUBSCRIBER_USER, USER_PASSWORDS, WORKER_USER, render_acl, worker_url
 from worker import library, upkeep
 from worker.devtools.workload import Workload
@@ -219,3 +229,34 @@ def test_a_damaged_meta_field_is_named_and_takes_no_worker_down(
     fps = fingerprints(events)
     assert {k.decode(): int(v, 16) for k, v in admin.hgetall(FP).items()} == fps
     assert_pairs_reported_once(fps, alerts(admin))
+
+
+# -- 10. suspected, settled by test --------------------------------------------------------------------------------
+
+
+def _admin_url(server: RedisServer) -> str:
+    return f"redis://admin:{PASSWORDS['REDIS_ADMIN_PASSWORD']}@127.0.0.1:{server.port}/0"
+
+
+def test_load_functions_deletes_only_this_codes_other_versions(acl_redis: RedisServer) -> None:
+    admin = admin_of(acl_redis)
+    # another application's libraries whose names merely start like ours, and an older version of this code
+    foreign = {
+        "incident_index_audit": "redis.register_function('incident_index_audit_count', function() return 1 end)",
+        "incident_index_0123456789": "redis.register_function('audit_apply', function() return 1 end)",
+    }
+    for name, body in foreign.items():
+        admin.function_load(f"#!lua name={name}\n{body}\n")
+    older = library.LIBRARY_SOURCE.replace(library.LIBRARY_NAME, "incident_index_ffffffffff")
+    admin.function_load(older)
+    result = subprocess.run(
+        [*worker_command(), "load-functions", "--delete-other-versions", "--json"],
+        env=clean_env(admin_redis_url=_admin_url(acl_redis)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["deleted"] == ["incident_index_ffffffffff"]
+    left = set(library.installed_versions(admin_of(acl_redis)))
+    assert left == {library.LIBRARY_NAME, *foreign}, "another application's library was deleted"
