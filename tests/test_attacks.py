@@ -260,3 +260,27 @@ def test_load_functions_deletes_only_this_codes_other_versions(acl_redis: RedisS
     assert json.loads(result.stdout)["deleted"] == ["incident_index_ffffffffff"]
     left = set(library.installed_versions(admin_of(acl_redis)))
     assert left == {library.LIBRARY_NAME, *foreign}, "another application's library was deleted"
+
+
+def test_a_copy_that_cannot_be_loaded_leaves_the_worker_on_the_primary(
+    acl_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CHANGES_KEEP shorter than a copy's load: every load loses its position to a trim, three times over."""
+    from worker import readpath
+    from worker.stream import StreamWorker
+
+    def lost(self: readpath.ChangeFollower) -> None:
+        raise readpath.SnapshotLostError(f"{self.keys.changes} was trimmed past this copy's position")
+
+    monkeypatch.setattr(readpath.ChangeFollower, "_load_once", lost)
+    admin = admin_of(acl_redis)
+    events = [{"incident_id": i, "features": bag} for i, bag in Workload(seed=29).take(300)]
+    publish(admin, events)
+    client = user_of(acl_redis, WORKER_USER)
+    settings = Settings(consumer="w1", read_path="snapshot", changes_keep="1s", **FAST)
+    worker = StreamWorker(client, settings)
+    worker.run(until_idle=True)
+    fps = fingerprints(events)
+    assert {k.decode(): int(v, 16) for k, v in admin.hgetall(FP).items()} == fps
+    assert_pairs_reported_once(fps, alerts(admin))
+    assert worker.snapshot is None

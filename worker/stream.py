@@ -67,7 +67,7 @@ from .library import (
 )
 from .logs import error_message, get_logger
 from .metrics import Metrics
-from .readpath import SNAPSHOT_SEND, SnapshotReader
+from .readpath import SNAPSHOT_SEND, SnapshotLostError, SnapshotReader
 from .replies import consumers_info, entry_time_ms, group_info, text
 from .settings import Settings
 from .text import TOKENIZER_VERSION
@@ -447,14 +447,18 @@ class StreamWorker:
         self.snapshot = SnapshotReader(self.redis, self.index.keys, self.index.layout, log=self.log)
         try:
             self.snapshot.refresh()
-        except DamagedMetaError as error:
+        except (DamagedMetaError, SnapshotLostError) as error:
             self._snapshot_off(error)
 
-    def _snapshot_off(self, error: DamagedMetaError) -> None:
-        """Search on the primary for a while: the copy cannot be validated (its change log's floor is damaged)."""
+    def _snapshot_off(self, error: DamagedMetaError | SnapshotLostError) -> None:
+        """Search on the primary for a while: the copy cannot be validated (its change log's floor is damaged), or
+        could not be loaded (each load lost its position to a trim: CHANGES_KEEP shorter than a load takes)."""
         self.snapshot = None
         self._snapshot_off_until = time.monotonic() + _SNAPSHOT_OFF_S
-        self.log.error("snapshot read path off; searching on the primary", error=str(error), field=error.field)
+        hint = (
+            "raise CHANGES_KEEP above the time a copy takes to load" if isinstance(error, SnapshotLostError) else None
+        )
+        self.log.error("snapshot read path off; searching on the primary", error=str(error), hint=hint)
 
     def maintain(self) -> None:
         """The periodic work: heartbeat, pending recovery and claims, the summary line, the namespace's upkeep."""
@@ -743,7 +747,7 @@ class StreamWorker:
         for start in range(0, len(items), SNAPSHOT_SEND):
             try:
                 self.snapshot.refresh()
-            except DamagedMetaError as error:
+            except (DamagedMetaError, SnapshotLostError) as error:
                 self._snapshot_off(error)
                 return replies + self.index.execute([self._command(item, expected) for item in items[start:]])
             send = items[start : start + SNAPSHOT_SEND]
