@@ -284,3 +284,18 @@ def test_a_copy_that_cannot_be_loaded_leaves_the_worker_on_the_primary(
     assert {k.decode(): int(v, 16) for k, v in admin.hgetall(FP).items()} == fps
     assert_pairs_reported_once(fps, alerts(admin))
     assert worker.snapshot is None
+
+
+@pytest.mark.parametrize(
+    ("stream", "allowed"), [("{incidents}:events", False), (ALERTS, False), ("{incidents}:dead", True)]
+)
+def test_the_worker_user_deletes_dead_letters_only(acl_redis: RedisServer, stream: str, allowed: bool) -> None:
+    admin = admin_of(acl_redis)
+    entry_id = admin.xadd(stream, {"incident_id": "7"})
+    worker = user_of(acl_redis, WORKER_USER)
+    if allowed:
+        assert worker.xdel(stream, entry_id) == 1  # dead replay
+    else:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            worker.xdel(stream, entry_id)
+        assert admin.xlen(stream) == 1
