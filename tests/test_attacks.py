@@ -29,7 +29,15 @@ from tests.streams import (
     start_worker,
     worker_command,
 )
-from tests.test_deploy import PASSWORDS, SUBSCRIBER_USER, USER_PASSWORDS, WORKER_USER, render_acl, worker_url
+from tests.test_deploy import (
+    PASSWORDS,
+    PRODUCER_USER,
+    SUBSCRIBER_USER,
+    USER_PASSWORDS,
+    WORKER_USER,
+    render_acl,
+    worker_url,
+)
 from worker import library, upkeep
 from worker.devtools.workload import Workload
 from worker.index import FingerprintIndex
@@ -299,3 +307,48 @@ def test_the_worker_user_deletes_dead_letters_only(acl_redis: RedisServer, strea
         with pytest.raises(redis.exceptions.NoPermissionError):
             worker.xdel(stream, entry_id)
         assert admin.xlen(stream) == 1
+
+
+# -- 5. one huge producer entry: refused by the shipped redis.conf's request limits ----------------------------------
+
+
+def _conf_limits() -> list[str]:
+    from tests.test_deploy import REDIS_CONF, _conf_directives
+
+    directives = _conf_directives(REDIS_CONF.read_text())
+    return [
+        f"--{name}" if k == 0 else value
+        for name in ("proto-max-bulk-len", "client-query-buffer-limit")
+        for k, value in enumerate((name, directives[name]))
+    ]
+
+
+def test_the_shipped_request_limits_refuse_a_huge_entry_and_keep_the_worker_whole(tmp_path: Path) -> None:
+    require_redis_server()
+    assert render_acl(tmp_path / "users.acl").returncode == 0
+    server = RedisServer(tmp_path, extra=["--aclfile", str(tmp_path / "users.acl"), *_conf_limits()])
+    server.start()
+    try:
+        admin = admin_of(server)
+        library.load(admin)
+        producer = user_of(server, PRODUCER_USER, retry=None)
+        events = "{incidents}:events"
+        limit = Settings().max_entry_bytes
+        publish(producer, [{"incident_id": "ok", "features": {"dock": 3, "scanner": 2}}])
+        # at the limit, invalid: its dead letter carries all of it back (the largest command a worker sends)
+        publish(producer, [{"incident_id": "big", "features": "x" * (limit - 100)}])
+        # over the limit, under the request limits: dead-lettered with a prefix of each field
+        publish(producer, [{"incident_id": "over", "features": "x" * (limit + limit // 2)}])
+        with pytest.raises(redis.exceptions.RedisError):
+            producer.xadd(events, {"incident_id": "huge", "features": "x" * (8 * 1024 * 1024)})
+        assert admin.xlen(events) == 3
+        log = tmp_path / "w.log"
+        worker = start_worker(worker_url(server), "--until-idle", log=log, **FAST)
+        assert worker.wait(timeout=60) == 0, log.read_text()[-3000:]
+        assert admin.hkeys(FP) == [b"ok"]
+        letters = {fields[b"incident_id"]: fields for _, fields in admin.xrange("{incidents}:dead")}
+        assert set(letters) == {b"big", b"over"}
+        assert len(letters[b"big"][b"features"]) == limit - 100
+        assert letters[b"over"][b"reason"] == b"too_large"
+    finally:
+        server.stop()
