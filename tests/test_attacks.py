@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 import redis
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import FAST, require_redis_server
 from tests.redis_server import RedisServer
@@ -352,3 +354,95 @@ def test_the_shipped_request_limits_refuse_a_huge_entry_and_keep_the_worker_whol
         assert letters[b"over"][b"reason"] == b"too_large"
     finally:
         server.stop()
+
+
+# -- 9. the tokenizer's work is bounded by the size of the text it reads ----------------------------------------------
+
+_EXPANDING = "\ufdfa"  # NFKC: 18 characters
+
+
+def test_a_text_that_nfkc_expands_many_times_over_is_dead_lettered_within_bounded_memory() -> None:
+    import tracemalloc
+
+    from pydantic import ValidationError
+
+    from worker.errors import TextTooLargeError
+    from worker.formats import EventLimits, IncidentEvent, event_error
+    from worker.text import features_from_text
+
+    attack = _EXPANDING * (1_048_576 // 3 - 100)  # just under 1 MiB of UTF-8, the entry size limit
+    tracemalloc.start()
+    try:
+        with pytest.raises(TextTooLargeError):
+            features_from_text(attack)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, f"tokenizing it took {peak / 2**20:.0f} MiB at its peak"
+    with pytest.raises(ValidationError) as refused:
+        IncidentEvent.from_fields({b"incident_id": b"7", b"text": attack.encode()}, EventLimits())
+    assert event_error(refused.value)[0] == "bad_text"
+    # a few of them in an ordinary text are no attack
+    assert features_from_text(f"payment failed {_EXPANDING} {_EXPANDING} retry")
+
+
+_ALPHABET = st.sampled_from(
+    [
+        "a",
+        "E",
+        " ",
+        "\n",
+        "1",
+        "=",
+        "/",  # ASCII
+        "\u0301",
+        "\u0327",
+        "\u0344",
+        "\u0f73",
+        "\u0f71",
+        "\u0f72",  # combining marks, and decompositions into them
+        "\u1100",
+        "\u1161",
+        "\u11a8",
+        "\uac00",  # Hangul jamo (L, V, T) and a syllable: they compose as starters
+        "\u0b47",
+        "\u0b3e",
+        "\u0b57",
+        "\u0cc6",
+        "\u0cd5",  # starters that compose with the starter before them
+        "\ufb01",
+        "\uff25",
+        "\u2168",
+        "\u3315",
+        "\ufdfa",
+        "\u00b4",
+        "\u1e9b",  # compatibility forms that expand
+        "\u0645",
+        "\u00e9",
+        "\u0130",
+        "\u03d3",  # letters
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_ALPHABET, min_size=1, max_size=120))
+@example(list("abc\u1100\u1161\u11a8"))  # jamo that compose into one syllable across a cut
+@example(list("abc\u0b47\u0b3e"))  # a vowel sign that composes with the starter before it
+@example(list("abc\u0f71\u0f73\u0301"))  # a decomposition into marks that reorder with the marks before
+def test_nfkc_a_slice_at_a_time_is_nfkc_of_the_whole(chars: list[str]) -> None:
+    import unicodedata
+
+    from worker import text as text_module
+
+    sample = "".join(chars)
+    saved = text_module._NFKC_SLICE
+    text_module._NFKC_SLICE = 3  # a cut every few characters: every kind of neighbour meets a boundary
+    try:
+        try:
+            sliced = text_module._nfkc(sample * 2)
+        except ValueError:
+            return  # grows past the bound (U+FDFA is 18 characters in one)
+    finally:
+        text_module._NFKC_SLICE = saved
+    assert sliced == unicodedata.normalize("NFKC", sample * 2)

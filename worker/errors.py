@@ -5,6 +5,7 @@ Library errors (what a caller of `worker.fingerprint`, `worker.bands` or `worker
 * `InvalidFeaturesError` (a ValueError): a feature bag the fingerprint does not accept; `reason` is the dead-letter
   code (`bad_token`, `bad_weight`, ...).
 * `LayoutError` (a ValueError): band settings that cannot be used; the message says what would work.
+* `TextTooLargeError` (a ValueError): a text that grows past the tokenizer's bound in Unicode's NFKC form.
 * `RedisUrlError` (a ValueError): a Redis URL that is refused; the message says why and never quotes the URL.
 * `FingerprintIndexError`: base of the index's own errors.
   * `DuplicateIncidentError`: `add` of an ID already indexed with another fingerprint.
@@ -42,6 +43,7 @@ __all__ = [
     "PreflightError",
     "RedisUrlError",
     "StaleRetriesExhaustedError",
+    "TextTooLargeError",
     "UsageError",
 ]
 
@@ -56,6 +58,11 @@ class InvalidFeaturesError(ValueError):
 
 class LayoutError(ValueError):
     """A band layout that cannot be used; the message says what would work."""
+
+
+class TextTooLargeError(ValueError):
+    """A text that NFKC would make larger than the tokenizer's bound (`worker.text.NFKC_GROWTH`): its work is bounded
+    by the size of the text it reads, so such a text is refused before it is normalized whole."""
 
 
 class RedisUrlError(ValueError):
