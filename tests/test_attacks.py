@@ -446,3 +446,58 @@ def test_nfkc_a_slice_at_a_time_is_nfkc_of_the_whole(chars: list[str]) -> None:
     finally:
         text_module._NFKC_SLICE = saved
     assert sliced == unicodedata.normalize("NFKC", sample * 2)
+
+
+# -- 2. producers: what the ACL can and cannot fence ----------------------------------------------------------------
+
+EVENTS = "{incidents}:events"
+MAX_ID = "18446744073709551615-18446744073709551615"
+
+
+def test_a_group_delivered_past_the_streams_end_is_named_with_its_repair(acl_redis: RedisServer) -> None:
+    admin = admin_of(acl_redis, decode_responses=True)
+    producer = user_of(acl_redis, PRODUCER_USER)
+    admin.xgroup_create(EVENTS, "incident-workers", id="0", mkstream=True)
+    producer.xadd(EVENTS, {"incident_id": "7"}, id=MAX_ID)  # the ACL cannot refuse an ID chosen by hand
+    with pytest.raises(redis.exceptions.ResponseError):
+        producer.xadd(EVENTS, {"incident_id": "8"})  # every later XADD * fails
+    admin.xreadgroup("incident-workers", "w1", {EVENTS: ">"})
+    admin.xack(EVENTS, "incident-workers", MAX_ID)
+    # the obvious repair: the entry deleted, the stream's ID set back
+    admin.xdel(EVENTS, MAX_ID)
+    admin.execute_command("XSETID", EVENTS, "1-0")
+    producer.xadd(EVENTS, {"incident_id": "8"})
+    assert admin.xreadgroup("incident-workers", "w1", {EVENTS: ">"}) == [], "silently nothing"
+    [warning] = upkeep.warnings(user_of(acl_redis, WORKER_USER), Settings(), memory=False)
+    assert f"consumer group 'incident-workers' of {EVENTS} has delivered up to {MAX_ID}" in warning
+    assert warning.endswith(f"XGROUP SETID {EVENTS} incident-workers <that entry's ID>")
+    admin.xgroup_setid(EVENTS, "incident-workers", "1-0")  # the entry before the repair's first
+    assert admin.xreadgroup("incident-workers", "w1", {EVENTS: ">"})[0][1][0][1] == {"incident_id": "8"}
+    assert upkeep.warnings(user_of(acl_redis, WORKER_USER), Settings(), memory=False) == []
+
+
+def test_a_function_cannot_append_for_a_producer_that_may_not_xadd(acl_redis: RedisServer) -> None:
+    """SPEC 7's fence (producers append only through a function of the library) does not hold on Redis 7: FCALL can
+    be narrowed to one function (`+fcall|<name>`), but the function's own XADD is checked against its caller's
+    permissions, so a producer that may not XADD cannot append through it either; and one that may can XADD with
+    MAXLEN 0 or an ID of its choice directly. What is left: the workers notice the damage (the test above)."""
+    admin = admin_of(acl_redis)
+    admin.function_load(
+        "#!lua name=append_probe\n"
+        "redis.register_function('append_probe', function(keys, args)\n"
+        "  return redis.call('XADD', keys[1], '*', 'incident_id', args[1])\n"
+        "end)\n"
+    )
+    admin.acl_setuser(
+        "fenced",
+        enabled=True,
+        passwords=["+fenced-pa55"],
+        keys=["%W~{incidents}:events"],
+        commands=["-@all", "+fcall|append_probe"],
+    )
+    fenced = acl_redis.client(username="fenced", password="fenced-pa55")
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        fenced.fcall("incident_index_x_apply", 1, EVENTS)  # another function: refused
+    with pytest.raises(redis.exceptions.ResponseError, match="permission"):
+        fenced.fcall("append_probe", 1, EVENTS, "7")  # its own function: its XADD refused
+    assert admin.exists(EVENTS) == 0

@@ -38,6 +38,7 @@ __all__ = [
     "GroupPosition",
     "Upkeep",
     "group_positions",
+    "groups_past_the_end",
     "memory_by_part",
     "pending_by_group",
     "server_time_ms",
@@ -170,6 +171,25 @@ def group_positions(client: Any, stream: str, own_group: str, max_age_ms: int) -
         ignored = name != own_group and max_age_ms > 0 and age > max_age_ms
         positions.append(GroupPosition(name, position, age, ignored, None if lag is None else int(lag), pending))
     return positions
+
+
+def groups_past_the_end(client: Any, stream: str) -> list[tuple[str, str, str]]:
+    """(group, its last delivered ID, the stream's last ID) of each consumer group of `stream` that was delivered
+    past the stream's last ID: what an entry added with an ID chosen by hand (up to 2^64-1) leaves behind when it is
+    deleted and the stream's ID set back (XSETID). XREADGROUP then delivers such a group nothing, silently."""
+    try:
+        if not client.exists(stream):
+            return []
+        last = replies.text(replies.info(client.xinfo_stream(stream)).get("last-generated-id", "0-0"))
+    except ResponseError:  # a user made from an older users.acl, without XINFO STREAM: nothing to say
+        return []
+    past = []
+    for row in client.xinfo_groups(stream):
+        info = replies.info(row)
+        delivered = replies.text(info.get("last-delivered-id", "0-0"))
+        if _id_key(delivered) > _id_key(last):
+            past.append((info["name"], delivered, last))
+    return past
 
 
 def trim_changes(index: FingerprintIndex, keep_ms: int, limit: int = TRIM_LIMIT) -> int:
@@ -557,6 +577,13 @@ def warnings(
                     f"{usage}, and retention is off, so the index only grows: set a retention window (RETENTION, "
                     "such as 30d) so that old incidents leave it, or raise maxmemory"
                 )
+    found += [
+        f"consumer group {name!r} of {settings.events} has delivered up to {delivered}, past the stream's last entry "
+        f"ID {last} (an entry added with an ID chosen by hand, then removed): Redis delivers it nothing until new "
+        f"entries pass that ID. Set it back, as an administrator, to the last entry it processed (at most {last}): "
+        f"XGROUP SETID {settings.events} {name} <that entry's ID>"
+        for name, delivered, last in groups_past_the_end(client, settings.events)
+    ]
     if positions is None:
         positions = group_positions(client, settings.events, settings.group, settings.stream_group_max_age_ms)
     for group in positions:
