@@ -334,6 +334,12 @@ local function id_less(a, b)
   return parsed_less(am, as, bm, bs)
 end
 
+-- Whether `id` is a stream entry ID (ms-seq). {N}:meta's changes_trimmed_to can be edited by hand: a value that is
+-- not one must not make the functions fail (in every worker at once), and proves nothing about the log.
+local function is_entry_id(id)
+  return type(id) == 'string' and string.find(id, '^%d+%-%d+$') ~= nil
+end
+
 -- A snapshot whose position is more changes behind than this is not validated: the full search is cheaper.
 local MAX_VALIDATED_CHANGES = 4000
 
@@ -365,7 +371,8 @@ local function changes_after(context, meta_key, changes_key, position)
   if context.key == changes_key and context.position == position then return context.view end
   local view = false
   local floor = meta_of(context, meta_key).changes_trimmed_to
-  if not (floor and id_less(position, floor)) then
+  -- (a floor that is no entry ID, a hand edit, validates nothing: the full search runs instead)
+  if not (floor and (not is_entry_id(floor) or id_less(position, floor))) then
     local changes = redis.call('XRANGE', changes_key, position, '+', 'COUNT', MAX_VALIDATED_CHANGES + 2)
     local first = 1
     if changes[1] and changes[1][1] == position then
@@ -1281,6 +1288,10 @@ local function trim_changes(keys, args)
   -- created here: a meta without a layout would stop every worker's start as "not the meta of an incident index".
   if not redis.call('HGET', keys[1], 'layout') then return 0 end
   local floor = redis.call('HGET', keys[1], 'changes_trimmed_to')
+  if floor and not is_entry_id(floor) then
+    return redis.error_reply('ERR ' .. keys[1] .. ' field changes_trimmed_to holds ' .. string.format('%q', floor) ..
+      ', not a stream entry ID: set it to the first entry ID of ' .. keys[2] .. ' (HSET, as an administrator)')
+  end
   if not floor or id_less(floor, args[1]) then redis.call('HSET', keys[1], 'changes_trimmed_to', args[1]) end
   return redis.call('XTRIM', keys[2], 'MINID', '~', args[1], 'LIMIT', args[2])
 end
