@@ -522,3 +522,26 @@ def test_the_functions_name_a_damaged_change_log_floor_instead_of_failing(acl_re
     assert index.get("c") is None
     with pytest.raises(redis.exceptions.ResponseError, match='changes_trimmed_to holds "garbage"'):
         client.fcall(FN_TRIM_CHANGES, 2, index.keys.meta, index.keys.changes, "1-0", 100)
+
+
+# -- 8. alert amplification: an alert's bytes are bounded, whatever the IDs it lists ---------------------------------
+
+
+def test_alerts_of_long_ids_are_bounded_in_bytes(acl_redis: RedisServer, tmp_path: Path) -> None:
+    admin = admin_of(acl_redis)
+    wide = "\U0001d538" * 250  # 4 bytes a character: 1 KB of ID
+    bag = {"disk": 3, "full": 2, "db-7": 1}
+    events = [{"incident_id": f"{wide}{n:06d}", "features": bag} for n in range(120)]
+    publish(admin, events)
+    log = tmp_path / "w.log"
+    worker = start_worker(worker_url(acl_redis), "--until-idle", log=log, **FAST)
+    assert worker.wait(timeout=120) == 0, log.read_text()[-3000:]
+    published = admin.xrange(ALERTS)
+    assert len(published) == 119
+    for n, (_, fields) in enumerate(published, start=1):
+        assert int(fields[b"match_count"]) == n, "match_count counts every match"
+        listed = json.loads(fields[b"matches"])
+        assert 1 <= len(listed) <= 100 and len(fields[b"matches"]) <= 8192
+        # the closest first (all at distance 0: by ID), as many as fit
+        assert [m["incident_id"] for m in listed] == [e["incident_id"] for e in events[: len(listed)]]
+        assert sum(len(k) + len(v) for k, v in fields.items()) < 10 * 1024, "an alert ten times its event"
