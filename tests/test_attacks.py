@@ -545,3 +545,28 @@ def test_alerts_of_long_ids_are_bounded_in_bytes(acl_redis: RedisServer, tmp_pat
         # the closest first (all at distance 0: by ID), as many as fit
         assert [m["incident_id"] for m in listed] == [e["incident_id"] for e in events[: len(listed)]]
         assert sum(len(k) + len(v) for k, v in fields.items()) < 10 * 1024, "an alert ten times its event"
+
+
+# -- 4. a change-log floor ahead of the log ------------------------------------------------------------------------
+
+
+def test_a_change_log_floor_ahead_of_the_log_is_not_where_a_copy_starts(acl_redis: RedisServer, tmp_path: Path) -> None:
+    """A copy placed at a floor past the server's clock never saw the changes written after it (their IDs fall below
+    the floor), and its claims passed validation: missed pairs, false alerts. Now the floor is named and the worker
+    searches on the primary."""
+    admin = admin_of(acl_redis)
+    rng_events = [{"incident_id": i, "features": bag} for i, bag in Workload(seed=31, near_duplicates=0.6).take(400)]
+    publish(admin, rng_events[:100])
+    url = worker_url(acl_redis)
+    first = start_worker(url, "--until-idle", log=tmp_path / "first.log", read_path="primary", **FAST)
+    assert first.wait(timeout=60) == 0, (tmp_path / "first.log").read_text()[-3000:]
+    seconds, _ = admin.time()
+    admin.hset(META, "changes_trimmed_to", f"{(int(seconds) + 86_400) * 1000}-0")  # a day ahead
+    publish(admin, rng_events[100:])
+    log = tmp_path / "w.log"
+    worker = start_worker(url, "--until-idle", log=log, read_path="snapshot", **FAST)
+    assert worker.wait(timeout=120) == 0, log.read_text()[-3000:]
+    fps = fingerprints(rng_events)
+    assert {k.decode(): int(v, 16) for k, v in admin.hgetall(FP).items()} == fps
+    assert_pairs_reported_once(fps, alerts(admin))
+    assert "ahead of the server's clock" in log.read_text()

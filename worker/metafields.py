@@ -16,7 +16,7 @@ from .errors import DamagedMetaError
 from .keys import IndexKeys
 from .replies import text
 
-__all__ = ["building_damaged", "changes_floor", "is_layout_tag"]
+__all__ = ["building_damaged", "changes_floor", "floor_ahead", "is_layout_tag"]
 
 _ENTRY_ID = re.compile(r"\d{1,20}-\d{1,20}")
 _LAYOUT_TAG = re.compile(r"[^/]+/bands=\d+/max_distance=\d+/format=\d+(/generation=\d+)?")
@@ -44,6 +44,30 @@ def changes_floor(client: Any, keys: IndexKeys, value: Any) -> str | None:
         f"{keys.meta} field changes_trimmed_to holds {floor[:60]!r}, not a stream entry ID (a hand edit?): no "
         f"snapshot copy can be validated and {keys.changes} is not trimmed until it is repaired. Set it to the "
         f"first entry of the change log, as an administrator: HSET {keys.meta} changes_trimmed_to {safe}",
+        "changes_trimmed_to",
+    )
+
+
+def _entry_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def floor_ahead(client: Any, keys: IndexKeys, floor: str, last: str | None) -> DamagedMetaError | None:
+    """The error for a `changes_trimmed_to` past both the server's clock and the change log's last entry `last` (a
+    hand edit, or a clock stepped back by more than changes_keep), else None. Changes written later may get lower
+    IDs than such a floor: a copy placed at it would never see them, and its claims would pass validation."""
+    seconds, micros = client.time()
+    now = (int(seconds) * 1000 + int(micros) // 1000, 0)
+    if _entry_key(floor) <= now or (last is not None and _entry_key(floor) <= _entry_key(last)):
+        return None
+    first = client.xrange(keys.changes, count=1)
+    safe = text(first[0][0]) if first else f"{now[0]}-0"
+    return DamagedMetaError(
+        f"{keys.meta} field changes_trimmed_to is {floor}, ahead of the server's clock and of {keys.changes}'s last "
+        "entry (a hand edit, or the server's clock stepped back by more than changes_keep): changes written now could "
+        "fall below it, unseen by any snapshot copy, so none is used until it is repaired. Set it to the first "
+        f"entry of the change log, as an administrator: HSET {keys.meta} changes_trimmed_to {safe}",
         "changes_trimmed_to",
     )
 

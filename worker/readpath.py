@@ -22,7 +22,7 @@ from .bands import BandLayout
 from .fingerprint import stored_fingerprint
 from .keys import IndexKeys
 from .library import SnapshotClaim
-from .metafields import changes_floor
+from .metafields import changes_floor, floor_ahead
 from .replies import text as _text
 from .snapshot import MemoryIndex
 
@@ -89,6 +89,9 @@ class ChangeFollower:
         index.position = _text(last[0][0]) if last else "0-0"
         at_position = last[0][1] if last else None
         if floor is not None and entry_id_tuple(index.position) < entry_id_tuple(floor):
+            ahead = floor_ahead(self.client, self.keys, floor, index.position if last else None)
+            if ahead is not None:
+                raise ahead
             index.position, at_position = floor, None
         cursor = 0
         pairs: dict[str, int] = {}  # HSCAN may return an incident twice
