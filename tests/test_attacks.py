@@ -315,14 +315,14 @@ def test_the_worker_user_deletes_dead_letters_only(acl_redis: RedisServer, strea
 
 
 def _conf_limits() -> list[str]:
+    """The shipped redis.conf's request limits, as redis-server arguments."""
     from tests.test_deploy import REDIS_CONF, _conf_directives
 
     directives = _conf_directives(REDIS_CONF.read_text())
-    return [
-        f"--{name}" if k == 0 else value
-        for name in ("proto-max-bulk-len", "client-query-buffer-limit")
-        for k, value in enumerate((name, directives[name]))
-    ]
+    arguments = []
+    for name in ("proto-max-bulk-len", "client-query-buffer-limit"):
+        arguments += [f"--{name}", directives[name]]
+    return arguments
 
 
 def test_the_shipped_request_limits_refuse_a_huge_entry_and_keep_the_worker_whole(tmp_path: Path) -> None:
@@ -555,18 +555,58 @@ def test_a_change_log_floor_ahead_of_the_log_is_not_where_a_copy_starts(acl_redi
     the floor), and its claims passed validation: missed pairs, false alerts. Now the floor is named and the worker
     searches on the primary."""
     admin = admin_of(acl_redis)
-    rng_events = [{"incident_id": i, "features": bag} for i, bag in Workload(seed=31, near_duplicates=0.6).take(400)]
-    publish(admin, rng_events[:100])
+    events = [{"incident_id": i, "features": bag} for i, bag in Workload(seed=31, near_duplicates=0.6).take(400)]
+    publish(admin, events[:100])
     url = worker_url(acl_redis)
     first = start_worker(url, "--until-idle", log=tmp_path / "first.log", read_path="primary", **FAST)
     assert first.wait(timeout=60) == 0, (tmp_path / "first.log").read_text()[-3000:]
     seconds, _ = admin.time()
     admin.hset(META, "changes_trimmed_to", f"{(int(seconds) + 86_400) * 1000}-0")  # a day ahead
-    publish(admin, rng_events[100:])
+    publish(admin, events[100:])
     log = tmp_path / "w.log"
     worker = start_worker(url, "--until-idle", log=log, read_path="snapshot", **FAST)
     assert worker.wait(timeout=120) == 0, log.read_text()[-3000:]
-    fps = fingerprints(rng_events)
+    fps = fingerprints(events)
     assert {k.decode(): int(v, 16) for k, v in admin.hgetall(FP).items()} == fps
     assert_pairs_reported_once(fps, alerts(admin))
     assert "ahead of the server's clock" in log.read_text()
+
+
+# -- 6. {N}:meta deleted during a migration --------------------------------------------------------------------------
+
+
+def test_a_meta_deleted_during_a_migration_stops_its_switch(acl_redis: RedisServer) -> None:
+    """A worker re-creates a deleted meta without `building`: what it indexes then gets no postings in the target,
+    so the switch must not happen; the move is aborted and made again, and every pair is found in the new layout."""
+    from worker.bands import BandLayout
+    from worker.migrate import Migrator
+
+    admin = admin_of(acl_redis)
+    client = user_of(acl_redis, WORKER_USER)
+    index = FingerprintIndex(client)
+    spread = 0x9E3779B97F4A7C15
+    fps = {str(i): i * spread % 2**64 for i in range(300)}
+    index.bulk_load(list(fps.items()))
+    migrator = Migrator(client, "incidents", batch=50)
+    stored = FingerprintIndex.stored(client)
+    assert stored is not None
+    migrator._start(stored, BandLayout(8, 7))
+    migrator.step()
+    admin.delete(META)  # by hand, mid-move
+    fps["near"] = fps["7"] ^ 0b111111  # distance 6 from incident 7
+    worker = FingerprintIndex(client)
+    assert worker.add_fingerprint("near", fps["near"]) == [("7", 6)]
+    assert admin.hget(META, "building") is None, "the meta came back without the move's target"
+    with pytest.raises(redis.exceptions.ResponseError, match="migrate --abort"):
+        while not migrator.step():
+            pass
+    assert FingerprintIndex.stored(client).layout.bands == 4, "the move switched without its target"  # type: ignore[union-attr]
+    migrator.abort()
+    assert Migrator(client, "incidents", batch=50).migrate(8).startswith("moved from")
+    moved = FingerprintIndex(client, bands=8)
+    for incident_id, fp in fps.items():
+        expected = sorted(
+            ((other, (fp ^ ofp).bit_count()) for other, ofp in fps.items() if (fp ^ ofp).bit_count() <= 7),
+            key=lambda pair: (pair[1], pair[0]),
+        )
+        assert moved.matches_of(fp) == expected, incident_id
