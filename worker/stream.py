@@ -81,7 +81,8 @@ _DEAD_CONSUMER_IDLE_MS = 3_600_000
 """A consumer with nothing pending and silent for an hour has gone; its name is removed from the group."""
 
 _SNAPSHOT_OFF_S = 60.0
-"""How long the snapshot read path stays off after its copy could not be validated for a damaged `{N}:meta`."""
+"""How long the snapshot read path stays off after its copy could not be used: a damaged `{N}:meta` floor, or three
+loads in a row that lost their position to a trim."""
 
 _FORGET_WORKER_MS = 3_600_000
 """A name in `{N}:workers` whose heartbeat expired an hour ago (a crashed worker's) is removed by the next beat of any
