@@ -22,6 +22,7 @@ from .bands import BandLayout
 from .fingerprint import stored_fingerprint
 from .keys import IndexKeys
 from .library import SnapshotClaim
+from .metafields import changes_floor, floor_ahead
 from .replies import text as _text
 from .snapshot import MemoryIndex
 
@@ -88,6 +89,9 @@ class ChangeFollower:
         index.position = _text(last[0][0]) if last else "0-0"
         at_position = last[0][1] if last else None
         if floor is not None and entry_id_tuple(index.position) < entry_id_tuple(floor):
+            ahead = floor_ahead(self.client, self.keys, floor, index.position if last else None)
+            if ahead is not None:
+                raise ahead
             index.position, at_position = floor, None
         cursor = 0
         pairs: dict[str, int] = {}  # HSCAN may return an incident twice
@@ -107,8 +111,7 @@ class ChangeFollower:
         self.catch_up()
 
     def _floor(self) -> str | None:
-        floor = self.client.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
-        return None if floor is None else _text(floor)
+        return changes_floor(self.client, self.keys, self.client.hget(self.keys.meta, CHANGES_FLOOR_FIELD))
 
     def catch_up(self, *, limit: int | None = None) -> int:
         """Apply the changes after the copy's position (at most `limit`); returns how many it applied.
@@ -132,7 +135,7 @@ class ChangeFollower:
             pipe.xrange(self.keys.changes, position, "+", count=count + 1)
             pipe.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
             entries, floor = pipe.execute()
-            floor = None if floor is None else _text(floor)
+            floor = changes_floor(self.client, self.keys, floor)
             if floor is not None and entry_id_tuple(position) < entry_id_tuple(floor):
                 raise SnapshotLostError(
                     f"{self.keys.changes} was trimmed to {floor}, past this copy's position {position}"
