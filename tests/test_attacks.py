@@ -506,7 +506,7 @@ def test_a_function_cannot_append_for_a_producer_that_may_not_xadd(acl_redis: Re
 def test_the_functions_name_a_damaged_change_log_floor_instead_of_failing(acl_redis: RedisServer) -> None:
     """The Lua side of finding 7: a claim made before the floor was mangled is not validated (the full search runs
     instead), and the change log's trim names the field; neither fails with a Lua error in every worker."""
-    from worker.library import FN_APPLY, FN_TRIM_CHANGES, SnapshotClaim, parse_apply
+    from worker.library import FN_TRIM_CHANGES, SnapshotClaim, parse_apply
     from worker.readpath import ChangeFollower
 
     client = user_of(acl_redis, WORKER_USER)
@@ -517,8 +517,8 @@ def test_the_functions_name_a_damaged_change_log_floor_instead_of_failing(acl_re
     found = follower.index.search(7, exclude="c", limit=100)
     claim = SnapshotClaim(follower.index.position, found.match_count, found.matches, True)
     admin_of(acl_redis).hset(META, "changes_trimmed_to", "garbage")
-    keys, args = index.apply_call("add", "c", 7, snapshot=claim, max_matches=100)
-    assert parse_apply(client.fcall(FN_APPLY, len(keys), *keys, *args)).status == "unvalidated"
+    command = index.apply_command("add", "c", 7, snapshot=claim, max_matches=100)
+    assert parse_apply(client.execute_command(*command)).status == "unvalidated"
     assert index.get("c") is None
     with pytest.raises(redis.exceptions.ResponseError, match='changes_trimmed_to holds "garbage"'):
         client.fcall(FN_TRIM_CHANGES, 2, index.keys.meta, index.keys.changes, "1-0", 100)

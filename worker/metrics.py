@@ -8,13 +8,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["STREAM_LABELS", "Metrics"]
+__all__ = ["Metrics"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _CANDIDATE_BUCKETS = (0, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 50000)
-
-STREAM_LABELS = {"alerts": "alerts", "dead letters": "dead_letters"}
-"""The `stream` label of the memory gauges, by the upkeep's name for each budgeted stream."""
 
 
 class Metrics:

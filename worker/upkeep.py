@@ -32,10 +32,10 @@ from .errors import DamagedMetaError
 from .index import FingerprintIndex
 from .library import FN_LEASE, FN_TRIM_CHANGES, FN_TRIM_EVENTS
 from .metafields import changes_floor
-from .metrics import STREAM_LABELS
 
 __all__ = [
     "LEASE_TTL_MS",
+    "STREAM_LABELS",
     "GroupPosition",
     "Upkeep",
     "group_positions",
@@ -47,6 +47,9 @@ __all__ = [
     "trim_events",
     "trim_to_memory",
 ]
+
+STREAM_LABELS = {"alerts": "alerts", "dead letters": "dead_letters"}
+"""The `stream` label of the memory gauges (worker/metrics.py), by the upkeep's name for each budgeted stream."""
 
 LEASE_TTL_MS = 30_000
 """A dead holder keeps the upkeep job for at most this long; a live one renews the lease every `UPKEEP_INTERVAL_S`."""
