@@ -158,6 +158,7 @@ class StreamWorker:
         index: FingerprintIndex | None = None,
         metrics: Metrics | None = None,
         watchdog: Watchdog | None = None,
+        replica: RedisClient | None = None,
     ) -> None:
         encoder = getattr(redis, "get_encoder", None)
         if encoder is not None and encoder().decode_responses:
@@ -193,6 +194,7 @@ class StreamWorker:
         self._started = time.time()
         self.upkeep = Upkeep(self.index, settings, self.log, self.metrics)
         self.snapshot: SnapshotReader | None = None
+        self.replica = replica  # where the snapshot path reads its copy, when not the primary (readpath.py)
         self._restarted = True  # the first recovery finds what a previous run of this consumer left: deliveries
         self._idle_wait = 0.0
         self._tokenizer = str(TOKENIZER_VERSION)
@@ -431,7 +433,9 @@ class StreamWorker:
                 return
             if size < self.settings.snapshot_min_incidents:
                 return
-        self.snapshot = SnapshotReader(self.redis, self.index.keys, self.index.layout, log=self.log)
+        self.snapshot = SnapshotReader(
+            self.redis, self.index.keys, self.index.layout, log=self.log, replica=self.replica
+        )
         self.snapshot.refresh()
 
     def maintain(self) -> None:
