@@ -349,9 +349,7 @@ def test_a_replica_of_the_sentinels_is_one_they_name(pair: Pair, tmp_path: Path)
     try:
         with redis.Redis(port=port) as asked:
             wait_until(
-                lambda: any(
-                    int(r["port"]) == pair.replica.port for r in asked.sentinel_slaves("incidents") or []
-                ),
+                lambda: any(int(r["port"]) == pair.replica.port for r in asked.sentinel_slaves("incidents") or []),
                 30,
                 "the Sentinel to find the replica",
                 step=0.2,
