@@ -12,7 +12,13 @@ read outside the functions: mostly the change log each copy follows); the replic
 validated an event. Then fits primary CPU an event = apply + tail x workers to each source (least squares over the
 measured counts) and projects 8, 16 and 32 workers, with the primary's ceiling (one core: 1e6 / us an event).
 
+With --tail-followers K, it measures the change log's tail alone instead: one worker whose copy reads the replica,
+with no other copy and then with K processes that only follow the primary's log (load, then catch up every 5 ms);
+the primary's CPU an event grows by the tail's cost, an upper bound (a worker refreshes once a send of its own, less
+often than that when it shares the stream with others).
+
 Usage: python benchmarks/fleet.py [--size N] [--events M] [--workers 1,2,4] [--repeat R] [--json FILE]
+       python benchmarks/fleet.py --tail-followers K [--size N] [--events M] [--repeat R]
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import tempfile
@@ -76,6 +83,46 @@ def _worker(url: str, replica_url: str | None, consumer: str, stop: Any, results
     worker.run()
     described = worker.snapshot.describe() if worker.snapshot is not None else {}
     results.put({"consumer": consumer, "candidates": candidates.values, "snapshot": described})
+
+
+def _follower(url: str, stop: Any, every_s: float) -> None:
+    """A copy that follows the primary's change log (a worker's tail, without its searches or calls): loads once,
+    then catches up every `every_s`, as a worker does before each send of SNAPSHOT_SEND events."""
+    from worker.bands import BandLayout
+    from worker.readpath import ChangeFollower
+
+    client = redis.Redis.from_url(url, socket_timeout=120)
+    follower = ChangeFollower(client, IndexKeys(NAMESPACE), BandLayout(DEFAULT_BANDS, 7))
+    follower.load()
+    client.set(f"{{{NAMESPACE}}}:fleet-follower:{os.getpid()}", 1)
+    while not stop.is_set():
+        follower.catch_up()
+        time.sleep(every_s)
+
+
+def tail_cost(primary: RedisServer, replica: RedisServer, followers: int, items: list[Any]) -> dict[str, Any]:
+    """One worker whose copy reads the replica, plus `followers` processes tailing the primary's change log: the
+    primary's CPU an event, whose growth with `followers` is the tail's own cost, apart from the validation."""
+    client = primary.client(socket_timeout=300)
+    context = mp.get_context("spawn")
+    stop = context.Event()
+    processes = [
+        context.Process(target=_follower, args=(primary.url, stop, 0.005), daemon=True) for _ in range(followers)
+    ]
+    for process in processes:
+        process.start()
+    while len(list(client.scan_iter(f"{{{NAMESPACE}}}:fleet-follower:*"))) < followers:
+        time.sleep(0.05)
+    try:
+        row = run_once(primary, replica, 1, items)
+    finally:
+        stop.set()
+        for process in processes:
+            process.join(timeout=30)
+        for key in client.scan_iter(f"{{{NAMESPACE}}}:fleet-follower:*"):
+            client.delete(key)
+        client.close()
+    return {"followers": followers, **row}
 
 
 def _fcall_usec(client: redis.Redis) -> float:
@@ -165,6 +212,13 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--repeat", type=int, default=1, help="rounds of every run; the table shows medians")
+    parser.add_argument(
+        "--tail-followers",
+        type=int,
+        default=0,
+        help="instead: measure the tail alone, one worker on the replica with 0 and then this many copies tailing "
+        "the primary's change log",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
     counts = [int(k) for k in args.workers.split(",")]
@@ -193,6 +247,14 @@ def main() -> None:
                         break
                     time.sleep(0.1)
             runs = []
+            if args.tail_followers:
+                tails = []
+                for round_ in range(args.repeat):
+                    for followers in (0, args.tail_followers):
+                        row = tail_cost(primary, replica, followers, workload.take(args.events))
+                        tails.append(row)
+                        print(json.dumps({"round": round_ + 1, **row}), flush=True)
+                counts = []
             for round_ in range(args.repeat):
                 for workers in counts:
                     for source in (None, replica):
@@ -203,7 +265,21 @@ def main() -> None:
         finally:
             replica.stop()
             primary.stop()
-    report(_medians(runs), args)
+    if args.tail_followers:
+        report_tail(tails, args)
+    if runs:
+        report(_medians(runs), args)
+
+
+def report_tail(tails: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    without = statistics.median(r["primary_cpu_us_per_event"] for r in tails if r["followers"] == 0)
+    with_ = statistics.median(r["primary_cpu_us_per_event"] for r in tails if r["followers"] == args.tail_followers)
+    print()
+    print(
+        f"tail alone: one worker on the replica, primary CPU {without:.1f} us/event; with {args.tail_followers} "
+        f"copies tailing the primary {with_:.1f}: {(with_ - without) / args.tail_followers:.2f} us/event a copy "
+        f"(median of {args.repeat} round(s))"
+    )
 
 
 def _medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
