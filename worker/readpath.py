@@ -230,9 +230,10 @@ tries the replica again."""
 class SnapshotReader:
     """The worker's side of the snapshot read path: keeps the copy current and turns searches into claims.
 
-    With a `replica`, the copy is loaded from it and follows the change log there, so that the primary's cost an
-    event does not grow with the number of workers: only the atomic step runs on the primary, and it validates a copy
-    that is behind as it validates any other (docs/contract.md, "Snapshot reads"). The replica is left for the
+    With a `replica`, the copy is loaded from it and follows the change log there, so that those reads leave the
+    primary: only the atomic step runs there, and it validates a copy that is behind as it validates any other
+    (docs/contract.md, "Snapshot reads"; what this saves, and what it does not, the validation of other workers'
+    concurrent changes: benchmarks/fleet.py). The replica is left for the
     primary (`source`), logged and counted (`replica_lost`), when it fails or does not answer within its timeout,
     when it lags (see REPLICA_LAG_S), and when the primary refuses the copy's claims (`fallbacks`: the copy is too far
     behind, or, when the primary's log lacks the copy's position, the replica's log went another way, a replica

@@ -219,9 +219,10 @@ class Settings(BaseSettings):
         None,
         description="A replica of the primary to load the worker's copy from and to follow the change log on (URL "
         "as redis_url's; sentinel: a replica the Sentinels name for sentinel_service, with redis_url's user, "
-        "password and TLS), so the primary's cost does not grow with the number of workers; the atomic step stays "
-        "on the primary. Unset: the primary. A replica that fails, lags or leaves the primary is left for the "
-        "primary (logged, counted) and tried again later. Not with cluster. The password never reaches a log.",
+        "password and TLS), so that the copies' loads and change-log reads leave the primary; the atomic step, "
+        "with its validation, stays on the primary. Unset: the primary. A replica that fails, lags or leaves the "
+        "primary is left for the primary (logged, counted) and tried again later. Not with cluster. The password "
+        "never reaches a log.",
     )
     retention: str | None = Field(
         None,
