@@ -81,10 +81,19 @@ class Metrics:
             "Events the snapshot's claim could not be validated for, so searched in full on the primary",
         )
         r.register(self.snapshot_fallbacks)
+        self.snapshot_replica_lost = _CallbackCounter(
+            "incident_worker_snapshot_replica_lost",
+            "Times the worker's copy left its replica (failed, behind, or no longer the primary's) for the primary",
+        )
+        r.register(self.snapshot_replica_lost)
 
     def follow_snapshot_fallbacks(self, read: Callable[[], int]) -> None:
         """Report `read()` (the worker's count, kept where the read path counts it) as the fallbacks counter."""
         self.snapshot_fallbacks.read = read
+
+    def follow_snapshot_replica_lost(self, read: Callable[[], int]) -> None:
+        """Report `read()` (the read path's count) as the counter of replicas left for the primary."""
+        self.snapshot_replica_lost.read = read
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         """Serve /metrics on `addr`:`port` from a daemon thread (loopback unless told otherwise)."""

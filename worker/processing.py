@@ -115,6 +115,7 @@ class Processor:
         heartbeat: Callable[[], None],
         stop: threading.Event,
         log: Any,
+        replica: RedisClient | None = None,
     ) -> None:
         self.redis = redis
         self.settings = settings
@@ -131,6 +132,7 @@ class Processor:
         self._reader = _reader()
         self._tokenizer = str(TOKENIZER_VERSION)
         self._snapshot_off_until = 0.0
+        self.replica = replica  # where the snapshot path reads its copy, when not the primary (readpath.py)
         self._layout_seen: tuple[str, str] | None = None
 
     def close(self) -> None:
@@ -154,7 +156,9 @@ class Processor:
                 return
             if size < self.settings.snapshot_min_incidents:
                 return
-        self.snapshot = SnapshotReader(self.redis, self.index.keys, self.index.layout, log=self.log)
+        self.snapshot = SnapshotReader(
+            self.redis, self.index.keys, self.index.layout, log=self.log, replica=self.replica
+        )
         try:
             self.snapshot.refresh()
         except (DamagedMetaError, SnapshotLostError) as error:

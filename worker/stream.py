@@ -71,6 +71,7 @@ class StreamWorker:
         index: FingerprintIndex | None = None,
         metrics: Metrics | None = None,
         watchdog: Watchdog | None = None,
+        replica: RedisClient | None = None,
     ) -> None:
         encoder = getattr(redis, "get_encoder", None)
         if encoder is not None and encoder().decode_responses:
@@ -105,7 +106,13 @@ class StreamWorker:
         parts = (redis, settings, self.index, self.target)
         self.presence = Presence(*parts, self.stats, metrics=self.metrics, log=self.log)
         self.processor = Processor(
-            *parts, self.outcomes, upkeep=self.upkeep, heartbeat=self.heartbeat, stop=self._stop, log=self.log
+            *parts,
+            self.outcomes,
+            upkeep=self.upkeep,
+            heartbeat=self.heartbeat,
+            stop=self._stop,
+            log=self.log,
+            replica=replica,
         )
         self.recovery = Recovery(*parts, self.processor, metrics=self.metrics, stop=self._stop, log=self.log)
 
