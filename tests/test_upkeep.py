@@ -369,9 +369,9 @@ def test_retention_and_trimming_free_a_full_redis_by_themselves(
     new = [{"incident_id": f"new{i}", "features": bag} for i, bag in Workload(seed=6).take(50)]
     publish(client, new)
     # a consumer gone for good (nothing pending): removing it frees memory too, and must not stop the worker first
-    import worker.stream
+    import worker.recovery
 
-    monkeypatch.setattr(worker.stream, "_DEAD_CONSUMER_IDLE_MS", -1)
+    monkeypatch.setattr(worker.recovery, "DEAD_CONSUMER_IDLE_MS", -1)
     client.xgroup_createconsumer(EVENTS, GROUP, "gone")
     policy = client.config_get("maxmemory-policy")["maxmemory-policy"]
     client.config_set("maxmemory-policy", "noeviction")
