@@ -1,0 +1,155 @@
+"""Groups (docs/contract.md, "Groups"): the group of every incident equals a brute-force reference (tests/oracle.py's
+GroupOracle: stream order, the closest earlier match, its tie rule, merges), on both read paths, with upserts,
+deletes, merges and expiry; and what the index stores for them is exactly what the contract says."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from redis.exceptions import ResponseError
+
+from tests.oracle import GroupOracle, clustered, flip
+from worker.index import FingerprintIndex, Group
+from worker.library import SnapshotClaim, parse_apply
+from worker.readpath import ChangeFollower
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _assert_groups(index: FingerprintIndex, oracle: GroupOracle) -> None:
+    """Every incident's group and size as the oracle's, and the stored group state exactly the oracle's."""
+    ids = sorted(oracle.fps)
+    found = index.groups_of(ids)
+    assert {i: (g.label, g.size) if g else None for i, g in found.items()} == oracle.groups()
+    entries, sizes = oracle.stored()
+    client = index.redis
+    assert {_text(k): _text(v) for k, v in client.hgetall(index.keys.groups).items()} == entries
+    assert {_text(k): int(v) for k, v in client.hgetall(index.keys.group_sizes).items()} == sizes
+    # the most recently joined groups are live groups of more than one
+    active = {_text(m) for m in client.zrange(index.keys.group_active, 0, -1)}
+    assert active <= set(sizes)
+    for label in {g for g, _ in oracle.groups().values()}:
+        assert index.group_members(label) == sorted(i for i in oracle.fps if oracle.group(i) == label)
+
+
+def _claim(follower: ChangeFollower, fp: int, exclude: str, cap: int) -> SnapshotClaim:
+    result = follower.index.search(fp, exclude=exclude, limit=cap)
+    return SnapshotClaim(
+        follower.index.position, result.match_count, result.matches, len(result.matches) == result.match_count
+    )
+
+
+_OP = st.tuples(
+    st.sampled_from(["add", "add", "add", "upsert", "delete", "merge"]),
+    st.integers(0, 24),
+    st.integers(0, 11),
+    st.integers(0, 24),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32), ops=st.lists(_OP, max_size=60), cap=st.sampled_from([0, 1, 3]), path=st.booleans())
+def test_every_incident_is_in_the_group_the_reference_gives(redis_client, seed, ops, cap, path) -> None:
+    """Adds, upserts, deletes and merges in any order, on the primary read path or the snapshot path (a copy that
+    lags a few changes, validated by the atomic step): after each, every incident's group is the reference's, and
+    {N}:group and {N}:groupsize hold exactly what the contract says (nothing for an incident alone in the group it
+    opened). A cap on the matches listed does not change the group: the closest match is always listed."""
+    redis_client.flushall()
+    rng = random.Random(seed)
+    pool = clustered(rng, 12, 7, centers=3)
+    index = FingerprintIndex(redis_client, "g", bands=4, max_distance=7)
+    index.open()
+    oracle = GroupOracle(7)
+    follower = ChangeFollower(redis_client, index.keys, index.layout) if path else None
+    if follower is not None:
+        follower.load()
+    for step, (kind, n, which, other) in enumerate(ops):
+        incident_id = f"i{n}"
+        if kind == "merge":
+            if oracle.fps:
+                a, b = oracle.group(rng.choice(sorted(oracle.fps))), f"i{other}"
+                b = oracle.group(b) if b in oracle.fps else b
+                if oracle.merge(a, b):
+                    index.merge_groups(a, b)
+                else:
+                    with pytest.raises(ResponseError, match="NOGROUP"):
+                        index.merge_groups(a, b)
+            continue
+        fp = flip(pool[which], rng.randint(0, 2), rng)
+        if kind == "delete":
+            assert index.delete(incident_id) == oracle.delete(incident_id)
+        elif follower is None or (kind == "add" and incident_id in oracle.fps):
+            if kind == "add":
+                result = oracle.add(incident_id, fp)
+                if result != "duplicate":
+                    assert index.add_fingerprint(incident_id, fp, max_matches=cap) == (result[:cap] if cap else result)
+            else:
+                index.upsert_fingerprint(incident_id, fp, max_matches=cap)
+                oracle.upsert(incident_id, fp)
+        else:
+            if step % 3 == 0:
+                follower.catch_up()  # otherwise the copy lags: the atomic step validates it against the log
+            stored = index.get(incident_id)
+            if stored == fp:
+                continue
+            claim = _claim(follower, fp, incident_id, cap)
+            expected = "*" if kind == "add" else stored
+            command = index.apply_command(kind, incident_id, fp, expected=expected, max_matches=cap, snapshot=claim)
+            [reply] = index.execute([command])
+            result = parse_apply(reply)
+            if result.status == "unvalidated":
+                [reply] = index.execute(
+                    [index.apply_command(kind, incident_id, fp, expected=expected, max_matches=cap)]
+                )
+                result = parse_apply(reply)
+            assert result.status == "indexed"
+            expect = oracle.add(incident_id, fp) if kind == "add" else oracle.upsert(incident_id, fp)
+            assert result.match_count == len(expect)
+        _assert_groups(index, oracle)
+    _assert_groups(index, oracle)
+
+
+def test_a_group_keeps_its_label_when_its_opener_leaves_and_ends_with_its_last_member(redis_client) -> None:
+    """The opener's ID stays the label; a new incident with that ID opens a group of its own under another label
+    (the old one is live); the last member leaving ends the group: nothing of it is left in Redis."""
+    redis_client.flushall()
+    index = FingerprintIndex(redis_client, "g", bands=4, max_distance=7)
+    index.open()
+    base = 0x0123456789ABCDEF
+    index.add_fingerprint("a", base)
+    assert index.group_of("a") == Group("a", 1)
+    assert redis_client.hlen(index.keys.groups) == 0 and redis_client.hlen(index.keys.group_sizes) == 0
+    index.add_fingerprint("b", base ^ 0b11)
+    index.add_fingerprint("c", base ^ 0b1)
+    assert index.group_of("c") == Group("a", 3)
+    index.delete("a")
+    assert index.groups_of(["a", "b", "c"]) == {"a": None, "b": Group("a", 2), "c": Group("a", 2)}
+    index.add_fingerprint("a", ~base & (2**64 - 1))  # far from both: opens a group, but the label a is taken
+    assert index.group_of("a") == Group("a#1", 1)
+    index.delete("b")
+    index.delete("c")
+    index.delete("a")
+    for key in (index.keys.groups, index.keys.group_sizes, index.keys.group_active):
+        assert redis_client.exists(key) == 0
+
+
+def test_a_merge_folds_one_group_into_the_other_for_later_incidents_too(redis_client) -> None:
+    redis_client.flushall()
+    index = FingerprintIndex(redis_client, "g", bands=4, max_distance=3)
+    index.open()
+    x, y = 0x0123456789ABCDEF, 0xFEDCBA9876543210
+    index.add_fingerprint("x1", x)
+    index.add_fingerprint("x2", x ^ 1)
+    index.add_fingerprint("y1", y)
+    assert index.merge_groups("x1", "y1") == (Group("x1", 3), Group("y1", 1))
+    assert index.group_of("y1") == Group("x1", 3)
+    index.add_fingerprint("y2", y ^ 1)  # its closest match is in the group merged away: it joins the survivor
+    assert index.group_of("y2") == Group("x1", 4)
+    assert index.group_members("y1") == ["x1", "x2", "y1", "y2"]
+    with pytest.raises(ResponseError, match="NOGROUP"):
+        index.merge_groups("x1", "nobody")
