@@ -798,11 +798,11 @@ class FingerprintIndex:
 
     def active_groups(self, count: int = 20) -> list[tuple[Group, int]]:
         """The `count` groups an incident joined most recently, with when (ms of the server's clock), latest first."""
-        rows = self.redis.zrevrange(self.keys.group_active, 0, count - 1, withscores=True)
-        labels = [text(label) for label, _ in rows]
+        rows: list[Any] = self.redis.zrevrange(self.keys.group_active, 0, count - 1, withscores=True)
+        labels = [text(row[0]) for row in rows]
         sizes = self.redis.hmget(self.keys.group_sizes, labels) if labels else []
         return [
-            (Group(label, int(size or 1)), int(ms)) for label, (_, ms), size in zip(labels, rows, sizes, strict=True)
+            (Group(label, int(size or 1)), int(row[1])) for label, row, size in zip(labels, rows, sizes, strict=True)
         ]
 
     def group_members(self, label: str) -> list[str]:
