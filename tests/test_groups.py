@@ -153,3 +153,117 @@ def test_a_merge_folds_one_group_into_the_other_for_later_incidents_too(redis_cl
     assert index.group_members("y1") == ["x1", "x2", "y1", "y2"]
     with pytest.raises(ResponseError, match="NOGROUP"):
         index.merge_groups("x1", "nobody")
+
+
+# -- through the stream ---------------------------------------------------------------------------------------------
+
+from tests.conftest import fast_settings  # noqa: E402
+from tests.streams import alerts, publish  # noqa: E402
+from worker.fingerprint import fingerprint  # noqa: E402
+from worker.stream import StreamWorker  # noqa: E402
+
+
+@pytest.fixture
+def fake_decodes() -> bool:
+    return False  # the worker refuses a redis_client that decodes replies
+
+
+def _bag(rng: random.Random, base: list[str]) -> dict[str, int]:
+    """`base`'s tokens with one or two swapped for others: near the other variants of `base`, far from other bases."""
+    tokens = list(base)
+    for _ in range(rng.randint(0, 2)):
+        tokens[rng.randrange(len(tokens))] = f"t{rng.randrange(1000)}"
+    return {t: 1 + k % 3 for k, t in enumerate(tokens)}
+
+
+@pytest.mark.usefixtures("no_worker_env")
+@pytest.mark.parametrize("read_path", ["primary", "snapshot"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_alerts_carry_the_group_the_reference_gives_in_stream_order(redis_client, read_path, seed) -> None:
+    """A worker reading a stream of adds, upserts and deletes, with GROUP_OPEN_ALERTS: every indexed event has an
+    alert, with the group and size the reference gives at that point of the stream (an opener's: match_count 0,
+    opens_group); ALERT_EVENT_FIELDS copies the named fields, cut to their bound."""
+    rng = random.Random(seed)
+    bases = [[f"b{b}w{k}" for k in range(24)] for b in range(6)]
+    events: list[dict] = []
+    bags: dict[str, dict[str, int]] = {}
+    for n in range(160):
+        incident_id = f"i{rng.randrange(60)}"
+        kind = rng.choice(["add", "add", "add", "upsert", "delete"])
+        if kind == "delete":
+            events.append({"incident_id": incident_id, "op": "delete"})
+            continue
+        bag = _bag(rng, rng.choice(bases))
+        bags[f"{n}"] = bag
+        events.append({"incident_id": incident_id, "op": kind, "features": bag, "service": f"s{n}", "title": "x" * 300})
+    publish(redis_client, events)
+    worker = StreamWorker(
+        redis_client,
+        fast_settings(
+            read_path=read_path, group_open_alerts=True, alert_event_fields="service,title", snapshot_min_incidents=0
+        ),
+    )
+    worker.run(until_idle=True)
+    assert (worker.processor.snapshot is not None) == (read_path == "snapshot")
+
+    oracle = GroupOracle(7)
+    expected = []
+    for event in events:
+        incident_id, op = event["incident_id"], event["op"]
+        if op == "delete":
+            oracle.delete(incident_id)
+            continue
+        fp = fingerprint(event["features"])
+        if oracle.fps.get(incident_id) == fp or (op == "add" and incident_id in oracle.fps):
+            continue  # a repeat, or a duplicate add (dead-lettered): no alert
+        matches = oracle.add(incident_id, fp) if op == "add" else oracle.upsert(incident_id, fp)
+        label = oracle.group(incident_id)
+        expected.append((incident_id, len(matches), label, oracle.size(label), not matches, event["service"]))
+    got = [
+        (a.incident_id, a.match_count, a.group_id, a.group_size, a.opens_group, a.event_fields["service"])
+        for a in alerts(redis_client)
+    ]
+    assert got == expected
+    assert {len(a.event_fields["title"]) for a in alerts(redis_client)} == {256}
+    assert any(not opens for *_, opens, _ in expected) and any(opens for *_, opens, _ in expected)
+    index = FingerprintIndex(redis_client)
+    assert {i: (g.label, g.size) if g else None for i, g in index.groups_of(sorted(oracle.fps)).items()} == (
+        oracle.groups()
+    )
+
+
+def test_alerts_without_group_open_alerts_are_for_matches_only(redis_client) -> None:
+    """Off by default: an incident that opens a group publishes nothing, as before groups."""
+    redis_client.flushall()
+    dock = {"dock": 3, "scanner": 2, "timeout": 1}
+    publish(redis_client, [{"incident_id": "47", "features": dock}, {"incident_id": "90", "features": dock}])
+    StreamWorker(redis_client, fast_settings()).run(until_idle=True)
+    [alert] = alerts(redis_client)
+    assert (alert.incident_id, alert.group_id, alert.group_size, alert.opens_group) == ("90", "47", 2, False)
+    assert alert.event_fields == {}
+
+
+def test_expiry_takes_incidents_out_of_their_groups(redis_client) -> None:
+    """Retention expiring members: the group keeps its label without its opener, shrinks, and ends with its last."""
+    from tests.test_retention import WINDOW_MS, _now, _wait_past_window
+    from worker import retention
+
+    redis_client.flushall()
+    index = FingerprintIndex(redis_client, "r", bands=4, max_distance=7)
+    index.open()
+    retention.set_window(index, WINDOW_MS)
+    oracle = GroupOracle(7)
+    for incident_id, fp in (("a", 42), ("b", 42 ^ 1), ("lone", ~42 & (2**64 - 1))):
+        index.add_fingerprint(incident_id, fp)
+        oracle.add(incident_id, fp)
+    _wait_past_window(redis_client, index, _now(redis_client))
+    index.add_fingerprint("c", 42 ^ 3)  # joins a's group, a window younger
+    oracle.add("c", 42 ^ 3)
+    assert retention.expire_due(index).expired == 3
+    for incident_id in ("a", "b", "lone"):
+        oracle.delete(incident_id)
+    assert index.group_of("c") == Group("a", 1)
+    _assert_groups(index, oracle)
+    index.delete("c")
+    for key in (index.keys.groups, index.keys.group_sizes, index.keys.group_active):
+        assert redis_client.exists(key) == 0

@@ -275,6 +275,8 @@ class FingerprintIndex:
 
     LATER_META_FIELDS = (
         "tokenizer",
+        "group_seq",
+        "group_merges",
         "changes_trimmed_to",
         "retention_ms",
         "retention_since",
