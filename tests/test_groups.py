@@ -267,3 +267,19 @@ def test_expiry_takes_incidents_out_of_their_groups(redis_client) -> None:
     index.delete("c")
     for key in (index.keys.groups, index.keys.group_sizes, index.keys.group_active):
         assert redis_client.exists(key) == 0
+
+
+@pytest.mark.usefixtures("no_worker_env")
+def test_metrics_count_groups_opened_joined_and_merged(redis_client) -> None:
+    redis_client.flushall()
+    dock, road = {"dock": 3, "scanner": 2, "timeout": 1}, {"weather": 4, "road": 2}
+    publish(redis_client, [{"incident_id": i, "features": dock} for i in ("47", "90", "91")])
+    publish(redis_client, [{"incident_id": "83", "features": road}])
+    worker = StreamWorker(redis_client, fast_settings())
+    worker.run(until_idle=True)
+    FingerprintIndex(redis_client).merge_groups("47", "83")
+    worker.presence.summary(None)
+    registry = worker.metrics.registry
+    assert registry.get_sample_value("incident_worker_groups_opened_total") == 2
+    assert registry.get_sample_value("incident_worker_groups_joined_total") == 2
+    assert registry.get_sample_value("incident_worker_group_merges_total") == 1
