@@ -283,3 +283,56 @@ def test_metrics_count_groups_opened_joined_and_merged(redis_client) -> None:
     assert registry.get_sample_value("incident_worker_groups_opened_total") == 2
     assert registry.get_sample_value("incident_worker_groups_joined_total") == 2
     assert registry.get_sample_value("incident_worker_group_merges_total") == 1
+
+
+def _replayed(client, keys) -> GroupOracle:
+    """The reference, fed the index's changes in the order the atomic steps made them ({N}:changes)."""
+    oracle = GroupOracle(7)
+    for _, fields in client.xrange(keys.changes):
+        fields = {_text(k): _text(v) for k, v in fields.items()}
+        op = next(name for name in fields if name not in ("fp", "prev"))
+        incident_id, fp = fields[op], fields["fp"]
+        if op in ("delete", "expire"):
+            oracle.delete(incident_id)
+        elif op == "add":
+            oracle.add(incident_id, int(fp, 16))
+        else:
+            oracle.upsert(incident_id, int(fp, 16))
+    return oracle
+
+
+def test_two_workers_at_once_give_the_groups_of_the_order_they_indexed_in(real_redis) -> None:
+    """Two workers, one on each read path, sharing a stream: the groups are those of the order in which the atomic
+    steps ran (the change log's), whatever the interleaving; each alert carries its group as it stood then."""
+    import threading
+
+    real_redis.flushall()
+    rng = random.Random(5)
+    bases = [[f"b{b}w{k}" for k in range(24)] for b in range(5)]
+    events = []
+    for _ in range(400):
+        incident_id = f"i{rng.randrange(150)}"
+        kind = rng.choice(["add", "add", "add", "upsert", "delete"])
+        if kind == "delete":
+            events.append({"incident_id": incident_id, "op": "delete"})
+        else:
+            events.append({"incident_id": incident_id, "op": kind, "features": _bag(rng, rng.choice(bases))})
+    publish(real_redis, events)
+    workers = [
+        StreamWorker(
+            real_redis,
+            fast_settings(
+                consumer=f"w{k}", read_path=path, group_open_alerts=True, snapshot_min_incidents=0, batch_size=7
+            ),
+        )
+        for k, path in enumerate(("primary", "snapshot"))
+    ]
+    threads = [threading.Thread(target=w.run, kwargs={"until_idle": True}) for w in workers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert all(w.stats.processed for w in workers), "both workers took part"
+    index = FingerprintIndex(real_redis)
+    oracle = _replayed(real_redis, index.keys)
+    _assert_groups(index, oracle)
