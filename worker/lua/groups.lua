@@ -2,16 +2,21 @@
 -- matches, an incident joins the group of its closest match; without, it opens one. Registers `group_merge` and the
 -- read-only `group_of`.
 --
--- Group state is three hashes under the index's hash tag, named from the prefix of {N}:meta (like the twin groups,
+-- Group state is three hashes and a sorted set under the index's hash tag, named from the prefix of {N}:meta (like the twin groups,
 -- the server finds them itself; all in the index's slot):
 --   {N}:group         incident -> its group's label, only for an incident whose label is not its own ID
 --   {N}:groupsize     label -> members, for every group except one whose only member is the incident that opened it
 --   {N}:groupmerged   label -> the label it was merged into (always a live group's own label: see group_merge)
---   {N}:groupactive   label -> the server's time (ms) of the last incident that joined it (a sorted set)
+--   {N}:groupactive   label -> the server's time (ms) of the last incident that joined it (a sorted set), for the
+--                     ACTIVE_KEPT most recently joined groups only: its size stays bounded whatever the index's size
 -- So an incident that opened its own group and was never joined has no entry anywhere: "no entry" reads as "its own
 -- ID, one member".
 
 --- @include "base"
+
+-- The most recently joined groups {N}:groupactive keeps (trimmed once it holds ACTIVE_SLACK more: one trim per
+-- ACTIVE_SLACK joins of groups not yet in it, not one per join).
+local ACTIVE_KEPT, ACTIVE_SLACK = 1000, 100
 
 local function group_keys(meta_key)
   local prefix = string.sub(meta_key, 1, -5)  -- '{N}:' of '{N}:meta'
@@ -68,7 +73,10 @@ local function group_join(gk, id, match)
     size = 2
     redis.call('HSET', gk.size, label, 2)
   end
-  redis.call('ZADD', gk.active, now_ms(), label)
+  if redis.call('ZADD', gk.active, now_ms(), label) == 1 then
+    local held = redis.call('ZCARD', gk.active)
+    if held > ACTIVE_KEPT + ACTIVE_SLACK then redis.call('ZREMRANGEBYRANK', gk.active, 0, held - ACTIVE_KEPT - 1) end
+  end
   return label, size
 end
 
