@@ -336,3 +336,36 @@ def test_two_workers_at_once_give_the_groups_of_the_order_they_indexed_in(real_r
     index = FingerprintIndex(real_redis)
     oracle = _replayed(real_redis, index.keys)
     _assert_groups(index, oracle)
+
+
+@pytest.mark.parametrize(("to_bands", "to_r"), [(3, 7), (4, 9)])
+def test_a_migration_carries_the_groups_and_later_incidents_join_by_the_same_rule(redis_client, to_bands, to_r) -> None:
+    """Changes between every step of a move to another layout: the groups stay the reference's throughout (their
+    keys belong to the namespace, not to a layout), and after the switch incidents join by the new max distance."""
+    from tests.test_migrate import _random_ops
+    from worker.bands import BandLayout
+    from worker.keys import IndexKeys
+    from worker.migrate import Migrator, migration_status
+
+    redis_client.flushall()
+    rng = random.Random(to_bands * 10 + to_r)
+    index = FingerprintIndex(redis_client, "mig", 4, 7)
+    oracle = GroupOracle(7)
+    fake = "fake" in type(redis_client).__module__
+    fps = clustered(rng, 80 if fake else 300, 7, centers=6)
+    for i, fp in enumerate(fps):
+        assert index.add_fingerprint(f"s{i}", fp) == oracle.add(f"s{i}", fp)
+    centers = list(dict.fromkeys(oracle.fps.values()))[:6]
+    migrator = Migrator(redis_client, "mig", batch=40)
+    migrator._start(index, BandLayout(to_bands, to_r))
+    steps = 0
+    while (status := migration_status(redis_client, IndexKeys("mig"))) is not None:
+        if status.state == "cleaning":
+            oracle.max_distance = to_r
+        _random_ops(index, oracle, rng, 3, centers)
+        migrator.step()
+        steps += 1
+        assert steps < 500
+    assert index.layout.max_distance == to_r
+    _random_ops(index, oracle, rng, 20, centers)
+    _assert_groups(index, oracle)
