@@ -25,7 +25,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from .errors import InvalidFeaturesError
+from .errors import InvalidFeaturesError, TextTooLargeError
 from .fingerprint import MAX_WEIGHT, fingerprint, format_fingerprint, parse_fingerprint
 from .limits import EventLimits
 from .replies import text as _text
@@ -86,7 +86,7 @@ REASONS = {
     "missing_field": "incident_id is missing, or an add or upsert carries neither features nor text",
     "features_and_text": "the entry carries both features and text (send exactly one of them)",
     "bad_type": "a field has the wrong type",
-    "bad_text": "text is not valid Unicode (a lone surrogate)",
+    "bad_text": "text is not valid Unicode (a lone surrogate), or grows more than 4 times over in NFKC form",
     "bad_incident_id": "incident_id is empty, longer than 256 characters, or holds a lone surrogate (no UTF-8 form)",
     "bad_op": "op is not add, upsert or delete",
     "not_utf8": "a field is not valid UTF-8",
@@ -329,6 +329,8 @@ def _bag_of_text(value: Any) -> dict[str, int]:
         raise _error("bad_type", f"text must be a string, got {type(value).__name__}")
     try:
         return features_from_text(value)
+    except TextTooLargeError as error:
+        raise _error("bad_text", str(error)) from None
     except ValueError as error:
         reason = "bad_text" if "surrogate" in str(error) else "empty_bag"
         raise _error(reason, str(error)) from None

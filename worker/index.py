@@ -32,6 +32,7 @@ from .fingerprint import fingerprint, format_fingerprint, parse_fingerprint, sto
 from .formats import incident_id_problem
 from .keys import DEFAULT_NAMESPACE, IndexKeys
 from .library import ApplyResult, SnapshotClaim, StreamTarget, parse_apply, stored_value
+from .metafields import building_damaged, is_layout_tag
 from .replies import pairs, text
 from .text import TOKENIZER_VERSION
 from .transport import Command, Transport, execute, open_transport
@@ -267,6 +268,8 @@ class FingerprintIndex:
         if building != (self.building.tag if self.building else ""):
             self.building = None
             if building:
+                if not is_layout_tag(building):
+                    raise building_damaged(self.redis, self.keys, building)
                 parts = parse_layout_tag(building)
                 target = BandLayout(int(parts["bands"]), int(parts["max_distance"]))
                 generation = int(parts["generation"])

@@ -36,6 +36,25 @@ local function matches_json(flat)
   return table.concat(parts)
 end
 
+-- Bytes an alert's `matches` may take: the closest matches that fit are listed (match_count still counts them all).
+-- 100 matches of everyday IDs take about 4 KB; 100 of 256 four-byte characters took 100 KB, a hundred times the
+-- event that made them, so that one producer could fill the alerts stream faster than the upkeep measures it.
+local MAX_MATCHES_BYTES = 8192
+
+-- matches_json of the longest head of `flat` (id, d, ...) whose JSON fits in MAX_MATCHES_BYTES, at least one match.
+local function matches_json_within(flat)
+  local size, n = 2, 0
+  for i = 1, #flat, 2 do
+    size = size + #json_string(flat[i]) + #tostring(flat[i + 1]) + 27  -- {"incident_id":,"distance":} and a comma
+    if size > MAX_MATCHES_BYTES and n > 0 then break end
+    n = n + 2
+  end
+  if n == #flat then return matches_json(flat) end
+  local head = {}
+  for i = 1, n do head[i] = flat[i] end
+  return matches_json(head)
+end
+
 -- Append to `out` the keys of a call numbered first .. last that it has (1 .. nk), keys[ko + i] for its key i: the
 -- keys of a call of apply_batch are read in place, in the FCALL's keys (ko = the keys of the calls before it), not
 -- copied to a table of their own first; what slice gives from a table of the call's keys alone.
@@ -268,7 +287,7 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
   local alert_id = ''
   if streaming then
     if matched > 0 or open_alerts then
-      local fields = {'incident_id', id, 'fingerprint', fp, 'matches', matches_json(flat),
+      local fields = {'incident_id', id, 'fingerprint', fp, 'matches', matches_json_within(flat),
                       'match_count', matched, 'max_distance', limit, 'source_entry', entry_id, 'op', op,
                       'group_id', label, 'group_size', size}
       if matched == 0 then

@@ -121,6 +121,10 @@ local function trim_changes(keys, args)
   -- created here: a meta without a layout would stop every worker's start as "not the meta of an incident index".
   if not redis.call('HGET', keys[1], 'layout') then return 0 end
   local floor = redis.call('HGET', keys[1], 'changes_trimmed_to')
+  if floor and not is_entry_id(floor) then
+    return redis.error_reply('ERR ' .. keys[1] .. ' field changes_trimmed_to holds ' .. string.format('%q', floor) ..
+      ', not a stream entry ID: set it to the first entry ID of ' .. keys[2] .. ' (HSET, as an administrator)')
+  end
   if not floor or id_less(floor, args[1]) then redis.call('HSET', keys[1], 'changes_trimmed_to', args[1]) end
   return redis.call('XTRIM', keys[2], 'MINID', '~', args[1], 'LIMIT', args[2])
 end
