@@ -23,6 +23,14 @@ class Metrics:
         r = self.registry
         self.events = Counter("incident_worker_events", "Stream entries handled, by outcome", ["outcome"], registry=r)
         self.alerts = Counter("incident_worker_alerts", "Alerts published", registry=r)
+        self.groups_opened = Counter(
+            "incident_worker_groups_opened", "Incidents indexed without a match: each opened a group", registry=r
+        )
+        self.groups_joined = Counter(
+            "incident_worker_groups_joined",
+            "Incidents indexed with a match: each joined its closest's group",
+            registry=r,
+        )
         self.dead_letters = Counter(
             "incident_worker_dead_letters", "Entries dead-lettered, by reason", ["reason"], registry=r
         )
@@ -86,6 +94,11 @@ class Metrics:
             "Times the worker's copy left its replica (failed, behind, or no longer the primary's) for the primary",
         )
         r.register(self.snapshot_replica_lost)
+        self.group_merges = _CallbackCounter(
+            "incident_worker_group_merges",
+            "Group merges the index has had (incident-worker groups merge; {N}:meta's group_merges, read each summary)",
+        )
+        r.register(self.group_merges)
 
     def follow_snapshot_fallbacks(self, read: Callable[[], int]) -> None:
         """Report `read()` (the worker's count, kept where the read path counts it) as the fallbacks counter."""

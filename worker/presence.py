@@ -127,8 +127,10 @@ class Presence:
             lag = self._group_lag()
             pending = int(self.redis.xpending(self.target.events_stream, self.target.group)["pending"])
             size = len(self.index)
+            merges = int(self.redis.hget(self.index.keys.meta, "group_merges") or 0)
         except ResponseError:
             return
+        self.metrics.group_merges.read = lambda: merges
         self.metrics.group_lag.set(lag)
         self.metrics.group_pending.set(pending)
         self.metrics.index_size.set(size)

@@ -37,7 +37,7 @@ from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, 
 from .connection import RedisClient
 from .entries import Entry, parse_entries
 from .errors import DamagedMetaError, DuplicateIncidentError
-from .formats import DeadLetter, IncidentEvent, event_error
+from .formats import DeadLetter, IncidentEvent, decode_fields, event_error
 from .index import FingerprintIndex, retry_while_stale
 from .keytypes import diagnose, incident_keys, is_wrong_type, search_keys
 from .library import (
@@ -52,7 +52,7 @@ from .library import (
 from .outcomes import DEAD, FAILED, NOT_PENDING, Outcomes
 from .readpath import SNAPSHOT_SEND, SnapshotLostError, SnapshotReader
 from .replies import text
-from .settings import Settings
+from .settings import ALERT_EVENT_FIELD_CHARS, Settings
 from .text import TOKENIZER_VERSION
 from .transport import Command
 from .upkeep import Upkeep
@@ -361,7 +361,17 @@ class Processor:
             alert_text=event.text[: self.settings.alert_text_chars] if event.text else "",
             tokenizer=self._tokenizer if event.text is not None and event.op != "delete" else "",
             snapshot=claim,
+            open_alerts=self.settings.group_open_alerts,
+            alert_fields=self._alert_fields(item),
         )
+
+    def _alert_fields(self, item: _Item) -> list[tuple[str, str]]:
+        """The event fields ALERT_EVENT_FIELDS names that the entry carries, each cut to its bound."""
+        names = self.settings.alert_event_field_names
+        if not names:
+            return []
+        fields = decode_fields(item.fields)
+        return [(name, fields[name][:ALERT_EVENT_FIELD_CHARS]) for name in names if name in fields]
 
     def _dead_command(self, item: _Item, reason: str, detail: str) -> Command:
         entry = item.entry

@@ -16,6 +16,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, validate
+from .formats import ALERT_FIELDS
 from .keys import DEFAULT_NAMESPACE, IndexKeys, hash_tag, validate_namespace
 from .limits import EventLimits
 from .urls import check_url, safe_url, url_secrets
@@ -28,6 +29,11 @@ REPLICA_OF_SENTINELS = "sentinel"
 """The word of snapshot_replica_url for a replica the Sentinels name (no URL of its own: redis_url's credentials)."""
 
 _LIMITS = EventLimits()
+
+ALERT_EVENT_FIELDS_MAX = 8
+"""Most event fields ALERT_EVENT_FIELDS copies into an alert."""
+ALERT_EVENT_FIELD_CHARS = 256
+"""The characters of each copied field's value an alert carries: the alerts stream's size stays bounded."""
 """The event size limits' defaults live with `EventLimits`; the settings only expose them as flags."""
 
 
@@ -204,6 +210,17 @@ class Settings(BaseSettings):
         le=4096,
         description="Characters of a text incident's text copied into its alert's `text` field (0 = none).",
     )
+    group_open_alerts: bool = Field(
+        False,
+        description="Also publish an alert for an incident that opens a group (no matches): `match_count` 0, "
+        "`opens_group` 1, so a subscriber can open one ticket per group and append to it.",
+    )
+    alert_event_fields: str = Field(
+        "",
+        description="Event fields copied into the event's own alert, comma-separated (such as service,title): at "
+        f"most {ALERT_EVENT_FIELDS_MAX} names, each value's first {ALERT_EVENT_FIELD_CHARS} characters; an event "
+        "without one leaves it out. Not the alert's own field names.",
+    )
     read_path: Literal["auto", "primary", "snapshot"] = Field(
         "auto",
         description=(
@@ -314,6 +331,25 @@ class Settings(BaseSettings):
             return None  # retention only: unset keeps the namespace's window
         parse_duration(value, info.field_name)
         return value.strip().lower()
+
+    @field_validator("alert_event_fields")
+    @classmethod
+    def _check_alert_event_fields(cls, value: str) -> str:
+        names = [name.strip() for name in value.split(",") if name.strip()]
+        taken = sorted(set(names) & ALERT_FIELDS)
+        if taken:
+            raise ValueError(
+                f"{', '.join(taken)} {'is' if len(taken) == 1 else 'are'} the alert's own field"
+                f"{'' if len(taken) == 1 else 's'}; name event fields other than {', '.join(sorted(ALERT_FIELDS))}"
+            )
+        if len(names) > ALERT_EVENT_FIELDS_MAX:
+            raise ValueError(f"{len(names)} fields named; at most {ALERT_EVENT_FIELDS_MAX} are copied into an alert")
+        return ",".join(dict.fromkeys(names))
+
+    @property
+    def alert_event_field_names(self) -> tuple[str, ...]:
+        """The event fields copied into an alert (ALERT_EVENT_FIELDS), in order."""
+        return tuple(name for name in self.alert_event_fields.split(",") if name)
 
     @field_validator("max_matches", mode="before")
     @classmethod

@@ -4,6 +4,7 @@
 --- @include "base"
 --- @include "meta"
 --- @include "search"
+--- @include "groups"
 
 -- Exact arithmetic on entry IDs for trimming: each part may be any number up to 2^64 - 1 (a producer may give its own
 -- IDs), past the 53 bits a Lua number holds, where parse_id rounds (up, too: a bound past an undelivered entry).
@@ -235,6 +236,7 @@ local function expire(keys, args)
       unindex(id, group, slice(keys, first, first + n - 1))
       redis.call('HDEL', fp_key, id)
       redis.call('ZREM', expiry_key, id)
+      group_leave(group_keys(meta_key), fp_key, id)
       redis.call('XADD', changes_key, '*', 'expire', id, 'fp', '', 'prev', old)
       expired = expired + 1
     end
