@@ -27,7 +27,7 @@ from pydantic_core import PydanticCustomError
 
 from .errors import InvalidFeaturesError, TextTooLargeError
 from .fingerprint import MAX_WEIGHT, fingerprint, format_fingerprint, parse_fingerprint
-from .limits import EventLimits
+from .limits import ALERT_FIELDS, EventLimits
 from .replies import text as _text
 from .text import features_from_text
 
@@ -452,8 +452,8 @@ class Alert(BaseModel):
         }
 
 
-ALERT_FIELDS = frozenset(Alert.model_fields) - {"event_fields"}
-"""The fields an alert defines; ALERT_EVENT_FIELDS may name none of them (a copied field would hide one)."""
+if frozenset(Alert.model_fields) - {"event_fields"} != ALERT_FIELDS:  # one list for settings.py, checked here
+    raise RuntimeError("limits.ALERT_FIELDS is not the list of Alert's fields: add the new field there")
 
 
 class DeadLetter(BaseModel):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import islice
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, TypeVar
 
 from redis.exceptions import ResponseError
 
@@ -30,6 +30,7 @@ from .errors import (
 )
 from .fingerprint import fingerprint, format_fingerprint, parse_fingerprint, stored_fingerprint
 from .formats import incident_id_problem
+from .groups import Group, GroupReads
 from .keys import DEFAULT_NAMESPACE, IndexKeys
 from .library import ApplyResult, SnapshotClaim, StreamTarget, parse_apply, stored_value
 from .metafields import building_damaged, is_layout_tag
@@ -89,13 +90,6 @@ def base_tag(tag: str) -> str:
     return tag.split("/generation=", 1)[0]
 
 
-class Group(NamedTuple):
-    """An incident's group: its label (the ID of the incident that opened it) and how many incidents it has."""
-
-    label: str
-    size: int
-
-
 @dataclass(frozen=True)
 class LayoutTarget:
     """The layout a migration is building, which every change writes too until the switch."""
@@ -143,7 +137,7 @@ def batched(items: Iterable[Any], size: int) -> Iterable[list[Any]]:
         yield part
 
 
-class FingerprintIndex:
+class FingerprintIndex(GroupReads):
     """A near-duplicate index of incidents in one Redis namespace.
 
     `redis` is any redis-py client, standalone or cluster, decoding responses or not. The namespace's layout
@@ -769,63 +763,6 @@ class FingerprintIndex:
         """The incident's fingerprint, or None when it is not indexed."""
         stored = self.redis.hget(self.keys.fingerprints, incident_id)
         return None if stored is None else parse_fingerprint(stored)
-
-    def groups_of(self, incident_ids: Sequence[str]) -> dict[str, Group | None]:
-        """The group of each incident (None when it is not indexed), in one atomic read."""
-        if not incident_ids:
-            return {}
-        reply = self._fcall(
-            library.FN_GROUP_OF, [self.keys.meta, self.keys.fingerprints], list(incident_ids), readonly=True
-        )
-        return {
-            i: None if not label else Group(text(label), int(size))
-            for i, (label, size) in zip(incident_ids, reply, strict=True)
-        }
-
-    def group_of(self, incident_id: str) -> Group | None:
-        """The incident's group: its label and how many incidents it has (None when the incident is not indexed)."""
-        return self.groups_of([incident_id])[incident_id]
-
-    def merge_groups(self, into: str, other: str) -> tuple[Group, Group]:
-        """Fold group `other` into group `into`, atomically: `other`'s members, and incidents that would later join
-        it, belong to `into` from now on. Returns `into` after the merge and `other` before it; raises ResponseError
-        (NOGROUP ...) when either names no group."""
-        a, size_a, b, size_b = self._fcall(
-            library.FN_GROUP_MERGE, [self.keys.meta, self.keys.fingerprints], [into, other]
-        )
-        return Group(text(a), int(size_a)), Group(text(b), int(size_b))
-
-    def largest_groups(self, count: int = 20) -> list[Group]:
-        """The `count` largest groups of more than one incident, largest first (then by label); reads every group's
-        size (HSCAN), so its cost follows the number of groups."""
-        sizes = [Group(text(k), int(v)) for k, v in self.redis.hscan_iter(self.keys.group_sizes, count=1000)]
-        return sorted(sizes, key=lambda g: (-g.size, g.label))[:count]
-
-    def active_groups(self, count: int = 20) -> list[tuple[Group, int]]:
-        """The `count` groups an incident joined most recently, with when (ms of the server's clock), latest first."""
-        rows: list[Any] = self.redis.zrevrange(self.keys.group_active, 0, count - 1, withscores=True)
-        labels = [text(row[0]) for row in rows]
-        sizes = self.redis.hmget(self.keys.group_sizes, labels) if labels else []
-        return [
-            (Group(label, int(size or 1)), int(row[1])) for label, row, size in zip(labels, rows, sizes, strict=True)
-        ]
-
-    def group_members(self, label: str) -> list[str]:
-        """The incidents of a group, in byte order (a merged-away label names the group it was merged into). Reads
-        every group entry (HSCAN), so its cost follows the number of incidents in groups of more than one."""
-        merged = {text(k): text(v) for k, v in self.redis.hgetall(self.keys.group_merged).items()}
-        label = merged.get(label, label)
-        members = {
-            text(i)
-            for i, raw in self.redis.hscan_iter(self.keys.groups, count=1000)
-            if merged.get(text(raw), text(raw)) == label
-        }
-        # incidents with no entry are in the group their own ID names: the label itself, or a label merged into it
-        own = [label, *(m for m, into in merged.items() if into == label)]
-        entries = self.redis.hmget(self.keys.groups, own)
-        indexed = self.redis.hmget(self.keys.fingerprints, own)
-        members |= {i for i, entry, fp in zip(own, entries, indexed, strict=True) if entry is None and fp is not None}
-        return sorted(members, key=lambda i: i.encode("utf-8", "surrogateescape"))
 
     def __len__(self) -> int:
         return int(self.redis.hlen(self.keys.fingerprints))

@@ -1,4 +1,4 @@
-"""The size limits on incoming events, apart from the formats that enforce them.
+"""The size limits on incoming events, and the names of an alert's own fields, apart from the formats that use them.
 
 `settings.py` builds them from its flags and `formats.py` checks events against them. They import nothing of the
 package so that the settings need not import the formats: connection -> settings -> formats -> replies -> connection
@@ -9,7 +9,25 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-__all__ = ["EventLimits"]
+__all__ = ["ALERT_FIELDS", "EventLimits"]
+
+ALERT_FIELDS = frozenset(
+    {
+        "fingerprint",
+        "group_id",
+        "group_size",
+        "incident_id",
+        "match_count",
+        "matches",
+        "max_distance",
+        "op",
+        "opens_group",
+        "source_entry",
+        "text",
+    }
+)
+"""The fields an alert defines (formats.Alert checks at import that these are its fields); ALERT_EVENT_FIELDS may
+name none of them (a copied field would hide one)."""
 
 
 class EventLimits(BaseModel):

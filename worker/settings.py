@@ -16,9 +16,8 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, validate
-from .formats import ALERT_FIELDS
 from .keys import DEFAULT_NAMESPACE, IndexKeys, hash_tag, validate_namespace
-from .limits import EventLimits
+from .limits import ALERT_FIELDS, EventLimits
 from .urls import check_url, safe_url, url_secrets
 
 __all__ = ["ENV_PREFIX", "REPLICA_OF_SENTINELS", "Settings", "parse_duration", "parse_size"]
