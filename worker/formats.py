@@ -396,6 +396,11 @@ class Alert(BaseModel):
     text: str | None = Field(
         None, description="the start of a text incident's text, when the worker's alert_text_chars asks for it"
     )
+    incomplete: bool = Field(
+        False,
+        description="the search stopped at the per-event budget (max_candidates): `matches` are real matches but not "
+        'necessarily the closest, and match_count is a lower bound; "1" in the stream, absent otherwise',
+    )
 
     @field_validator("matches", mode="before")
     @classmethod
@@ -431,6 +436,7 @@ class Alert(BaseModel):
             "source_entry": self.source_entry,
             "op": self.op,
             **({"text": self.text} if self.text is not None else {}),
+            **({"incomplete": "1"} if self.incomplete else {}),
         }
 
 
