@@ -1,4 +1,4 @@
-"""The per-event budget (SPEC section 5, docs/contract.md "The per-event budget"): a search that would verify more
+"""The per-event budget (docs/contract.md, "The per-event budget"): a search that would verify more
 than MAX_CANDIDATES candidates stops there and says so. Compared with the brute-force oracle: an event whose search
 stayed within the budget is answered exactly; one cut at it lists real matches only, counts at least those and at
 most every match, and says `incomplete` (the alert, the reply, the metric).

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 __all__ = ["DEFAULT_MAX_CANDIDATES", "EventLimits"]
 
 DEFAULT_MAX_CANDIDATES = 5000
-"""The per-event budget's default: most candidates one event's search verifies (SPEC section 5: about 10 ms of
+"""The per-event budget's default: most candidates one event's search verifies (docs/contract.md: about 10 ms of
 Redis time an event). Chosen by measurement on Redis 7.0 (docs/contract.md, "The per-event budget"): a candidate
 costs the primary's thread about 2 us, so 5,000 of them about 10 ms."""
 

@@ -72,6 +72,7 @@ def _bench(args: argparse.Namespace) -> int:
                     cap_s=args.ingest_cap,
                     seed=args.seed,
                     log=log,
+                    budget=args.max_candidates,
                 )
                 print(json.dumps(found, indent=2) if args.json else near_storm_markdown(found))
                 return EXIT_OK
@@ -110,8 +111,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "Examples: incident-worker bench; incident-worker bench --large (adds N = 1,000,000); "
         "incident-worker bench --sizes 10000 --ingest 0 --json; incident-worker bench --storm 100000 (a storm of "
         "exact duplicates against distinct incidents); incident-worker bench --near-storm 12000 --flood 50000 (near "
-        "duplicates and a crafted flood, SPEC section 5). Exit codes: 0 measured, 2 bad usage (no redis-server on "
-        "PATH, a non-empty Redis without --force)."
+        "duplicates and a crafted flood, the per-event budget). Exit codes: 0 measured, 2 bad usage (no "
+        "redis-server on PATH, a non-empty Redis without --force)."
     )
     parser.add_argument("--redis-url", help="use this Redis instead of starting one (it must be empty, or --force)")
     parser.add_argument("--force", action="store_true", help="with --redis-url: allow a non-empty database (FLUSHED)")
@@ -164,6 +165,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=20_000,
         metavar="M",
         help="with --near-storm: M crafted bags sharing one band value (0 = none; default 20000)",
+    )
+    parser.add_argument(
+        "--max-candidates",
+        type=int,
+        default=None,
+        metavar="B",
+        help="with --near-storm: the workers' per-event budget (default: the setting's default)",
     )
     parser.add_argument(
         "--verify",

@@ -1,4 +1,5 @@
-"""The near-duplicate storm benchmark behind `incident-worker bench --near-storm N` (SPEC section 5).
+"""The near-duplicate storm benchmark behind `incident-worker bench --near-storm N`
+(docs/contract.md, "The per-event budget").
 
 Three backlogs of N events each, on both read paths, each into an empty index on the same real Redis, with one
 worker process (the code of `incident-worker run`, default settings, so the default per-event budget):
@@ -8,7 +9,7 @@ worker process (the code of `incident-worker run`, default settings, so the defa
   thousands of distinct fingerprints lie within r of one another (`near_storm_bags`);
 * crafted flood: bags made so that every fingerprint has the same value in band 0 (the token hash is public:
   two tokens found by search fix band 0's bits by majority, a third of each bag's own sets the others), the attack
-  on the posting sets that SPEC section 5 bounds: every event's search meets every earlier incident.
+  on the posting sets that the per-event budget bounds: every event's search meets every earlier incident.
 
 Each backlog is sent in three parts, its first 2,000 events, the middle, its last 2,000, each drained before the
 next is sent, so that Redis time per event (INFO commandstats of FCALL) is measured over the first and the last
@@ -27,6 +28,7 @@ from ..bands import DEFAULT_BANDS, BandLayout
 from ..fingerprint import token_hash
 from ..index import FingerprintIndex
 from ..keys import IndexKeys
+from ..limits import DEFAULT_MAX_CANDIDATES
 from .benchmark import (
     Bench,
     _backlog_done,
@@ -72,13 +74,16 @@ def near_storm_bags(count: int) -> list[dict[str, int]]:
     return [{**common, f"request-{n}": 1} for n in range(count)]
 
 
-def _phases(bench: Bench, items: list[tuple[str, dict[str, int]]], read_path: str, cap_s: float) -> dict[str, Any]:
+def _phases(
+    bench: Bench, items: list[tuple[str, dict[str, int]]], read_path: str, cap_s: float, budget: int | None
+) -> dict[str, Any]:
     """One worker on `items`, sent as first EDGE, middle, last EDGE; events/s and Redis time per event of each."""
     client = bench.client
     keys = IndexKeys(NAMESPACE)
     bench.fresh(NAMESPACE)
     FingerprintIndex(client, NAMESPACE, bands=DEFAULT_BANDS).open()
-    run = _Run(bench.url, NAMESPACE, DEFAULT_BANDS, 1, read_path=read_path)
+    settings = {} if budget is None else {"max_candidates": budget}
+    run = _Run(bench.url, NAMESPACE, DEFAULT_BANDS, 1, read_path=read_path, settings=settings)
     bench._wait_for_workers(keys, 1)
     edge = min(EDGE, len(items) // 3)
     parts = [items[:edge], items[edge : len(items) - edge], items[len(items) - edge :]]
@@ -135,7 +140,9 @@ def _incomplete_alerts(client: redis.Redis, stream: str) -> int:
     return sum(1 for _, fields in entries if fields.get(b"incomplete") == b"1")
 
 
-def run_near_storm(*, url: str, count: int, flood: int, cap_s: float, seed: int, log: Any) -> dict[str, Any]:
+def run_near_storm(
+    *, url: str, count: int, flood: int, cap_s: float, seed: int, log: Any, budget: int | None = None
+) -> dict[str, Any]:
     """Distinct, near storm and crafted flood backlogs on both read paths; see the module's docstring."""
     client = redis.Redis.from_url(url, socket_timeout=300)
     bench = Bench(client, url, _Events(seed, None), count, cap_s, 0.0, log)
@@ -148,11 +155,12 @@ def run_near_storm(*, url: str, count: int, flood: int, cap_s: float, seed: int,
     results = run_header(client)
     results["count"] = count
     results["flood"] = flood
+    results["max_candidates"] = DEFAULT_MAX_CANDIDATES if budget is None else budget
     for read_path in ("primary", "snapshot"):
         rows = {}
         for name, items in backlogs.items():
             log(f"{name} on the {read_path} path: {len(items):,} events into an empty index ...")
-            rows[name] = _phases(bench, items, read_path, cap_s)
+            rows[name] = _phases(bench, items, read_path, cap_s, budget)
         rows["throughput_ratio"] = round(
             rows["near_storm"]["events_per_s"] / max(rows["distinct"]["events_per_s"], 1e-9), 2
         )
@@ -165,7 +173,8 @@ def near_storm_markdown(results: dict[str, Any]) -> str:
     out = [
         f"Near-duplicate storm benchmark, {results['date']}: `{results['command']}`; {results['machine']['cpus']} "
         f"CPUs, Redis {results['machine']['redis']}, Python {results['machine']['python']}. One worker process, "
-        "default settings (4 bands, r = 7, per-event budget at its default), each backlog into an empty index, "
+        f"default settings (4 bands, r = 7, a budget of {results['max_candidates']:,} candidates an event), each "
+        "backlog into an empty index, "
         f"sent as its first {EDGE:,} events, the middle, its last {EDGE:,}.",
         "",
         "| read path | backlog | events | events/s | FCALL us/event, first 2,000 | last 2,000 | growth "
