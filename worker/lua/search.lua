@@ -87,10 +87,11 @@ end
 -- so that a flood of incidents crafted to share one band value costs this search `budget` members, never the set
 -- (SMEMBERS or SUNION of a set of 200,000 would cost the primary's thread far more than the budget alone).
 --
--- An incident near the query sits in several of its probe sets (one per band it shares), so the sizes add up to
--- more than the union: a set is read whole while the members read stay within 4 * budget (reading a member costs
--- a fraction of verifying one), and otherwise sampled (SRANDMEMBER, distinct members, O(what it returns)). Returns
--- at most `budget` distinct IDs and whether any member of the sets was left out: then the search is cut.
+-- A set is read whole when it fits in what is left of the budget, and otherwise sampled (SRANDMEMBER, distinct
+-- members, O(what it returns)): the members read stay within the budget and the duplicates of the sets read before.
+-- (An incident near the query sits in up to one probe set per band, so a search may be cut with fewer distinct
+-- candidates than the budget when its sets add up to more.) Returns at most `budget` distinct IDs and whether any
+-- member of the sets was left out: then the search is cut.
 local function bounded_candidates(probe_keys, budget)
   local sizes, total = {}, 0
   for i = 1, #probe_keys do
@@ -99,7 +100,7 @@ local function bounded_candidates(probe_keys, budget)
     total = total + size
   end
   if total <= budget then return nil, false end
-  local seen, list, n, read, cut = {}, {}, 0, 0, false
+  local seen, list, n, cut = {}, {}, 0, false
   for i = 1, #probe_keys do
     local size = sizes[i]
     if size > 0 then
@@ -109,13 +110,12 @@ local function bounded_candidates(probe_keys, budget)
         break
       end
       local members
-      if read + size <= 4 * budget then
+      if size <= room then
         members = redis.call('SMEMBERS', probe_keys[i])
       else
         members = redis.call('SRANDMEMBER', probe_keys[i], room)
-        if room < size then cut = true end
+        cut = true
       end
-      read = read + #members
       for j = 1, #members do
         local id = members[j]
         if not seen[id] then
