@@ -87,11 +87,11 @@ end
 -- so that a flood of incidents crafted to share one band value costs this search `budget` members, never the set
 -- (SMEMBERS or SUNION of a set of 200,000 would cost the primary's thread far more than the budget alone).
 --
--- A set is read whole when it fits in what is left of the budget, and otherwise sampled (SRANDMEMBER, distinct
--- members, O(what it returns)): the members read stay within the budget and the duplicates of the sets read before.
--- (An incident near the query sits in up to one probe set per band, so a search may be cut with fewer distinct
--- candidates than the budget when its sets add up to more.) Returns at most `budget` distinct IDs and whether any
--- member of the sets was left out: then the search is cut.
+-- A set no larger than the budget is read whole, a larger one sampled (SRANDMEMBER: what is left of the budget in
+-- distinct members, O(what it returns)), and the reading stops at the budget's distinct IDs. So a search is cut
+-- exactly when its sets hold more than the budget of distinct incidents (a set larger than the budget is such a
+-- case), and the members read are at most one per band for each ID kept (an incident near the query sits in up to
+-- one probe set per band). Returns at most `budget` distinct IDs and whether the search was cut.
 local function bounded_candidates(probe_keys, budget)
   local sizes, total = {}, 0
   for i = 1, #probe_keys do
@@ -103,19 +103,15 @@ local function bounded_candidates(probe_keys, budget)
   local seen, list, n, cut = {}, {}, 0, false
   for i = 1, #probe_keys do
     local size = sizes[i]
-    if size > 0 then
-      local room = budget - n
-      if room <= 0 then
-        cut = true
-        break
-      end
-      local members
-      if size <= room then
-        members = redis.call('SMEMBERS', probe_keys[i])
-      else
-        members = redis.call('SRANDMEMBER', probe_keys[i], room)
-        cut = true
-      end
+    local members
+    if size > budget then
+      -- more distinct incidents than the budget in this set alone: the search is cut, whatever the others hold
+      cut = true
+      if n < budget then members = redis.call('SRANDMEMBER', probe_keys[i], budget - n) end
+    elseif size > 0 then
+      members = redis.call('SMEMBERS', probe_keys[i])
+    end
+    if members then
       for j = 1, #members do
         local id = members[j]
         if not seen[id] then
@@ -129,6 +125,7 @@ local function bounded_candidates(probe_keys, budget)
         end
       end
     end
+    if cut and n == budget then break end
   end
   return list, cut
 end
