@@ -33,7 +33,9 @@ Tokenizer = Callable[[str], object]
 
 
 def load_version(path: Path, name: str) -> Tokenizer:
-    """`features_from_text` of another copy of worker/text.py, loaded as a module of its own."""
+    """`features_from_text` of another copy of worker/text.py, loaded as a module of its own inside the `worker`
+    package, so that its relative imports (`from .errors import ...`) find today's package."""
+    name = f"worker.{name}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise SystemExit(f"cannot load {path}")

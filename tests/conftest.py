@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import fakeredis
+import hypothesis
 import pytest
 import redis
 import structlog
@@ -48,6 +49,12 @@ def no_worker_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+# No per-example deadline: the suite runs in several processes on a machine that may be busy, where an example that
+# takes 1 ms alone sometimes took 250 ms, and hypothesis reported the test as flaky. A hung example still fails, on
+# the suite's timeout.
+hypothesis.settings.register_profile("suite", deadline=None)
+hypothesis.settings.load_profile("suite")
 
 
 @pytest.fixture(autouse=True)

@@ -105,3 +105,90 @@ def assert_postings_match(
         if len(group) > 1
     }
     assert groups == expected_groups, "twin groups disagree with the fingerprints"
+
+
+class GroupOracle(Oracle):
+    """The index with groups, by brute force: each incident's label kept for every incident (the index stores only
+    those that differ from the incident's own ID), each group's size counted.
+
+    An incident with matches joins the group of its closest match (smallest distance, then the smaller ID in byte
+    order: `matches`'s first); without, it opens a group labelled with its ID, or, when that ID labels a live group
+    or a merged one already, `<ID>#<n>` with n from a counter (the first n free of labels and IDs).
+    """
+
+    def __init__(self, max_distance: int) -> None:
+        super().__init__(max_distance)
+        self.raw: dict[str, str] = {}
+        self.merged: dict[str, str] = {}
+        self.seq = 0
+
+    def group(self, incident_id: str) -> str:
+        raw = self.raw[incident_id]
+        return self.merged.get(raw, raw)
+
+    def size(self, label: str) -> int:
+        return sum(1 for i in self.fps if self.group(i) == label)
+
+    def groups(self) -> dict[str, tuple[str, int]]:
+        return {i: (self.group(i), self.size(self.group(i))) for i in self.fps}
+
+    def _live(self, label: str) -> bool:
+        return any(self.group(i) == label for i in self.fps)
+
+    def _decide(self, incident_id: str, matches: list[tuple[str, int]]) -> None:
+        if matches:
+            self.raw[incident_id] = self.group(matches[0][0])
+            return
+        label = incident_id
+        if self._live(label) or label in self.merged:
+            while True:
+                self.seq += 1
+                label = f"{incident_id}#{self.seq}"
+                if not self._live(label) and label not in self.merged and label not in self.fps:
+                    break
+        self.raw[incident_id] = label
+
+    def add(self, incident_id: str, fp: int) -> list[tuple[str, int]] | str:
+        if incident_id in self.fps:
+            return super().add(incident_id, fp)
+        matches = self.matches(fp)
+        self._decide(incident_id, matches)
+        self.fps[incident_id] = fp
+        return matches
+
+    def upsert(self, incident_id: str, fp: int) -> list[tuple[str, int]]:
+        if self.fps.get(incident_id) == fp:
+            return []
+        self.fps.pop(incident_id, None)
+        self.raw.pop(incident_id, None)
+        matches = self.matches(fp)
+        self._decide(incident_id, matches)
+        self.fps[incident_id] = fp
+        return matches
+
+    def delete(self, incident_id: str) -> bool:
+        self.raw.pop(incident_id, None)
+        return super().delete(incident_id)
+
+    def merge(self, into: str, other: str) -> bool:
+        """Fold group `other` into `into` (labels); False when either names no live group."""
+        a, b = self.merged.get(into, into), self.merged.get(other, other)
+        if not self._live(a) or not self._live(b):
+            return False
+        if a != b:
+            for label, target in list(self.merged.items()):
+                if target == b:
+                    self.merged[label] = a
+            self.merged[b] = a
+        return True
+
+    def stored(self) -> tuple[dict[str, str], dict[str, int]]:
+        """What the index keeps: {N}:group (labels other than the incident's own ID) and {N}:groupsize (every group
+        but an opener alone under its own label)."""
+        entries = {i: raw for i, raw in self.raw.items() if raw != i}
+        sizes: dict[str, int] = {}
+        for label in {self.group(i) for i in self.fps}:
+            members = [i for i in self.fps if self.group(i) == label]
+            if not (len(members) == 1 and members[0] == label and self.raw[label] == label):
+                sizes[label] = len(members)
+        return entries, sizes

@@ -241,9 +241,10 @@ def test_query_lists_matches_and_says_plainly_when_there_is_none(server: RedisSe
     result = json.loads(done.stdout)
     assert result["fingerprint"] == "0b61171015620fa1" and result["max_distance"] == 7
     assert result["matches"] == [
-        {"incident_id": "47", "distance": 0, "fingerprint": "0b61171015620fa1"},
-        {"incident_id": "90", "distance": 0, "fingerprint": "0b61171015620fa1"},
+        {"incident_id": "47", "distance": 0, "fingerprint": "0b61171015620fa1", "group": "47"},
+        {"incident_id": "90", "distance": 0, "fingerprint": "0b61171015620fa1", "group": "47"},
     ]
+    assert result["group"] == "47", "the group an incident with this bag would join"
     piped = cli(server, "query", stdin=json.dumps(ROAD))
     assert piped.returncode == 0 and "83" in piped.stdout and "1 match within 7" in piped.stdout
 
@@ -280,6 +281,30 @@ def test_read_commands_use_the_layout_the_index_was_built_with(server: RedisServ
     assert "refuses to start" in cli(server, "stats").stdout
 
 
+def test_groups_lists_shows_and_merges(server: RedisServer, client: redis.Redis) -> None:
+    index = FingerprintIndex(client)
+    for incident_id, bag in (("47", DOCK), ("90", DOCK), ("91", DOCK), ("83", ROAD), ("84", ROAD)):
+        index.add(incident_id, bag)
+    listed = cli(server, "groups", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["largest"] == [{"group": "47", "size": 3}, {"group": "83", "size": 2}]
+    assert {g["group"] for g in json.loads(listed.stdout)["recent"]} == {"47", "83"}
+    assert "largest groups" in cli(server, "groups").stdout
+    assert json.loads(cli(server, "groups", "show", "83", "--json").stdout)["members"] == ["83", "84"]
+    merged = cli(server, "groups", "merge", "47", "83")
+    assert merged.returncode == 0 and "into 47: 5 incidents" in merged.stdout, merged
+    assert json.loads(cli(server, "groups", "show", "83", "--json").stdout) == {
+        "group": "47",
+        "size": 5,
+        "members": ["47", "83", "84", "90", "91"],
+    }
+    assert "would join group 47" in cli(server, "query", "--features", json.dumps(ROAD)).stdout
+    missing = cli(server, "groups", "merge", "47", "nobody")
+    assert missing.returncode == 1 and "names no group" in missing.stderr
+    assert cli(server, "groups", "show", "nobody").returncode == 1
+    assert "group        47 (5 incidents)" in cli(server, "inspect", "84").stdout
+
+
 def test_inspect_shows_fingerprint_bands_posting_sets_and_matches(
     server: RedisServer, client: redis.Redis, tmp_path: Path
 ) -> None:
@@ -297,7 +322,10 @@ def test_inspect_shows_fingerprint_bands_posting_sets_and_matches(
     assert all(band["member"] for band in shown["bands"])
     twin = json.loads(cli(server, "inspect", "90", "--json").stdout)
     assert all(band["member"] for band in twin["bands"]), "a twin is reachable through its representative"
-    assert shown["matches"] == [{"incident_id": "90", "distance": 0, "fingerprint": format_fingerprint(fp)}]
+    assert shown["matches"] == [
+        {"incident_id": "90", "distance": 0, "fingerprint": format_fingerprint(fp), "group": "47"}
+    ]
+    assert (shown["group"], shown["group_size"]) == ("47", 2)
     assert shown["neighbours"] == shown["matches"], "the deprecated key stays for one release"
 
     twins = cli(server, "inspect", "47")

@@ -234,7 +234,12 @@ def test_a_worker_follows_its_namespace_to_the_promoted_replica(tmp_path: Path) 
             wait_until(lambda: replica.info("replication")["role"] == "master", 60, "the replica's promotion")
         # the rest arrives after the switch, through a client that follows the redirection
         after = RedisCluster.from_url(url)
-        wait_until(lambda: after.get_node_from_key("{incidents}:fp").port == int(port), 30, "the new slot owner")
+
+        def owner_is_the_promoted_replica() -> bool:
+            after.nodes_manager.initialize()  # the client keeps the slot map it read: ask the cluster again
+            return bool(after.get_node_from_key("{incidents}:fp").port == int(port))
+
+        wait_until(owner_is_the_promoted_replica, 60, "the new slot owner")
         publish(after, [{**e, "features": _json(e["features"])} for e in events[1000:]])
         fps = fingerprints(events)
         wait_until(lambda: after.hlen("{incidents}:fp") == len(fps), 240, "every incident indexed after the failover")

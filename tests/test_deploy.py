@@ -673,8 +673,21 @@ NEVER_GRANTED = {
 }
 
 
+def _split_selectors(rules: list[str]) -> tuple[list[str], list[str]]:
+    """A user's rules as (its root permissions, the rules of its selectors `(+command ~key ...)`)."""
+    root, selectors, depth = [], [], 0
+    for rule in rules:
+        depth += rule.startswith("(")
+        (selectors if depth else root).append(rule)
+        depth -= rule.endswith(")")
+    return root, selectors
+
+
 def test_worker_rules_grant_its_namespace_and_listed_commands_only(tmp_path: Path) -> None:
-    rules = _rendered_rules(tmp_path)[WORKER_USER]
+    rules, selected = _split_selectors(_rendered_rules(tmp_path)[WORKER_USER])
+    selectors = " ".join(selected)
+    # a selector grants one command on one key of the namespace: XDEL of dead letters (dead replay)
+    assert selectors == "(+xdel ~{incidents}:dead)", selectors
     assert [rule for rule in rules if rule.startswith(("~", "%", "allkeys"))] == [NAMESPACE_PATTERN]
     assert "resetchannels" in rules and not [rule for rule in rules if rule.startswith("&") or rule == "allchannels"]
     assert rules.index("-@all") < min(i for i, rule in enumerate(rules) if rule.startswith("+"))
@@ -695,7 +708,7 @@ def test_every_worker_permission_is_documented_in_the_template() -> None:
     assert len(permissions) > 20
     for i in permissions:
         above = i - 1
-        while above >= 0 and block[above].startswith("+"):
+        while above >= 0 and block[above].startswith(("+", "(")):  # a selector's line is a permission too
             above -= 1
         assert above >= 0 and block[above].startswith("#"), f"{block[i]} has no comment saying why"
         assert " " not in block[i], f"one permission a line, so each can be read and removed: {block[i]}"

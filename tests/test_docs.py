@@ -119,8 +119,13 @@ def test_event_alert_and_dead_letter_fields_are_documented() -> None:
         op="add",
         text="Disk full on db-7",  # a text incident's alert, with ALERT_TEXT_CHARS set
         incomplete=True,  # a search cut at the per-event budget
+        group_id="47",
+        group_size=2,
+        opens_group=True,  # (an opener's alert has no matches; every field shown at once)
+        event_fields={"service": "db"},  # with ALERT_EVENT_FIELDS=service: copied under its own name
     )
-    assert set(alert.to_fields()) == first_column("alert-fields")
+    assert set(alert.to_fields()) == first_column("alert-fields") - {"event_fields"} | {"service"}
+    assert Alert.from_fields(alert.to_fields()) == alert
     assert first_column("dead-letter-fields") == set(DEAD_LETTER_FIELDS)
 
 

@@ -21,9 +21,9 @@ from tests.redis_server import RedisServer
 from worker import library
 from worker.formats import REASONS
 from worker.index import FingerprintIndex
-from worker.metrics import STREAM_LABELS, Metrics
+from worker.metrics import Metrics
 from worker.settings import Settings
-from worker.upkeep import Upkeep
+from worker.upkeep import STREAM_LABELS, Upkeep
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = ROOT / "deploy" / "prometheus"

@@ -335,7 +335,7 @@ def test_a_mangled_fingerprint_does_not_block_the_expiries_behind_it(redis_clien
 from pathlib import Path  # noqa: E402
 
 from tests.redis_server import RedisServer  # noqa: E402
-from tests.streams import FAST, clean_env, publish, start_worker, wait_until, worker_command  # noqa: E402
+from tests.streams import FAST, clean_env, publish, start_worker, stop, wait_until, worker_command  # noqa: E402
 
 
 def _cli(url: str, *args: str) -> tuple[int, str, str]:
@@ -363,8 +363,8 @@ def test_a_worker_expires_by_itself_and_the_commands_show_it(server: RedisServer
         code, out, _ = _cli(server.url, "stats")
         assert code == 0 and "retention    window 1.0 h: 50 incidents tracked, 0 due" in out, out
     finally:
-        worker.kill()
-        worker.wait()
+        # stopped, not killed: a killed holder keeps the upkeep lease, and the next worker's expiry waits LEASE_TTL_MS
+        stop(worker)
     # a worker with a shorter window records it: the 50 are due at once
     worker = start_worker(server.url, log=tmp_path / "short.log", retention="1s", **FAST)
     try:
@@ -378,8 +378,7 @@ def test_a_worker_expires_by_itself_and_the_commands_show_it(server: RedisServer
         assert json.loads(out)["retention"]["window_ms"] == 1000
         wait_until(lambda: client.hlen("{incidents}:fp") == 0, 60, "its expiry")
     finally:
-        worker.kill()
-        worker.wait()
+        stop(worker)
     # a worker started without the setting keeps the namespace's window: it drops nothing
     unset = start_worker(server.url, log=tmp_path / "unset.log", **FAST)
     try:
@@ -389,8 +388,7 @@ def test_a_worker_expires_by_itself_and_the_commands_show_it(server: RedisServer
         assert client.hget("{incidents}:meta", "retention_ms") == b"1000"
         assert "retention window changed" not in (tmp_path / "unset.log").read_text()
     finally:
-        unset.kill()
-        unset.wait()
+        stop(unset)
     off = start_worker(server.url, log=tmp_path / "off.log", retention="off", **FAST)
     try:
         wait_until(lambda: client.hget("{incidents}:meta", "retention_ms") is None, 30, "retention turned off")
@@ -398,8 +396,7 @@ def test_a_worker_expires_by_itself_and_the_commands_show_it(server: RedisServer
         code, out, err = _cli(server.url, "expire")
         assert code == 0 and "retention is off" in err
     finally:
-        off.kill()
-        off.wait()
+        stop(off)
 
 
 @pytest.mark.slow

@@ -356,12 +356,15 @@ def test_retention_and_trimming_free_a_full_redis_by_themselves(
     (its calls free more than they take) and the worker goes on, with nobody raising maxmemory."""
     import threading
 
-    monkeypatch.setattr(upkeep, "UPKEEP_INTERVAL_S", 0.0)
-    monkeypatch.setattr(upkeep, "TRIM_INTERVAL_S", 0.0)
+    # No upkeep while the old incidents are indexed: on a busy machine that took longer than the window, and the first
+    # ones expired before the last was in.
+    monkeypatch.setattr(upkeep, "UPKEEP_INTERVAL_S", 1e9)
     old = [{"incident_id": f"old{i}", "features": bag} for i, bag in Workload(seed=5).take(3000)]
     publish(client, old)
     StreamWorker(client, _settings(retention="1s", reconnect_max_backoff_s=0.2)).run(until_idle=True)
     assert client.hlen("{incidents}:fp") == 3000
+    monkeypatch.setattr(upkeep, "UPKEEP_INTERVAL_S", 0.0)
+    monkeypatch.setattr(upkeep, "TRIM_INTERVAL_S", 0.0)
     time.sleep(1.2)  # every incident is past the window
     new = [{"incident_id": f"new{i}", "features": bag} for i, bag in Workload(seed=6).take(50)]
     publish(client, new)

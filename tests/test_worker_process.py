@@ -356,6 +356,11 @@ def test_heartbeat_is_refreshed_and_check_sees_a_frozen_worker(server: RedisServ
         return sp.run([*worker_command(), "check"], env=env, capture_output=True, timeout=30).returncode
 
     try:
+        # started first (on a busy machine that alone took longer than the sleep below)
+        client = server.client()
+        deadline = time.monotonic() + 60
+        while not client.exists("{incidents}:heartbeat:beat") and time.monotonic() < deadline:
+            time.sleep(0.05)
         time.sleep(2.5)  # longer than the TTL: only refreshes keep the key alive
         assert check() == 0
         worker.send_signal(signal.SIGSTOP)

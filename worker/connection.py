@@ -25,7 +25,7 @@ from .errors import UsageError
 from .logs import error_message, hide_secrets, redact
 from .settings import ENV_PREFIX, Settings
 
-__all__ = ["RedisClient", "connect"]
+__all__ = ["RedisClient", "connect", "connect_replica"]
 
 RedisClient: TypeAlias = "redis.Redis | RedisCluster"
 """A standalone or cluster redis-py client, decoding responses or not."""
@@ -66,6 +66,39 @@ def connect(
         return _cluster(settings, url, options)
     if settings.sentinels:
         return _sentinel_primary(settings, url, options)
+    return redis.Redis.from_url(url, **options)
+
+
+REPLICA_TIMEOUT_S = 2.0
+"""Socket timeout of the snapshot's replica (at most socket_timeout_s): its reads are a few milliseconds, and a hung
+replica is left for the primary after this long instead of holding the worker for the primary's timeout."""
+
+
+def connect_replica(settings: Settings) -> redis.Redis | None:
+    """A client of `settings.snapshot_replica_url` (None when unset), for the snapshot's reads: the copy's load and
+    the change log it follows. With `sentinel`, a replica the Sentinels name for the service (redis-py's slave_for,
+    which takes another replica, or the primary when none answers), with redis_url's credentials and TLS.
+
+    No retries and a short timeout: the read path leaves a replica that fails for the primary (worker/readpath.py).
+    """
+    if settings.snapshot_replica_url is None:
+        return None
+    timeout = min(REPLICA_TIMEOUT_S, settings.socket_timeout_s)
+    options: dict[str, Any] = {
+        "decode_responses": False,
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 0),
+        "health_check_interval": 30,
+        "client_name": f"incident-worker:{settings.consumer}:snapshot",
+    }
+    hide_secrets(*settings.secrets())
+    if settings.replica_of_sentinels:
+        url = settings.redis_url.get_secret_value()
+        check_tls_files(url)
+        return _sentinel_replica(settings, url, options)
+    url = settings.snapshot_replica_url.get_secret_value()
+    check_tls_files(url)
     return redis.Redis.from_url(url, **options)
 
 
@@ -168,12 +201,27 @@ def _sentinel_credentials(settings: Settings) -> dict[str, str]:
 
 
 def _sentinel_primary(settings: Settings, url: str, options: dict[str, Any]) -> redis.Redis:
-    """The primary of the Sentinel service: host and port come from the Sentinels, the rest of redis_url (user,
-    password, database, TLS with rediss://) still applies to the primary. Sentinels are asked with the same timeouts,
-    their own credentials, `sentinel_username` and `sentinel_password` (none by default), and over TLS when
-    `settings.sentinels_over_tls` (`sentinel_tls`; unset, when redis_url is rediss://), with redis_url's TLS options:
-    a deployment's Sentinels and Redis servers usually present certificates of one authority (a CA file may hold
-    several), and the worker's client certificate is the worker's whichever it talks to."""
+    """The primary of the Sentinel service (`_sentinel_of`)."""
+    sentinel, merged = _sentinel_of(settings, url, options)
+    client: redis.Redis = sentinel.master_for(settings.sentinel_service, **merged)
+    return client
+
+
+def _sentinel_replica(settings: Settings, url: str, options: dict[str, Any]) -> redis.Redis:
+    """A replica of the Sentinel service, reached as `_sentinel_primary` reaches the primary."""
+    sentinel, merged = _sentinel_of(settings, url, options)
+    client: redis.Redis = sentinel.slave_for(settings.sentinel_service, **merged)
+    return client
+
+
+def _sentinel_of(settings: Settings, url: str, options: dict[str, Any]) -> tuple[Sentinel, dict[str, Any]]:
+    """The Sentinels of the service, and the options of its servers: host and port come from the Sentinels, the rest
+    of redis_url (user, password, database, TLS with rediss://) still applies to the primary (and its replicas).
+    Sentinels are asked with the same timeouts, their own credentials, `sentinel_username` and `sentinel_password`
+    (none by default), and over TLS when `settings.sentinels_over_tls` (`sentinel_tls`; unset, when redis_url is
+    rediss://), with redis_url's TLS options: a deployment's Sentinels and Redis servers usually present certificates
+    of one authority (a CA file may hold several), and the worker's client certificate is the worker's whichever it
+    talks to."""
     parsed = parse_url(url)
     for field in ("host", "port", "path"):
         parsed.pop(field, None)
@@ -201,8 +249,7 @@ def _sentinel_primary(settings: Settings, url: str, options: dict[str, Any]) -> 
         socket_timeout=options["socket_timeout"],
         sentinel_kwargs=sentinel_kwargs,
     )
-    client: redis.Redis = sentinel.master_for(settings.sentinel_service, **{**options, **parsed})
-    return client
+    return sentinel, {**options, **parsed}
 
 
 class _Sentinel(Sentinel):

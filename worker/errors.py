@@ -5,6 +5,7 @@ Library errors (what a caller of `worker.fingerprint`, `worker.bands` or `worker
 * `InvalidFeaturesError` (a ValueError): a feature bag the fingerprint does not accept; `reason` is the dead-letter
   code (`bad_token`, `bad_weight`, ...).
 * `LayoutError` (a ValueError): band settings that cannot be used; the message says what would work.
+* `TextTooLargeError` (a ValueError): a text that grows past the tokenizer's bound in Unicode's NFKC form.
 * `RedisUrlError` (a ValueError): a Redis URL that is refused; the message says why and never quotes the URL.
 * `FingerprintIndexError`: base of the index's own errors.
   * `DuplicateIncidentError`: `add` of an ID already indexed with another fingerprint.
@@ -14,6 +15,8 @@ Library errors (what a caller of `worker.fingerprint`, `worker.bands` or `worker
   * `StaleRetriesExhaustedError`: an upsert or delete kept racing another client rewriting the same incident.
   * `PreflightError`: the worker's Redis user may not run a command the index's functions send, or one of the
     namespace's keys holds another type; a call would stop midway, keeping what it wrote before.
+  * `DamagedMetaError`: a field of `{N}:meta` holds what no version writes there (a hand edit); the message names
+    the field and what to run. `worker.metafields` builds it.
   * `KeyTypeError`: a key of the namespace holds another type than the index keeps there (Redis's WRONGTYPE); the
     message names the key, the type it holds and what to do (`worker.keytypes` builds it).
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 __all__ = [
     "CommandError",
+    "DamagedMetaError",
     "DuplicateIncidentError",
     "FingerprintIndexError",
     "FunctionsMissingError",
@@ -39,6 +43,7 @@ __all__ = [
     "PreflightError",
     "RedisUrlError",
     "StaleRetriesExhaustedError",
+    "TextTooLargeError",
     "UsageError",
 ]
 
@@ -53,6 +58,11 @@ class InvalidFeaturesError(ValueError):
 
 class LayoutError(ValueError):
     """A band layout that cannot be used; the message says what would work."""
+
+
+class TextTooLargeError(ValueError):
+    """A text that NFKC would make larger than the tokenizer's bound (`worker.text.NFKC_GROWTH`): its work is bounded
+    by the size of the text it reads, so such a text is refused before it is normalized whole."""
 
 
 class RedisUrlError(ValueError):
@@ -82,6 +92,14 @@ class DuplicateIncidentError(FingerprintIndexError):
 
 class LayoutMismatchError(FingerprintIndexError):
     """The namespace was built with another layout than this index is configured with."""
+
+
+class DamagedMetaError(FingerprintIndexError):
+    """A field of `{N}:meta` holds a value that no version writes there (a hand edit); `field` is its name."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class TokenizerMismatchError(LayoutMismatchError):

@@ -25,13 +25,14 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from .errors import InvalidFeaturesError
+from .errors import InvalidFeaturesError, TextTooLargeError
 from .fingerprint import MAX_WEIGHT, fingerprint, format_fingerprint, parse_fingerprint
 from .limits import EventLimits
 from .replies import text as _text
 from .text import features_from_text
 
 __all__ = [
+    "ALERT_FIELDS",
     "DEAD_LETTER_FIELDS",
     "MAX_INCIDENT_ID_LENGTH",
     "Alert",
@@ -85,7 +86,7 @@ REASONS = {
     "missing_field": "incident_id is missing, or an add or upsert carries neither features nor text",
     "features_and_text": "the entry carries both features and text (send exactly one of them)",
     "bad_type": "a field has the wrong type",
-    "bad_text": "text is not valid Unicode (a lone surrogate)",
+    "bad_text": "text is not valid Unicode (a lone surrogate), or grows more than 4 times over in NFKC form",
     "bad_incident_id": "incident_id is empty, longer than 256 characters, or holds a lone surrogate (no UTF-8 form)",
     "bad_op": "op is not add, upsert or delete",
     "not_utf8": "a field is not valid UTF-8",
@@ -328,6 +329,8 @@ def _bag_of_text(value: Any) -> dict[str, int]:
         raise _error("bad_type", f"text must be a string, got {type(value).__name__}")
     try:
         return features_from_text(value)
+    except TextTooLargeError as error:
+        raise _error("bad_text", str(error)) from None
     except ValueError as error:
         reason = "bad_text" if "surrogate" in str(error) else "empty_bag"
         raise _error(reason, str(error)) from None
@@ -378,7 +381,8 @@ _HEX_FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
 
 
 class Alert(BaseModel):
-    """One entry of the alerts stream: an incident and every indexed incident within max_distance of it.
+    """One entry of the alerts stream: an incident, every indexed incident within max_distance of it, and its group
+    (with GROUP_OPEN_ALERTS, also an incident that opens a group: no matches, `opens_group`).
 
     `fingerprint` is an int here, as everywhere in the Python API; in the stream and in JSON (`model_dump`,
     `to_fields`) it is 16 lowercase hex digits, as the server side stores it.
@@ -389,7 +393,7 @@ class Alert(BaseModel):
     incident_id: str
     fingerprint: int = Field(ge=0, lt=1 << 64, description="16 lowercase hex digits in the stream and in JSON")
     matches: list[Match]
-    match_count: int = Field(ge=1)
+    match_count: int = Field(ge=0)
     max_distance: int = Field(ge=0, le=64)
     source_entry: str
     op: Op
@@ -400,6 +404,12 @@ class Alert(BaseModel):
         False,
         description="the search stopped at the per-event budget (max_candidates): `matches` are real matches but not "
         'necessarily the closest, and match_count is a lower bound; "1" in the stream, absent otherwise',
+    )
+    group_id: str | None = Field(None, description="the incident's group (absent in alerts of workers before groups)")
+    group_size: int | None = Field(None, ge=1, description="the incidents in its group, this one included")
+    opens_group: bool = Field(False, description="the incident opened its group (GROUP_OPEN_ALERTS): no matches")
+    event_fields: dict[str, str] = Field(
+        default_factory=dict, description="the event's own fields named by ALERT_EVENT_FIELDS, copied as they came"
     )
 
     @field_validator("matches", mode="before")
@@ -422,8 +432,12 @@ class Alert(BaseModel):
 
     @classmethod
     def from_fields(cls, fields: Mapping[Any, Any]) -> Alert:
-        """Parse an alerts-stream entry as a subscriber reads it."""
-        return cls.model_validate(decode_fields(fields))
+        """Parse an alerts-stream entry as a subscriber reads it: the fields the alert defines, and the event fields
+        copied into it (any other name) in `event_fields`."""
+        decoded = decode_fields(fields)
+        own = {k: v for k, v in decoded.items() if k in ALERT_FIELDS}
+        copied = {k: v for k, v in decoded.items() if k not in ALERT_FIELDS}
+        return cls.model_validate({**own, "event_fields": copied} if copied else own)
 
     def to_fields(self) -> dict[str, str]:
         """The stream entry (the worker's server-side function writes exactly these fields)."""
@@ -437,7 +451,15 @@ class Alert(BaseModel):
             "op": self.op,
             **({"text": self.text} if self.text is not None else {}),
             **({"incomplete": "1"} if self.incomplete else {}),
+            **({"group_id": self.group_id} if self.group_id is not None else {}),
+            **({"group_size": str(self.group_size)} if self.group_size is not None else {}),
+            **({"opens_group": "1"} if self.opens_group else {}),
+            **self.event_fields,
         }
+
+
+ALERT_FIELDS = frozenset(Alert.model_fields) - {"event_fields"}
+"""The fields an alert defines; ALERT_EVENT_FIELDS may name none of them (a copied field would hide one)."""
 
 
 class DeadLetter(BaseModel):

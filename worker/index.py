@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import islice
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from redis.exceptions import ResponseError
 
@@ -33,6 +33,7 @@ from .formats import incident_id_problem
 from .keys import DEFAULT_NAMESPACE, IndexKeys
 from .library import ApplyResult, SnapshotClaim, StreamTarget, parse_apply, stored_value
 from .limits import DEFAULT_MAX_CANDIDATES
+from .metafields import building_damaged, is_layout_tag
 from .replies import pairs, text
 from .text import TOKENIZER_VERSION
 from .transport import Command, Transport, execute, open_transport
@@ -42,6 +43,7 @@ __all__ = [
     "SCHEME",
     "STALE_RETRIES",
     "FingerprintIndex",
+    "Group",
     "Posting",
     "batched",
     "retry_while_stale",
@@ -86,6 +88,13 @@ def parse_layout_tag(tag: str) -> dict[str, str]:
 def base_tag(tag: str) -> str:
     """A layout tag without its generation: the layout itself, wherever its postings are kept."""
     return tag.split("/generation=", 1)[0]
+
+
+class Group(NamedTuple):
+    """An incident's group: its label (the ID of the incident that opened it) and how many incidents it has."""
+
+    label: str
+    size: int
 
 
 @dataclass(frozen=True)
@@ -264,6 +273,8 @@ class FingerprintIndex:
         if building != (self.building.tag if self.building else ""):
             self.building = None
             if building:
+                if not is_layout_tag(building):
+                    raise building_damaged(self.redis, self.keys, building)
                 parts = parse_layout_tag(building)
                 target = BandLayout(int(parts["bands"]), int(parts["max_distance"]))
                 generation = int(parts["generation"])
@@ -272,6 +283,8 @@ class FingerprintIndex:
 
     LATER_META_FIELDS = (
         "tokenizer",
+        "group_seq",
+        "group_merges",
         "changes_trimmed_to",
         "retention_ms",
         "retention_since",
@@ -430,6 +443,8 @@ class FingerprintIndex:
         tokenizer: str = "",
         snapshot: SnapshotClaim | None = None,
         max_candidates: int | None = None,
+        open_alerts: bool = False,
+        alert_fields: Sequence[tuple[str, str]] = (),
     ) -> Command:
         """One apply call (worker/lua/apply.lua) as a command for `execute` or a transport; parse its reply with
         `parse_apply`. Its keys and arguments are `library.ApplyKeys` and `library.ApplyArgs`, filled here.
@@ -443,7 +458,8 @@ class FingerprintIndex:
         ('' for a bag, or a delete).
         With `snapshot`, the call validates what a search of a copy of the index found instead of searching the
         postings (no probe keys are sent; see worker/readpath.py). While a migration builds another layout
-        (`building`), the call writes the fingerprint's postings in it too.
+        (`building`), the call writes the fingerprint's postings in it too. With `open_alerts` an incident that
+        opens a group gets an alert too; `alert_fields` (name, value) are copied into the alert.
         """
         own: list[str] = []
         others: list[str] = []
@@ -512,6 +528,7 @@ class FingerprintIndex:
             tokenizer=tokenizer,
             snapshot=packed,
             migration=library.pack_migration(target.tag, target.layout.bands) if target is not None else "",
+            alert_extra=library.pack_alert_extra(open_alerts, alert_fields),
             listed=listed,
         )
         return library.apply_command(keys, args)
@@ -765,6 +782,63 @@ class FingerprintIndex:
         """The incident's fingerprint, or None when it is not indexed."""
         stored = self.redis.hget(self.keys.fingerprints, incident_id)
         return None if stored is None else parse_fingerprint(stored)
+
+    def groups_of(self, incident_ids: Sequence[str]) -> dict[str, Group | None]:
+        """The group of each incident (None when it is not indexed), in one atomic read."""
+        if not incident_ids:
+            return {}
+        reply = self._fcall(
+            library.FN_GROUP_OF, [self.keys.meta, self.keys.fingerprints], list(incident_ids), readonly=True
+        )
+        return {
+            i: None if not label else Group(text(label), int(size))
+            for i, (label, size) in zip(incident_ids, reply, strict=True)
+        }
+
+    def group_of(self, incident_id: str) -> Group | None:
+        """The incident's group: its label and how many incidents it has (None when the incident is not indexed)."""
+        return self.groups_of([incident_id])[incident_id]
+
+    def merge_groups(self, into: str, other: str) -> tuple[Group, Group]:
+        """Fold group `other` into group `into`, atomically: `other`'s members, and incidents that would later join
+        it, belong to `into` from now on. Returns `into` after the merge and `other` before it; raises ResponseError
+        (NOGROUP ...) when either names no group."""
+        a, size_a, b, size_b = self._fcall(
+            library.FN_GROUP_MERGE, [self.keys.meta, self.keys.fingerprints], [into, other]
+        )
+        return Group(text(a), int(size_a)), Group(text(b), int(size_b))
+
+    def largest_groups(self, count: int = 20) -> list[Group]:
+        """The `count` largest groups of more than one incident, largest first (then by label); reads every group's
+        size (HSCAN), so its cost follows the number of groups."""
+        sizes = [Group(text(k), int(v)) for k, v in self.redis.hscan_iter(self.keys.group_sizes, count=1000)]
+        return sorted(sizes, key=lambda g: (-g.size, g.label))[:count]
+
+    def active_groups(self, count: int = 20) -> list[tuple[Group, int]]:
+        """The `count` groups an incident joined most recently, with when (ms of the server's clock), latest first."""
+        rows: list[Any] = self.redis.zrevrange(self.keys.group_active, 0, count - 1, withscores=True)
+        labels = [text(row[0]) for row in rows]
+        sizes = self.redis.hmget(self.keys.group_sizes, labels) if labels else []
+        return [
+            (Group(label, int(size or 1)), int(row[1])) for label, row, size in zip(labels, rows, sizes, strict=True)
+        ]
+
+    def group_members(self, label: str) -> list[str]:
+        """The incidents of a group, in byte order (a merged-away label names the group it was merged into). Reads
+        every group entry (HSCAN), so its cost follows the number of incidents in groups of more than one."""
+        merged = {text(k): text(v) for k, v in self.redis.hgetall(self.keys.group_merged).items()}
+        label = merged.get(label, label)
+        members = {
+            text(i)
+            for i, raw in self.redis.hscan_iter(self.keys.groups, count=1000)
+            if merged.get(text(raw), text(raw)) == label
+        }
+        # incidents with no entry are in the group their own ID names: the label itself, or a label merged into it
+        own = [label, *(m for m, into in merged.items() if into == label)]
+        entries = self.redis.hmget(self.keys.groups, own)
+        indexed = self.redis.hmget(self.keys.fingerprints, own)
+        members |= {i for i, entry, fp in zip(own, entries, indexed, strict=True) if entry is None and fp is not None}
+        return sorted(members, key=lambda i: i.encode("utf-8", "surrogateescape"))
 
     def __len__(self) -> int:
         return int(self.redis.hlen(self.keys.fingerprints))

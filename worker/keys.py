@@ -118,6 +118,29 @@ class IndexKeys:
         server's clock). The retention pass reads the oldest from it, so its cost follows what expires."""
         return f"{self.tag}:expiry"
 
+    @functools.cached_property
+    def groups(self) -> str:
+        """Hash: incident ID -> the label of its group, only for an incident whose label is not its own ID (one that
+        opened its own group has no entry). The Lua library builds the group keys' names from `meta`'s."""
+        return f"{self.tag}:group"
+
+    @functools.cached_property
+    def group_sizes(self) -> str:
+        """Hash: group label -> its members, for every group but one whose only member is the incident that opened
+        it (such a group costs nothing: no entry here or in `groups`)."""
+        return f"{self.tag}:groupsize"
+
+    @functools.cached_property
+    def group_merged(self) -> str:
+        """Hash: the label of a group merged into another -> that group's label (`incident-worker groups merge`)."""
+        return f"{self.tag}:groupmerged"
+
+    @functools.cached_property
+    def group_active(self) -> str:
+        """Sorted set: group label -> when an incident last joined it (ms of the server's clock), for the 1,000 groups
+        joined most recently (at most 1,100 between trims): a bounded size whatever the index's."""
+        return f"{self.tag}:groupactive"
+
     def lease(self, job: str) -> str:
         """String with a TTL: the worker that runs `job` (one at a time); it lapses when that worker dies."""
         return f"{self.tag}:lease:{job}"
@@ -156,6 +179,7 @@ class IndexKeys:
         """The type the index keeps at `key`, as Redis's TYPE names it (hash, set, zset, stream, string), or None for
         a key that is none of the index's. `streams` are the configured stream names, when not the defaults."""
         fixed = {self.meta: "hash", self.fingerprints: "hash", self.migration: "hash", self.expiry: "zset"}
+        fixed |= {self.groups: "hash", self.group_sizes: "hash", self.group_merged: "hash", self.group_active: "zset"}
         fixed[self.workers] = "zset"
         if key in fixed:
             return fixed[key]

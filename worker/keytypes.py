@@ -130,6 +130,7 @@ def fixed_keys(keys: IndexKeys, streams: Sequence[str] = ()) -> dict[str, str]:
     of another type. `streams` are the configured stream names."""
     names = [keys.meta, keys.fingerprints, keys.changes, keys.expiry, keys.migration, keys.lease("upkeep")]
     names.append(keys.workers)
+    names += [keys.groups, keys.group_sizes, keys.group_merged, keys.group_active]
     names += [keys.events_stream, keys.alerts_stream, keys.dead_stream, *streams]
     return {name: kind for name in dict.fromkeys(names) if (kind := keys.kind_of(name, streams)) is not None}
 

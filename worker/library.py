@@ -40,6 +40,8 @@ __all__ = [
     "FN_EXPIRE",
     "FN_EXPIRY_BACKFILL",
     "FN_FORGET_CONSUMER",
+    "FN_GROUP_MERGE",
+    "FN_GROUP_OF",
     "FN_LEASE",
     "FN_MATCHES",
     "FN_MIGRATE_ABORT",
@@ -157,6 +159,8 @@ FN_LEASE = _function("lease")
 FN_SET_RETENTION = _function("set_retention")
 FN_EXPIRY_BACKFILL = _function("expiry_backfill")
 FN_EXPIRE = _function("expire")
+FN_GROUP_MERGE = _function("group_merge")
+FN_GROUP_OF = _function("group_of")
 FN_VERIFY_CHECK = _function("verify_check")
 FN_VERIFY_REPAIR = _function("verify_repair")
 FN_VERIFY_POSTINGS = _function("verify_postings")
@@ -372,6 +376,7 @@ class ApplyArgs(NamedTuple):
     tokenizer: str
     snapshot: str
     migration: str
+    alert_extra: str
     listed: list[Any]
 
 
@@ -387,6 +392,19 @@ def pack_snapshot(snapshot: SnapshotClaim | None) -> tuple[str, list[Any]]:
 def pack_limits(max_matches: int, max_candidates: int) -> str:
     """`ApplyArgs.limits`: most matches listed (0 = all) and most candidates verified (0 = no budget)."""
     return f"{max_matches} {max_candidates}"
+
+
+def pack_alert_extra(open_alerts: bool, fields: Sequence[tuple[str, str]] = ()) -> str:
+    """`ApplyArgs.alert_extra`: whether an incident that opens a group gets an alert too, and the event fields copied
+    into the alert ('' for neither). Each name and value goes as `<bytes>:<text>`, its length in UTF-8 bytes as the
+    server counts them (text decoded with surrogate escapes keeps its bytes)."""
+    if not open_alerts and not fields:
+        return ""
+    parts = ["1" if open_alerts else "0"]
+    for name, value in fields:
+        for part in (name, value):
+            parts.append(f"{len(part.encode('utf-8', 'surrogateescape'))}:{part}")
+    return "".join(parts)
 
 
 def pack_migration(building: str, bands: int) -> str:

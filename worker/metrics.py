@@ -8,13 +8,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["STREAM_LABELS", "Metrics"]
+__all__ = ["Metrics"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _CANDIDATE_BUCKETS = (0, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 50000)
-
-STREAM_LABELS = {"alerts": "alerts", "dead letters": "dead_letters"}
-"""The `stream` label of the memory gauges, by the upkeep's name for each budgeted stream."""
 
 
 class Metrics:
@@ -26,6 +23,14 @@ class Metrics:
         r = self.registry
         self.events = Counter("incident_worker_events", "Stream entries handled, by outcome", ["outcome"], registry=r)
         self.alerts = Counter("incident_worker_alerts", "Alerts published", registry=r)
+        self.groups_opened = Counter(
+            "incident_worker_groups_opened", "Incidents indexed without a match: each opened a group", registry=r
+        )
+        self.groups_joined = Counter(
+            "incident_worker_groups_joined",
+            "Incidents indexed with a match: each joined its closest's group",
+            registry=r,
+        )
         self.dead_letters = Counter(
             "incident_worker_dead_letters", "Entries dead-lettered, by reason", ["reason"], registry=r
         )
@@ -89,10 +94,24 @@ class Metrics:
             "Events the snapshot's claim could not be validated for, so searched in full on the primary",
         )
         r.register(self.snapshot_fallbacks)
+        self.snapshot_replica_lost = _CallbackCounter(
+            "incident_worker_snapshot_replica_lost",
+            "Times the worker's copy left its replica (failed, behind, or no longer the primary's) for the primary",
+        )
+        r.register(self.snapshot_replica_lost)
+        self.group_merges = _CallbackCounter(
+            "incident_worker_group_merges",
+            "Group merges the index has had (incident-worker groups merge; {N}:meta's group_merges, read each summary)",
+        )
+        r.register(self.group_merges)
 
     def follow_snapshot_fallbacks(self, read: Callable[[], int]) -> None:
         """Report `read()` (the worker's count, kept where the read path counts it) as the fallbacks counter."""
         self.snapshot_fallbacks.read = read
+
+    def follow_snapshot_replica_lost(self, read: Callable[[], int]) -> None:
+        """Report `read()` (the read path's count) as the counter of replicas left for the primary."""
+        self.snapshot_replica_lost.read = read
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         """Serve /metrics on `addr`:`port` from a daemon thread (loopback unless told otherwise)."""

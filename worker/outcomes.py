@@ -55,6 +55,8 @@ class Outcomes:
         self._unflushed: dict[str, int] = {}
         self._cut_since_log = 0  # searches cut since the last "search cut" line (one line per _CUT_LOG_S at most)
         self._cut_logged_at = float("-inf")
+        self._opened = 0
+        self._joined = 0
 
     def record(
         self,
@@ -116,6 +118,11 @@ class Outcomes:
         if result.incomplete:
             self._cut(entry_id, event, result)
         self.metrics.end_to_end_seconds.observe(max(0.0, time.time() - entry_time_ms(entry_id) / 1000))
+        if result.status == "indexed":  # (each indexed incident opens a group or joins its closest match's)
+            if result.match_count:
+                self._joined += 1
+            else:
+                self._opened += 1
         if result.alert_id:
             self.stats.alerts += 1
             self.metrics.alerts.inc()
@@ -166,6 +173,11 @@ class Outcomes:
         for outcome, count in self._unflushed.items():
             self.metrics.events.labels(outcome).inc(count)
         self._unflushed.clear()
+        if self._opened:
+            self.metrics.groups_opened.inc(self._opened)
+        if self._joined:
+            self.metrics.groups_joined.inc(self._joined)
+        self._opened = self._joined = 0
 
     def batch_done(self, seconds: float) -> None:
         """Count one batch and how long it took."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from redis.exceptions import OutOfMemoryError, ResponseError
+from redis.exceptions import NoPermissionError, OutOfMemoryError, ResponseError
 
 from .connection import RedisClient
 from .errors import KeyTypeError
@@ -21,6 +21,7 @@ from .formats import Heartbeat
 from .index import FingerprintIndex
 from .keytypes import another_type, held_type, is_wrong_type
 from .library import StreamTarget
+from .logs import error_message
 from .metrics import Metrics
 from .outcomes import WorkerStats
 from .readpath import SnapshotReader
@@ -87,7 +88,15 @@ class Presence:
                 raise reply
         if isinstance(beat, OutOfMemoryError):
             # SET and ZADD are refused at maxmemory; extending a TTL is not (the registry keeps the name an hour)
-            self.redis.pexpire(self.key, ttl)
+            try:
+                self.redis.pexpire(self.key, ttl)
+            except NoPermissionError as error:
+                # a user made from an older users.acl: the beat lapses, but the held batch must not be dropped for it
+                self.log.warning(
+                    "cannot keep the heartbeat alive while redis is out of memory",
+                    error=error_message(error),
+                    hint="grant the worker's Redis user +pexpire (deploy/redis/users.acl)",
+                )
         self.next_beat = time.monotonic() + ttl / 3000
 
     def leave(self) -> None:
@@ -118,8 +127,10 @@ class Presence:
             lag = self._group_lag()
             pending = int(self.redis.xpending(self.target.events_stream, self.target.group)["pending"])
             size = len(self.index)
+            merges = int(self.redis.hget(self.index.keys.meta, "group_merges") or 0)
         except ResponseError:
             return
+        self.metrics.group_merges.read = lambda: merges
         self.metrics.group_lag.set(lag)
         self.metrics.group_pending.set(pending)
         self.metrics.index_size.set(size)

@@ -36,8 +36,8 @@ from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, 
 
 from .connection import RedisClient
 from .entries import Entry, parse_entries
-from .errors import DuplicateIncidentError
-from .formats import DeadLetter, IncidentEvent, event_error
+from .errors import DamagedMetaError, DuplicateIncidentError
+from .formats import DeadLetter, IncidentEvent, decode_fields, event_error
 from .index import FingerprintIndex, retry_while_stale
 from .keytypes import diagnose, incident_keys, is_wrong_type, search_keys
 from .library import (
@@ -50,9 +50,9 @@ from .library import (
     parse_apply,
 )
 from .outcomes import DEAD, FAILED, NOT_PENDING, Outcomes
-from .readpath import SNAPSHOT_SEND, SnapshotReader
+from .readpath import SNAPSHOT_SEND, SnapshotLostError, SnapshotReader
 from .replies import text
-from .settings import Settings
+from .settings import ALERT_EVENT_FIELD_CHARS, Settings
 from .text import TOKENIZER_VERSION
 from .transport import Command
 from .upkeep import Upkeep
@@ -77,6 +77,11 @@ def waits_out(error: BaseException) -> bool:
 def read_sizes(settings: Settings) -> list[int]:
     """The byte budget of one read, the largest entry sent whole, the bytes kept of a larger one's fields."""
     return [settings.max_batch_bytes, settings.max_entry_bytes, settings.dead_letter_prefix_bytes]
+
+
+_SNAPSHOT_OFF_S = 60.0
+"""How long the snapshot read path stays off after its copy could not be used: a damaged `{N}:meta` floor, or three
+loads in a row that lost their position to a trim."""
 
 
 @dataclass
@@ -110,6 +115,7 @@ class Processor:
         heartbeat: Callable[[], None],
         stop: threading.Event,
         log: Any,
+        replica: RedisClient | None = None,
     ) -> None:
         self.redis = redis
         self.settings = settings
@@ -125,6 +131,8 @@ class Processor:
         self._backoff = ExponentialBackoff(cap=settings.reconnect_max_backoff_s, base=0.05)
         self._reader = _reader()
         self._tokenizer = str(TOKENIZER_VERSION)
+        self._snapshot_off_until = 0.0
+        self.replica = replica  # where the snapshot path reads its copy, when not the primary (readpath.py)
         self._layout_seen: tuple[str, str] | None = None
 
     def close(self) -> None:
@@ -139,6 +147,8 @@ class Processor:
         """
         if self.snapshot is not None or self.settings.read_path == "primary":
             return
+        if time.monotonic() < self._snapshot_off_until:
+            return
         if self.settings.read_path == "auto":
             try:
                 size = len(self.index)
@@ -146,8 +156,23 @@ class Processor:
                 return
             if size < self.settings.snapshot_min_incidents:
                 return
-        self.snapshot = SnapshotReader(self.redis, self.index.keys, self.index.layout, log=self.log)
-        self.snapshot.refresh()
+        self.snapshot = SnapshotReader(
+            self.redis, self.index.keys, self.index.layout, log=self.log, replica=self.replica
+        )
+        try:
+            self.snapshot.refresh()
+        except (DamagedMetaError, SnapshotLostError) as error:
+            self._snapshot_off(error)
+
+    def _snapshot_off(self, error: DamagedMetaError | SnapshotLostError) -> None:
+        """Search on the primary for a while: the copy cannot be validated (its change log's floor is damaged), or
+        could not be loaded (each load lost its position to a trim: CHANGES_KEEP shorter than a load takes)."""
+        self.snapshot = None
+        self._snapshot_off_until = time.monotonic() + _SNAPSHOT_OFF_S
+        hint = (
+            "raise CHANGES_KEEP above the time a copy takes to load" if isinstance(error, SnapshotLostError) else None
+        )
+        self.log.error("snapshot read path off; searching on the primary", error=str(error), hint=hint)
 
     # -- the chain, for new entries ---------------------------------------------------------------------------
 
@@ -273,7 +298,11 @@ class Processor:
         # after a refresh, keep that to a few changes an event.
         replies: list[Any] = []
         for start in range(0, len(items), SNAPSHOT_SEND):
-            self.snapshot.refresh()
+            try:
+                self.snapshot.refresh()
+            except (DamagedMetaError, SnapshotLostError) as error:
+                self._snapshot_off(error)
+                return replies + self.index.execute([self._command(item, expected) for item in items[start:]])
             send = items[start : start + SNAPSHOT_SEND]
             claims = self._claims(send)
             replies += self._send_batched(
@@ -337,7 +366,17 @@ class Processor:
             alert_text=event.text[: self.settings.alert_text_chars] if event.text else "",
             tokenizer=self._tokenizer if event.text is not None and event.op != "delete" else "",
             snapshot=claim,
+            open_alerts=self.settings.group_open_alerts,
+            alert_fields=self._alert_fields(item),
         )
+
+    def _alert_fields(self, item: _Item) -> list[tuple[str, str]]:
+        """The event fields ALERT_EVENT_FIELDS names that the entry carries, each cut to its bound."""
+        names = self.settings.alert_event_field_names
+        if not names:
+            return []
+        fields = decode_fields(item.fields)
+        return [(name, fields[name][:ALERT_EVENT_FIELD_CHARS]) for name in names if name in fields]
 
     def _dead_command(self, item: _Item, reason: str, detail: str) -> Command:
         entry = item.entry

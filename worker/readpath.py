@@ -18,10 +18,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import redis
+
 from .bands import BandLayout
 from .fingerprint import stored_fingerprint
 from .keys import IndexKeys
 from .library import SnapshotClaim
+from .logs import error_message
+from .metafields import changes_floor, floor_ahead
 from .replies import text as _text
 from .snapshot import MemoryIndex
 
@@ -88,6 +92,9 @@ class ChangeFollower:
         index.position = _text(last[0][0]) if last else "0-0"
         at_position = last[0][1] if last else None
         if floor is not None and entry_id_tuple(index.position) < entry_id_tuple(floor):
+            ahead = floor_ahead(self.client, self.keys, floor, index.position if last else None)
+            if ahead is not None:
+                raise ahead
             index.position, at_position = floor, None
         cursor = 0
         pairs: dict[str, int] = {}  # HSCAN may return an incident twice
@@ -107,8 +114,7 @@ class ChangeFollower:
         self.catch_up()
 
     def _floor(self) -> str | None:
-        floor = self.client.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
-        return None if floor is None else _text(floor)
+        return changes_floor(self.client, self.keys, self.client.hget(self.keys.meta, CHANGES_FLOOR_FIELD))
 
     def catch_up(self, *, limit: int | None = None) -> int:
         """Apply the changes after the copy's position (at most `limit`); returns how many it applied.
@@ -132,7 +138,7 @@ class ChangeFollower:
             pipe.xrange(self.keys.changes, position, "+", count=count + 1)
             pipe.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
             entries, floor = pipe.execute()
-            floor = None if floor is None else _text(floor)
+            floor = changes_floor(self.client, self.keys, floor)
             if floor is not None and entry_id_tuple(position) < entry_id_tuple(floor):
                 raise SnapshotLostError(
                     f"{self.keys.changes} was trimmed to {floor}, past this copy's position {position}"
@@ -212,15 +218,52 @@ CLAIM_EXTRA = 16
 """Matches listed beyond the alert cap, so that a few of them deleted after the snapshot still leave the cap covered."""
 
 
-class SnapshotReader:
-    """The worker's side of the snapshot read path: keeps the copy current and turns searches into claims."""
+REPLICA_LAG_S = 0.25
+"""How often a copy fed from a replica compares its position with the primary's last change (one XREVRANGE COUNT 1
+on the primary, whatever the rate): a change the primary held at the previous comparison and the copy still lacks
+means the replica is that far behind, and the copy follows the primary instead. A replica keeps up within
+milliseconds; a quarter of a second behind at 5,000 events/s is over a thousand changes for the primary to re-check
+in every call (past 4,000 it refuses to: the full search)."""
 
-    def __init__(self, client: Any, keys: IndexKeys, layout: BandLayout, *, log: Any = None) -> None:
-        self.follower = ChangeFollower(client, keys, layout)
+REPLICA_RETRY_S = 10.0
+"""How long a copy that left its replica (failed, behind, or no longer the primary's) reads the primary before it
+tries the replica again."""
+
+
+class SnapshotReader:
+    """The worker's side of the snapshot read path: keeps the copy current and turns searches into claims.
+
+    With a `replica`, the copy is loaded from it and follows the change log there, so that those reads leave the
+    primary: only the atomic step runs there, and it validates a copy that is behind as it validates any other
+    (docs/contract.md, "Snapshot reads"; what this saves, and what it does not, the validation of other workers'
+    concurrent changes: benchmarks/fleet.py). The replica is left for the
+    primary (`source`), logged and counted (`replica_lost`), when it fails or does not answer within its timeout,
+    when it lags (see REPLICA_LAG_S), and when the primary refuses the copy's claims (`fallbacks`: the copy is too far
+    behind, or, when the primary's log lacks the copy's position, the replica's log went another way, a replica
+    promoted and written to, and the copy is loaded again from the primary). It is tried again after
+    REPLICA_RETRY_S, once it holds the copy's position as the copy applied it.
+    """
+
+    def __init__(
+        self, client: Any, keys: IndexKeys, layout: BandLayout, *, log: Any = None, replica: Any = None
+    ) -> None:
+        self.primary = client
+        self.replica = replica
+        self.follower = ChangeFollower(replica if replica is not None else client, keys, layout)
         self.log = log
         self.reloads = 0
         self.fallbacks = 0
+        self.replica_lost = 0
         self._frozen = 0
+        self._fallbacks_seen = 0
+        self._retry_replica_at = 0.0
+        self._lag_check_at = 0.0
+        self._primary_last: str | None = None  # the primary's last change at the previous comparison
+
+    @property
+    def source(self) -> str:
+        """Where the copy reads: replica or primary."""
+        return "replica" if self.replica is not None and self.follower.client is self.replica else "primary"
 
     @property
     def index(self) -> MemoryIndex:
@@ -243,6 +286,22 @@ class SnapshotReader:
 
     def refresh(self) -> None:
         """Bring the copy up to the end of the change log (loading it the first time, again when it was lost)."""
+        if self.replica is not None:
+            self._choose_source()
+            try:
+                self._follow()
+            except redis.RedisError as error:
+                if self.source != "replica":
+                    raise
+                self._leave_replica("the replica failed", error=error_message(error))
+                self._follow()
+            if self.source == "replica":
+                self._check_lag()
+        else:
+            self._follow()
+        self._tidy()
+
+    def _follow(self) -> None:
         if not self.follower.loaded:
             self._load("first use")
             return
@@ -250,7 +309,75 @@ class SnapshotReader:
             self.follower.catch_up()
         except SnapshotLostError as lost:
             self._load(str(lost))
+
+    def _choose_source(self) -> None:
+        """Leave the replica when the primary refused the copy's claims since the last refresh; go back to it when it
+        is time and it holds the copy's position."""
+        if self.source == "replica":
+            if self.fallbacks > self._fallbacks_seen:
+                self._fallbacks_seen = self.fallbacks
+                held = self._holds_position(self.primary)
+                self._leave_replica(
+                    "the primary refused the copy's claims: it is too far behind"
+                    if held
+                    else "the primary's change log does not hold the copy's position: the replica's log went another "
+                    "way (a replica promoted, or another primary's), so the copy is loaded again from the primary"
+                )
             return
+        self._fallbacks_seen = self.fallbacks
+        now = time.monotonic()
+        if now < self._retry_replica_at:
+            return
+        self._retry_replica_at = now + REPLICA_RETRY_S
+        try:
+            if not self.follower.loaded or self._holds_position(self.replica):
+                self.follower.client = self.replica
+        except redis.RedisError:
+            return
+        if self.source == "replica":
+            self._primary_last, self._lag_check_at = None, 0.0
+            if self.log is not None:
+                self.log.info("snapshot reads its replica again", position=self.follower.index.position)
+
+    def _holds_position(self, client: Any) -> bool:
+        """Whether `client`'s change log holds the copy's position as the copy applied it (a copy at '0-0' or at a
+        trim floor has no entry to compare: any log may go on from there, and catch_up checks the floor)."""
+        follower = self.follower
+        if follower._at_position is None:
+            return True
+        position = follower.index.position
+        entries = client.xrange(follower.keys.changes, position, position, count=1)
+        return bool(entries) and entries[0][1] == follower._at_position
+
+    def _check_lag(self) -> None:
+        """Leave the replica when the copy, just brought up to the replica's end of the log, still lacks a change the
+        primary held REPLICA_LAG_S ago: one O(1) read of the primary each REPLICA_LAG_S, per worker."""
+        now = time.monotonic()
+        if now < self._lag_check_at:
+            return
+        self._lag_check_at = now + REPLICA_LAG_S
+        earlier = self._primary_last
+        last = self.primary.xrevrange(self.follower.keys.changes, "+", "-", count=1)
+        self._primary_last = _text(last[0][0]) if last else None
+        position = self.follower.index.position
+        if earlier is not None and entry_id_tuple(position) < entry_id_tuple(earlier):
+            self._leave_replica(f"the replica is over {REPLICA_LAG_S:g} s behind the primary", lacks=earlier)
+            self._follow()
+
+    def _leave_replica(self, why: str, **details: Any) -> None:
+        self.follower.client = self.primary
+        self.replica_lost += 1
+        self._retry_replica_at = time.monotonic() + REPLICA_RETRY_S
+        if self.log is not None:
+            self.log.warning(
+                "snapshot replica left; the copy reads the primary",
+                why=why,
+                retry_in_s=REPLICA_RETRY_S,
+                position=self.follower.index.position,
+                **details,
+            )
+
+    def _tidy(self) -> None:
         index = self.follower.index
         if index.empty_rows > max(index.distinct, COMPACT_FROM):
             started = time.monotonic()
@@ -318,4 +445,9 @@ class SnapshotReader:
             "snapshot_load_seconds": round(self.follower.load_seconds, 2),
             "snapshot_reloads": self.reloads,
             "snapshot_fallbacks": self.fallbacks,
+            **(
+                {"snapshot_source": self.source, "snapshot_replica_lost": self.replica_lost}
+                if self.replica is not None
+                else {}
+            ),
         }

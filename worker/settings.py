@@ -16,15 +16,24 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, validate
+from .formats import ALERT_FIELDS
 from .keys import DEFAULT_NAMESPACE, IndexKeys, hash_tag, validate_namespace
 from .limits import DEFAULT_MAX_CANDIDATES, EventLimits
 from .urls import check_url, safe_url, url_secrets
 
-__all__ = ["ENV_PREFIX", "Settings", "parse_duration", "parse_size"]
+__all__ = ["ENV_PREFIX", "REPLICA_OF_SENTINELS", "Settings", "parse_duration", "parse_size"]
 
 ENV_PREFIX = "INCIDENT_WORKER_"
 
+REPLICA_OF_SENTINELS = "sentinel"
+"""The word of snapshot_replica_url for a replica the Sentinels name (no URL of its own: redis_url's credentials)."""
+
 _LIMITS = EventLimits()
+
+ALERT_EVENT_FIELDS_MAX = 8
+"""Most event fields ALERT_EVENT_FIELDS copies into an alert."""
+ALERT_EVENT_FIELD_CHARS = 256
+"""The characters of each copied field's value an alert carries: the alerts stream's size stays bounded."""
 """The event size limits' defaults live with `EventLimits`; the settings only expose them as flags."""
 
 
@@ -208,6 +217,17 @@ class Settings(BaseSettings):
         le=4096,
         description="Characters of a text incident's text copied into its alert's `text` field (0 = none).",
     )
+    group_open_alerts: bool = Field(
+        False,
+        description="Also publish an alert for an incident that opens a group (no matches): `match_count` 0, "
+        "`opens_group` 1, so a subscriber can open one ticket per group and append to it.",
+    )
+    alert_event_fields: str = Field(
+        "",
+        description="Event fields copied into the event's own alert, comma-separated (such as service,title): at "
+        f"most {ALERT_EVENT_FIELDS_MAX} names, each value's first {ALERT_EVENT_FIELD_CHARS} characters; an event "
+        "without one leaves it out. Not the alert's own field names.",
+    )
     read_path: Literal["auto", "primary", "snapshot"] = Field(
         "auto",
         description=(
@@ -218,6 +238,15 @@ class Settings(BaseSettings):
     )
     snapshot_min_incidents: int = Field(
         100_000, ge=0, description="Index size from which read_path=auto searches the worker's own copy."
+    )
+    snapshot_replica_url: SecretStr | None = Field(
+        None,
+        description="A replica of the primary to load the worker's copy from and to follow the change log on (URL "
+        "as redis_url's; sentinel: a replica the Sentinels name for sentinel_service, with redis_url's user, "
+        "password and TLS), so that the copies' loads and change-log reads leave the primary; the atomic step, "
+        "with its validation, stays on the primary. Unset: the primary. A replica that fails, lags or leaves the "
+        "primary is left for the primary (logged, counted) and tried again later. Not with cluster. The password "
+        "never reaches a log.",
     )
     retention: str | None = Field(
         None,
@@ -275,12 +304,19 @@ class Settings(BaseSettings):
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Lowest level logged.")
 
-    @field_validator("redis_url", "admin_redis_url")
+    @field_validator("redis_url", "admin_redis_url", "snapshot_replica_url")
     @classmethod
-    def _check_url(cls, value: SecretStr | None) -> SecretStr | None:
+    def _check_url(cls, value: SecretStr | None, info: Any) -> SecretStr | None:
         # the message never quotes the URL: a refused URL's password cannot be told from the rest of it
-        if value is not None:
-            check_url(value.get_secret_value())
+        if value is None:
+            return None
+        if info.field_name == "snapshot_replica_url":
+            text = value.get_secret_value().strip()
+            if text.lower() in {"", "off", "none"}:
+                return None
+            if text.lower() == REPLICA_OF_SENTINELS:
+                return SecretStr(REPLICA_OF_SENTINELS)
+        check_url(value.get_secret_value())
         return value
 
     @field_validator("metrics_address")
@@ -302,6 +338,25 @@ class Settings(BaseSettings):
             return None  # retention only: unset keeps the namespace's window
         parse_duration(value, info.field_name)
         return value.strip().lower()
+
+    @field_validator("alert_event_fields")
+    @classmethod
+    def _check_alert_event_fields(cls, value: str) -> str:
+        names = [name.strip() for name in value.split(",") if name.strip()]
+        taken = sorted(set(names) & ALERT_FIELDS)
+        if taken:
+            raise ValueError(
+                f"{', '.join(taken)} {'is' if len(taken) == 1 else 'are'} the alert's own field"
+                f"{'' if len(taken) == 1 else 's'}; name event fields other than {', '.join(sorted(ALERT_FIELDS))}"
+            )
+        if len(names) > ALERT_EVENT_FIELDS_MAX:
+            raise ValueError(f"{len(names)} fields named; at most {ALERT_EVENT_FIELDS_MAX} are copied into an alert")
+        return ",".join(dict.fromkeys(names))
+
+    @property
+    def alert_event_field_names(self) -> tuple[str, ...]:
+        """The event fields copied into an alert (ALERT_EVENT_FIELDS), in order."""
+        return tuple(name for name in self.alert_event_fields.split(",") if name)
 
     @field_validator("max_matches", mode="before")
     @classmethod
@@ -343,6 +398,16 @@ class Settings(BaseSettings):
         validate(self.bands, self.max_distance)
         if self.cluster and self.sentinels:
             raise ValueError("cluster and sentinels exclude each other: a Redis Cluster fails over by itself")
+        if self.snapshot_replica_url is not None and self.cluster:
+            raise ValueError(
+                "snapshot_replica_url is not supported with cluster yet (the copy would have to follow each shard's "
+                "replica): leave it unset, and the copies read the cluster's primaries"
+            )
+        if self.replica_of_sentinels and not self.sentinels:
+            raise ValueError(
+                f"snapshot_replica_url={REPLICA_OF_SENTINELS} reads a replica the Sentinels name: set sentinels "
+                "(host:port,...) too, or give the replica's URL"
+            )
         if (self.sentinel_password or self.sentinel_username) and not self.sentinels:
             raise ValueError(
                 "sentinel_password and sentinel_username are for the Sentinels: set sentinels (host:port,...) too, "
@@ -475,6 +540,20 @@ class Settings(BaseSettings):
         """The Redis URL for logs and messages: password redacted."""
         return safe_url(self.redis_url.get_secret_value())
 
+    @property
+    def replica_of_sentinels(self) -> bool:
+        """Whether the snapshot's replica is one the Sentinels name (snapshot_replica_url=sentinel)."""
+        url = self.snapshot_replica_url
+        return url is not None and url.get_secret_value() == REPLICA_OF_SENTINELS
+
+    @property
+    def safe_replica_url(self) -> str | None:
+        """The snapshot's replica for logs and messages: its URL with the password redacted, or `sentinel`."""
+        url = self.snapshot_replica_url
+        if url is None or self.replica_of_sentinels:
+            return None if url is None else f"a replica of {self.sentinel_service} (Sentinels)"
+        return safe_url(url.get_secret_value())
+
     def secrets(self) -> list[str]:
         """Every secret these settings hold (the URL's password, any secret setting), for the logs to hide."""
         found: list[str] = []
@@ -482,6 +561,8 @@ class Settings(BaseSettings):
             value = getattr(self, name)
             if isinstance(value, SecretStr):
                 text = value.get_secret_value()
+                if name == "snapshot_replica_url" and text == REPLICA_OF_SENTINELS:
+                    continue  # a word, not a secret: hidden, it would be blanked out of every log line
                 found += url_secrets(text) if "://" in text else [text]
         return found
 

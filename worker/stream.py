@@ -28,7 +28,7 @@ from redis.exceptions import OutOfMemoryError, ResponseError
 
 from . import startup
 from .connection import RedisClient
-from .errors import CredentialsRefusedError, LayoutMismatchError, TlsUnverifiedError
+from .errors import CredentialsRefusedError, DamagedMetaError, LayoutMismatchError, TlsUnverifiedError
 from .index import FingerprintIndex
 from .keytypes import diagnose, is_wrong_type
 from .library import StreamTarget
@@ -71,6 +71,7 @@ class StreamWorker:
         index: FingerprintIndex | None = None,
         metrics: Metrics | None = None,
         watchdog: Watchdog | None = None,
+        replica: RedisClient | None = None,
     ) -> None:
         encoder = getattr(redis, "get_encoder", None)
         if encoder is not None and encoder().decode_responses:
@@ -107,7 +108,13 @@ class StreamWorker:
         parts = (redis, settings, self.index, self.target)
         self.presence = Presence(*parts, self.stats, metrics=self.metrics, log=self.log)
         self.processor = Processor(
-            *parts, self.outcomes, upkeep=self.upkeep, heartbeat=self.heartbeat, stop=self._stop, log=self.log
+            *parts,
+            self.outcomes,
+            upkeep=self.upkeep,
+            heartbeat=self.heartbeat,
+            stop=self._stop,
+            log=self.log,
+            replica=replica,
         )
         self.recovery = Recovery(*parts, self.processor, metrics=self.metrics, stop=self._stop, log=self.log)
 
@@ -171,6 +178,12 @@ class StreamWorker:
                 self._stop.wait(self._idle_wait)
             except LayoutMismatchError:
                 raise
+            except DamagedMetaError as error:
+                # a hand edit the worker cannot work around (the message says what to run): every worker waits for
+                # the repair rather than exit, which would only restart it into the same refusal
+                failures += 1
+                ready = False
+                self._reconnect_pause(error, failures, "the index's meta is damaged; waiting for it to be repaired")
             except redis_lib.AuthenticationError as error:
                 if not started:
                     raise CredentialsRefusedError(

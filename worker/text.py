@@ -102,9 +102,19 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Callable
-from unicodedata import normalize
+from unicodedata import combining, normalize
 
-__all__ = ["ACCOUNT_NAMES", "PLACEHOLDER", "TOKENIZER_VERSION", "WORD_WEIGHT", "features_from_text", "words"]
+from .errors import TextTooLargeError
+
+__all__ = [
+    "ACCOUNT_NAMES",
+    "NFKC_GROWTH",
+    "PLACEHOLDER",
+    "TOKENIZER_VERSION",
+    "WORD_WEIGHT",
+    "features_from_text",
+    "words",
+]
 
 TOKENIZER_VERSION = 6
 """Bumped by every change to what a text turns into. 1: counts, five placeholders; 2: each word once, plain words
@@ -117,6 +127,65 @@ PLACEHOLDER = "<*>"
 """The token (or the end of a token) that stands for a masked variable part."""
 WORD_WEIGHT = 3
 """The weight of a word of letters only (rule 5); every other token weighs 1."""
+
+
+# --- rule 1, bounded: NFKC a slice at a time ---
+
+NFKC_GROWTH = 4
+"""A text may grow at most this many times over (plus `_NFKC_SLACK` characters) in NFKC form: every script's text
+stays well within it (a ligature gives 2 or 3 characters, a squared CJK unit up to 5, but never many in a row),
+while one character can give 18 (U+FDFA), and 1 MiB of it would cost the tokenizer half a second and 125 MiB."""
+
+_NFKC_SLACK = 4096
+_NFKC_SLICE = 4096
+
+
+def _nfkc(text: str) -> str:
+    """`normalize("NFKC", text)`, a slice at a time, stopping with `TextTooLargeError` as soon as the result passes
+    `NFKC_GROWTH` times the text: the work is bounded by the text's size, whatever it holds.
+
+    A slice ends before a character whose decomposition starts with a starter (combining class 0) that leaves the
+    character before it as it is (the pair normalizes as its two halves do): nothing after that point reorders or
+    composes with what is before, so the slices' forms joined are the text's form.
+    """
+    bound = NFKC_GROWTH * len(text) + _NFKC_SLACK
+    if len(text) <= _NFKC_SLICE:
+        whole = normalize("NFKC", text)
+        if len(whole) > bound:
+            raise _too_large(text)
+        return whole
+    parts: list[str] = []
+    size = start = 0
+    while start < len(text):
+        end = min(start + _NFKC_SLICE, len(text))
+        while end < len(text) and not _nfkc_boundary(text, end):
+            end += 1
+        part = normalize("NFKC", text[start:end])
+        size += len(part)
+        if size > bound:
+            raise _too_large(text)
+        parts.append(part)
+        start = end
+    return "".join(parts)
+
+
+def _nfkc_boundary(text: str, at: int) -> bool:
+    """Whether NFKC of `text` cut before `at` is the NFKC of its two parts joined (see `_nfkc`)."""
+    char = text[at]
+    if char < "\x80":
+        return True  # an ASCII character is its own form and composes with nothing before it
+    if combining(char) or combining(normalize("NFKD", char)[0]):
+        return False
+    pair = text[at - 1 : at + 1]
+    return normalize("NFKC", pair) == normalize("NFKC", pair[0]) + normalize("NFKC", char)
+
+
+def _too_large(text: str) -> TextTooLargeError:
+    return TextTooLargeError(
+        f"the text of {len(text):,} characters grows more than {NFKC_GROWTH} times over in Unicode's NFKC form (a "
+        "run of characters that each stand for several, such as U+FDFA): it is not tokenized"
+    )
+
 
 # --- what a word is ---
 
@@ -319,7 +388,7 @@ def _scanner() -> Callable[[str], tuple[list[str], bool]]:
         month = -2  # where in `out` the last month name stands
         plain = True
         if not text.isascii():  # rule 1: one form for every way of writing the same characters (ASCII is in it)
-            text = normalize("NFKC", text)
+            text = _nfkc(text)
         for chunk in text.lower().split():
             if not chunk.isalpha():
                 core = chunk.strip(edges)

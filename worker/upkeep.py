@@ -28,21 +28,28 @@ from typing import Any
 from redis.exceptions import OutOfMemoryError, ResponseError
 
 from . import replies, retention
+from .errors import DamagedMetaError
 from .index import FingerprintIndex
 from .library import FN_LEASE, FN_TRIM_CHANGES, FN_TRIM_EVENTS
-from .metrics import STREAM_LABELS
+from .metafields import changes_floor
 
 __all__ = [
     "LEASE_TTL_MS",
+    "STREAM_LABELS",
     "GroupPosition",
     "Upkeep",
     "group_positions",
+    "groups_past_the_end",
     "memory_by_part",
+    "pending_by_group",
     "server_time_ms",
     "trim_changes",
     "trim_events",
     "trim_to_memory",
 ]
+
+STREAM_LABELS = {"alerts": "alerts", "dead letters": "dead_letters"}
+"""The `stream` label of the memory gauges (worker/metrics.py), by the upkeep's name for each budgeted stream."""
 
 LEASE_TTL_MS = 30_000
 """A dead holder keeps the upkeep job for at most this long; a live one renews the lease every `UPKEEP_INTERVAL_S`."""
@@ -170,6 +177,25 @@ def group_positions(client: Any, stream: str, own_group: str, max_age_ms: int) -
     return positions
 
 
+def groups_past_the_end(client: Any, stream: str) -> list[tuple[str, str, str]]:
+    """(group, its last delivered ID, the stream's last ID) of each consumer group of `stream` that was delivered
+    past the stream's last ID: what an entry added with an ID chosen by hand (up to 2^64-1) leaves behind when it is
+    deleted and the stream's ID set back (XSETID). XREADGROUP then delivers such a group nothing, silently."""
+    try:
+        if not client.exists(stream):
+            return []
+        last = replies.text(replies.info(client.xinfo_stream(stream)).get("last-generated-id", "0-0"))
+    except ResponseError:  # a user made from an older users.acl, without XINFO STREAM: nothing to say
+        return []
+    past = []
+    for row in client.xinfo_groups(stream):
+        info = replies.info(row)
+        delivered = replies.text(info.get("last-delivered-id", "0-0"))
+        if _id_key(delivered) > _id_key(last):
+            past.append((info["name"], delivered, last))
+    return past
+
+
 def trim_changes(index: FingerprintIndex, keep_ms: int, limit: int = TRIM_LIMIT) -> int:
     """Trim `{N}:changes` to the last `keep_ms` (approximately: whole nodes), recording the bound in `{N}:meta`'s
     `changes_trimmed_to` first so that no older snapshot is validated; returns the entries removed."""
@@ -179,6 +205,7 @@ def trim_changes(index: FingerprintIndex, keep_ms: int, limit: int = TRIM_LIMIT)
     if bound <= 0:
         return 0
     keys = index.keys
+    changes_floor(index.redis, keys, index.redis.hget(keys.meta, "changes_trimmed_to"))  # a hand edit: named
     return int(index.call(FN_TRIM_CHANGES, [keys.meta, keys.changes], [f"{bound}-0", limit]))
 
 
@@ -189,9 +216,35 @@ class MeasureRefusedError(Exception):
     """The server would not measure a stream (MEMORY USAGE refused, or unknown to fakeredis)."""
 
 
-def trim_to_memory(client: Any, stream: str, max_bytes: int, limit: int = TRIM_LIMIT) -> tuple[int, int]:
-    """Trim the oldest entries of `stream` while it takes more than `max_bytes` of Redis memory; returns (its memory
-    before, in bytes, entries removed).
+PENDING_ENTRY_BYTES = 1_200
+"""What MEMORY USAGE counts for one entry pending in a consumer group (its place in the group's and its consumer's
+pending lists): 546 to 1,160 bytes on Redis 7.0, by how far apart the entry IDs are. Trimming cannot free it (the
+pending lists keep the IDs of trimmed entries), so the memory budgets leave it out, at the upper end: a subscriber
+that never acknowledges must not make the budget trim everyone's entries."""
+
+PENDING_WARN_SHARE = 0.1
+"""The upkeep names the consumer groups whose pending lists take more than this share of a stream's budget."""
+
+
+def pending_by_group(client: Any, stream: str) -> dict[str, int]:
+    """The entries pending in each consumer group of `stream` (none when it does not exist)."""
+    try:
+        rows = client.xinfo_groups(stream)
+    except ResponseError:
+        return {}
+    pending = {}
+    for row in rows:
+        info = replies.info(row)
+        pending[info["name"]] = int(info.get("pending", 0))
+    return pending
+
+
+def trim_to_memory(
+    client: Any, stream: str, max_bytes: int, limit: int = TRIM_LIMIT, *, held_bytes: int = 0
+) -> tuple[int, int]:
+    """Trim the oldest entries of `stream` while its entries take more than `max_bytes` of Redis memory; returns
+    (their memory before, in bytes, entries removed). `held_bytes` is what its consumer groups' pending lists take,
+    which trimming cannot free: it is left out of the measure.
 
     The memory is MEMORY USAGE with every stream node counted (SAMPLES 0: Redis's default samples only the oldest
     nodes, which underestimates a stream whose newest entries are larger, as a storm's alerts are); it costs about
@@ -206,7 +259,7 @@ def trim_to_memory(client: Any, stream: str, max_bytes: int, limit: int = TRIM_L
     before, removed, per_entry = 0, 0, 0.0
     last_used, removed_last = 0, 0
     for _ in range(MEMORY_ROUNDS):
-        used = _measure(client, stream)
+        used = max(0, _measure(client, stream) - held_bytes)
         if removed_last and last_used > used:
             per_entry = (last_used - used) / removed_last
         before = before or used
@@ -311,6 +364,7 @@ class Upkeep:
         self._next_memory = 0.0
         self._ignored: set[str] = set()
         self._unmeasured: set[str] = set()
+        self._silent: dict[str, set[str]] = {}
 
     def tick(self) -> None:
         """Called between event batches: renew or take the lease, then one bounded step of each job that is due."""
@@ -338,8 +392,12 @@ class Upkeep:
         ):
             if not budget or stream in self._unmeasured:
                 continue
+            pending = pending_by_group(self.index.redis, stream)
+            self._warn_unacknowledged(kind, stream, budget, pending)
             try:
-                used, removed = trim_to_memory(self.index.redis, stream, budget)
+                used, removed = trim_to_memory(
+                    self.index.redis, stream, budget, held_bytes=sum(pending.values()) * PENDING_ENTRY_BYTES
+                )
                 self._report_memory(kind, used, budget)
             except MeasureRefusedError as error:
                 # asked once per worker: each refusal would land in Redis's ACL log
@@ -372,6 +430,26 @@ class Upkeep:
             stream = STREAM_LABELS[kind]
             self.metrics.stream_memory.labels(stream).set(used)
             self.metrics.stream_memory_budget.labels(stream).set(budget)
+
+    def _warn_unacknowledged(self, kind: str, stream: str, budget: int, pending: Mapping[str, int]) -> None:
+        """Name, once each, the consumer groups of `stream` whose pending lists take a good share of its budget: the
+        memory they hold is theirs (left out of the budget) and only they can free it."""
+        heavy = {
+            name: count for name, count in pending.items() if count * PENDING_ENTRY_BYTES > PENDING_WARN_SHARE * budget
+        }
+        new = set(heavy) - self._silent.get(stream, set())
+        self._silent[stream] = set(heavy)
+        if new:
+            self.log.warning(
+                f"consumer groups of the {kind} stream hold entries never acknowledged; the memory of their pending "
+                "lists is left out of the budget",
+                stream=stream,
+                groups=heavy,
+                pending_bytes=sum(heavy.values()) * PENDING_ENTRY_BYTES,
+                hint=f"each pending entry takes up to {PENDING_ENTRY_BYTES} bytes that trimming cannot free: have the "
+                f"group acknowledge what it read (XACK), or remove a group that nothing reads (XGROUP DESTROY {stream} "
+                "<group>)",
+            )
 
     def configure(self) -> None:
         """Record this worker's retention window in `{N}:meta` if another one is recorded (at start): the window is
@@ -435,7 +513,11 @@ class Upkeep:
                 hint="its entries older than that may be trimmed before it reads them; delete the group if unused",
             )
         self._ignored = ignored
-        removed = trim_changes(self.index, self.settings.changes_keep_ms)
+        try:
+            removed = trim_changes(self.index, self.settings.changes_keep_ms)
+        except DamagedMetaError as error:
+            self.log.error("the change log is not trimmed: the index's meta is damaged", error=str(error))
+            removed = 0
         if result.removed or removed:
             self.log.debug("trimmed streams", events=result.removed, changes=removed, events_bound=result.bound)
 
@@ -517,6 +599,13 @@ def warnings(
                     f"{usage}, and retention is off, so the index only grows: set a retention window (RETENTION, "
                     "such as 30d) so that old incidents leave it, or raise maxmemory"
                 )
+    found += [
+        f"consumer group {name!r} of {settings.events} has delivered up to {delivered}, past the stream's last entry "
+        f"ID {last} (an entry added with an ID chosen by hand, then removed): Redis delivers it nothing until new "
+        f"entries pass that ID. Set it back, as an administrator, to the last entry it processed (at most {last}): "
+        f"XGROUP SETID {settings.events} {name} <that entry's ID>"
+        for name, delivered, last in groups_past_the_end(client, settings.events)
+    ]
     if positions is None:
         positions = group_positions(client, settings.events, settings.group, settings.stream_group_max_age_ms)
     for group in positions:

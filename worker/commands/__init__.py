@@ -46,6 +46,7 @@ SUBCOMMANDS = (
     Subcommand("publish", "append incident events to the events stream from a JSON Lines file or stdin"),
     Subcommand("query", "the indexed incidents near a bag or a text, without indexing it"),
     Subcommand("inspect", "an indexed incident: fingerprint, bands, posting sets, matches"),
+    Subcommand("groups", "the largest and most recently joined groups of incidents, one group's members, merging two"),
     Subcommand("stats", "index size, layout, memory, band advice, streams, consumer group, workers, dead letters"),
     Subcommand(
         "alerts", "print the alerts stream as a subscriber sees it (newest, since an ID, following, or as a group)"

@@ -27,13 +27,16 @@ def stored_index(client: RedisClient, settings: Settings) -> tuple[FingerprintIn
 
 
 def match_rows(index: FingerprintIndex, matches: Sequence[tuple[str, int]]) -> list[dict[str, Any]]:
-    """Each match with its stored fingerprint (hex; None if it was deleted meanwhile), in one round trip."""
-    stored = index.fingerprints_of([incident_id for incident_id, _ in matches])
+    """Each match with its stored fingerprint (hex; None if it was deleted meanwhile) and its group's ID."""
+    ids = [incident_id for incident_id, _ in matches]
+    stored = index.fingerprints_of(ids)
+    groups = index.groups_of(ids)
     return [
         {
             "incident_id": incident_id,
             "distance": dist,
             "fingerprint": format_fingerprint(fp) if (fp := stored.get(incident_id)) is not None else None,
+            "group": group.label if (group := groups.get(incident_id)) is not None else None,
         }
         for incident_id, dist in matches
     ]
@@ -41,8 +44,8 @@ def match_rows(index: FingerprintIndex, matches: Sequence[tuple[str, int]]) -> l
 
 def print_matches(rows: list[dict[str, Any]], indent: str = "") -> None:
     print_table(
-        [(r["incident_id"], r["distance"], r["fingerprint"] or "?") for r in rows],
-        ("INCIDENT_ID", "DISTANCE", "FINGERPRINT"),
+        [(r["incident_id"], r["distance"], r["fingerprint"] or "?", r.get("group") or "?") for r in rows],
+        ("INCIDENT_ID", "DISTANCE", "FINGERPRINT", "GROUP"),
         indent,
         right=(1,),
     )

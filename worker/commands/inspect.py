@@ -12,7 +12,7 @@ from redis.exceptions import ResponseError
 from ..connection import RedisClient
 from ..errors import CommandError
 from ..fingerprint import format_fingerprint
-from ..index import FingerprintIndex, Posting
+from ..index import FingerprintIndex, Group, Posting
 from ..keytypes import incident_keys, is_wrong_type, search_keys
 from ..settings import Settings
 from ._format import json_line, plural, print_table, shown
@@ -46,6 +46,7 @@ class Inspection:
     index: FingerprintIndex
     postings: list[Posting]
     matches: list[dict[str, Any]]
+    group: Group | None = None
 
     @property
     def bits(self) -> str:
@@ -80,6 +81,8 @@ class Inspection:
                 for p in self.postings
             ],
             "max_distance": self.index.layout.max_distance,
+            "group": self.group.label if self.group else None,
+            "group_size": self.group.size if self.group else None,
             "matches": self.matches,
             # the former name of `matches`, kept for one release (--help says so)
             DEPRECATED_KEY: self.matches,
@@ -110,17 +113,20 @@ def inspect_incident(client: RedisClient, settings: Settings, incident_id: str) 
     try:
         postings = index.postings(incident_id, fp)
         rows = match_rows(index, [m for m in index.matches_of(fp) if m[0] != incident_id])
+        group = index.group_of(incident_id)
     except ResponseError as error:
         if not is_wrong_type(error):
             raise
         raise wrong_type_error(client, settings, [*incident_keys(index, fp), *search_keys(index, fp)]) from None
-    return Inspection(settings.namespace, incident_id, fp, index, postings, rows)
+    return Inspection(settings.namespace, incident_id, fp, index, postings, rows, group)
 
 
 def print_inspection(found: Inspection, settings: Settings) -> None:
     layout = found.index.layout
     print(f"incident {shown(found.incident_id)} in {settings.keys.tag}")
     print(f"  fingerprint  {format_fingerprint(found.fingerprint)}")
+    if found.group is not None:
+        print(f"  group        {shown(found.group.label)} ({plural(found.group.size, 'incident')})")
     print(f"  bits         {found.bits}")
     print(f"               (band {layout.bands - 1} .. band 0, most significant bit first)")
     print(f"  layout       {layout.description}")

@@ -9,11 +9,14 @@ the workers wait for, deploy/kubernetes/load-functions.yaml as a Job.
 from __future__ import annotations
 
 import argparse
+import re
+from typing import Any
 
 import redis
 
 from .. import __version__
 from ..errors import CommandError
+from ..replies import text
 from ..settings import Settings
 from ._format import json_line
 from ._shared import EXIT_OK, add_settings_flags, describe, json_flag, refused_permission, with_settings
@@ -31,7 +34,7 @@ def _load_functions(args: argparse.Namespace, settings: Settings) -> int:
     client = connect(admin, client_name="incident-worker-load-functions")
     try:
         library.load(client)
-        others = [name for name in library.installed_versions(client) if name != library.LIBRARY_NAME]
+        others = [name for name in _other_versions(client) if name != library.LIBRARY_NAME]
     except redis.exceptions.NoPermissionError as error:
         # not a grant to add: the workers' user must never load code (docs/contract.md, "Who may do what")
         raise CommandError(
@@ -70,6 +73,37 @@ def _load_functions(args: argparse.Namespace, settings: Settings) -> int:
             "runs, remove them with --delete-other-versions"
         )
     return EXIT_OK
+
+
+_VERSION_NAME = re.compile(r"incident_index_(v\d+|[0-9a-f]{10})")
+"""The names this code's libraries have had: a version number, then a hash of the source."""
+
+
+def _other_versions(client: Any) -> list[str]:
+    """The libraries of this code on the server (any version): named as it names them, and registering the functions
+    it registers (`<name>_apply`, `<name>_ensure_meta`). Another application's library whose name merely starts with
+    incident_index_ is none of them, and --delete-other-versions leaves it alone."""
+    listed = client.function_list(library="incident_index_*")
+    replies = list(listed.values()) if isinstance(listed, dict) else [listed]  # a cluster client answers per node
+    ours = set()
+    for reply in replies:
+        for entry in reply:
+            fields = {
+                text(k): v
+                for k, v in (
+                    dict(zip(entry[::2], entry[1::2], strict=True)) if isinstance(entry, list) else entry
+                ).items()
+            }
+            name = text(fields.get("library_name", ""))
+            functions = set()
+            for function in fields.get("functions") or []:
+                described = (
+                    dict(zip(function[::2], function[1::2], strict=True)) if isinstance(function, list) else function
+                )
+                functions.add(text(described.get(b"name", described.get("name", ""))))
+            if _VERSION_NAME.fullmatch(name) and {f"{name}_apply", f"{name}_ensure_meta"} <= functions:
+                ours.add(name)
+    return sorted(ours)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -45,6 +45,11 @@ class QueryResult:
     has_layout: bool
     matches: list[dict[str, Any]]
 
+    @property
+    def group(self) -> str | None:
+        """The group an incident with this bag would join now: its closest match's (None: it would open one)."""
+        return self.matches[0].get("group") if self.matches else None
+
     def as_json(self) -> dict[str, Any]:
         return {
             "namespace": self.namespace,
@@ -53,6 +58,7 @@ class QueryResult:
             "max_distance": self.max_distance,
             "indexed": self.indexed,
             "match_count": len(self.matches),
+            "group": self.group,
             "matches": self.matches,
         }
 
@@ -107,6 +113,8 @@ def print_query(result: QueryResult, settings: Settings) -> None:
     else:
         print_matches(result.matches)
         print(f"{plural(len(result.matches), 'match', 'matches')} within {result.max_distance}")
+        if result.group is not None:
+            print(f"an incident with this bag would join group {result.group} (its closest match's)")
 
 
 def _read_stdin(what: str) -> str:

@@ -59,7 +59,7 @@ def install_stop_signals(stop: Callable[[], None], stopped: threading.Event | No
 
 @with_settings("run")
 def _run(args: argparse.Namespace, settings: Settings) -> int:
-    from ..connection import connect
+    from ..connection import connect, connect_replica
     from ..errors import (
         CredentialsRefusedError,
         FunctionsMissingError,
@@ -78,9 +78,14 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     probe = connect(
         settings, client_name=f"incident-worker:{settings.consumer}:watchdog", timeout_s=ANSWER_WITHIN_S, retries=0
     )
-    worker = StreamWorker(connect(settings), settings, watchdog=Watchdog(probe, log))
+    worker = StreamWorker(connect(settings), settings, watchdog=Watchdog(probe, log), replica=connect_replica(settings))
+    if settings.snapshot_replica_url is not None:
+        log.info("snapshot copies read a replica", replica=settings.safe_replica_url)
     # the read path counts its fallbacks itself; /metrics reads that count when scraped
     worker.metrics.follow_snapshot_fallbacks(lambda: worker.snapshot.fallbacks if worker.snapshot is not None else 0)
+    worker.metrics.follow_snapshot_replica_lost(
+        lambda: worker.snapshot.replica_lost if worker.snapshot is not None else 0
+    )
     if settings.metrics_port:
         try:
             worker.metrics.serve(settings.metrics_port, settings.metrics_address)

@@ -29,13 +29,33 @@ def _bindable(port: int) -> bool:
         return True
 
 
+def _ephemeral_floor() -> int:
+    """The lowest port the system hands out for outgoing connections (Linux's ip_local_port_range)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default, and below the range IANA reserves (49152 and up)
+
+
 def free_port(*, cluster: bool = False) -> int:
-    """A free local port; with `cluster`, one whose cluster bus port (port + 10000) is free and valid too."""
+    """A free local port; with `cluster`, one whose cluster bus port (port + 10000) is free and valid too.
+
+    Taken at random below the ephemeral range where it can be: a port the system handed out (bind to port 0) can be
+    taken again as the local end of any outgoing connection before the server binds it, which with several test
+    workers starting servers at once made a start fail now and then. At random, so that concurrent runs rarely meet;
+    a meeting is caught by the bind check, or by the server failing to start.
+    """
+    high = _ephemeral_floor() - (10_000 if cluster else 0)
+    rng = random.Random()
+    if high - 10_000 >= 2_000:
+        for _ in range(1000):
+            port = rng.randrange(10_000, high)
+            if _bindable(port) and (not cluster or _bindable(port + 10_000)):
+                return port
     if not cluster:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             return int(sock.getsockname()[1])
-    rng = random.Random()
     for _ in range(1000):
         port = rng.randrange(20_000, 50_000)
         if _bindable(port) and _bindable(port + 10_000):

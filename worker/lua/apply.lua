@@ -7,6 +7,7 @@
 --- @include "search"
 --- @include "snapshot"
 --- @include "apply_context"
+--- @include "groups"
 
 local JSON_ESCAPES = {['"'] = '\\"', ['\\'] = '\\\\', ['\b'] = '\\b', ['\f'] = '\\f',
                       ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t'}
@@ -33,6 +34,25 @@ local function matches_json(flat)
   end
   parts[n + 1] = ']'
   return table.concat(parts)
+end
+
+-- Bytes an alert's `matches` may take: the closest matches that fit are listed (match_count still counts them all).
+-- 100 matches of everyday IDs take about 4 KB; 100 of 256 four-byte characters took 100 KB, a hundred times the
+-- event that made them, so that one producer could fill the alerts stream faster than the upkeep measures it.
+local MAX_MATCHES_BYTES = 8192
+
+-- matches_json of the longest head of `flat` (id, d, ...) whose JSON fits in MAX_MATCHES_BYTES, at least one match.
+local function matches_json_within(flat)
+  local size, n = 2, 0
+  for i = 1, #flat, 2 do
+    size = size + #json_string(flat[i]) + #tostring(flat[i + 1]) + 27  -- {"incident_id":,"distance":} and a comma
+    if size > MAX_MATCHES_BYTES and n > 0 then break end
+    n = n + 2
+  end
+  if n == #flat then return matches_json(flat) end
+  local head = {}
+  for i = 1, n do head[i] = flat[i] end
+  return matches_json(head)
 end
 
 -- Append to `out` the keys of a call numbered first .. last that it has (1 .. nk), keys[ko + i] for its key i: the
@@ -97,6 +117,9 @@ end
 --   [17] migration      '' (none), or '<n_target> <layout tag>': the layout a migration is building, which this
 --                       call writes too (it must equal {N}:meta's `building`, refused with MIGRATION otherwise),
 --                       and its posting keys per fingerprint
+--   [18] alert_extra    '' (nothing), or '<opens><fields>': opens 1 to publish an alert for an incident that opens
+--                       a group too (match_count 0, opens_group 1), else 0; then event fields copied into the alert,
+--                       each name and value as '<bytes>:<text>' (see parse_alert_extra)
 --   listed...           the snapshot's listed matches: id, d, ... (none without a snapshot)
 --
 -- Returns {status, match_count, candidates_verified, alert_entry_id_or_'', id1, d1, id2, d2, ...} where status is
@@ -108,7 +131,26 @@ end
 --
 -- apply_at runs the call whose keys are keys[ko + 1 .. ko + nk] and arguments args[ao + 1 .. ao + na] (apply_batch's
 -- calls, in place); apply, a call of its own, is apply_at with all of them.
-local ARGS = 17  -- the arguments before `listed`
+local ARGS = 18  -- the arguments before `listed`
+
+-- apply's alert_extra: whether an incident that opens a group gets an alert, and the event fields to copy (a flat
+-- list name, value, ...); nil when it is malformed.
+local function parse_alert_extra(s)
+  local fields = {}
+  if s == '' then return false, fields end
+  local opens = string.sub(s, 1, 1)
+  if opens ~= '0' and opens ~= '1' then return nil end
+  local pos, n = 2, #s
+  while pos <= n do
+    local colon = string.find(s, ':', pos, true)
+    local len = colon and tonumber(string.sub(s, pos, colon - 1))
+    if not len or colon + len > n then return nil end
+    fields[#fields + 1] = string.sub(s, colon + 1, colon + len)
+    pos = colon + len + 1
+  end
+  if #fields % 2 == 1 then return nil end
+  return opens == '1', fields
+end
 
 local function apply_at(keys, ko, nk, args, ao, na, context)
   local meta_key, fp_key, changes_key = keys[ko + 1], keys[ko + 2], keys[ko + 3]
@@ -148,6 +190,11 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
     end
     n_target = tonumber(n)
   end
+  local open_alerts, extra_fields = parse_alert_extra(args[ao + 18] or '')
+  if open_alerts == nil then
+    return redis.error_reply('ERR apply: alert_extra "' .. string.sub(args[ao + 18], 1, 80) ..
+      '" is not "<0 or 1>" followed by "<bytes>:<text>" names and values')
+  end
 
   local meta = meta_of(context, meta_key)
   local refused = layout_refusal(meta_key, meta.layout, args[ao + 5])
@@ -182,6 +229,7 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
     redis.call('HDEL', fp_key, id)
     stored_now(context, fp_key, id, false)
     redis.call('ZREM', expiry_key, id)
+    group_leave(group_keys(meta_key), fp_key, id)
     log_change(context, changes_key, op, id, '', old)
     if streaming then ack_entry(context, events_key, group, entry_id) end
     return {'deleted', 0, 0, ''}
@@ -208,9 +256,11 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
 
   -- Nothing refuses from here on. An upsert takes its old self out first: it never matches itself, and a
   -- representative leaving hands its postings to a twin, which then matches like any other incident.
+  local gk = group_keys(meta_key)
   if old then
     unindex(id, old_group, call_keys(call_keys({}, keys, ko, nk, FIRST + n_new, FIRST - 1 + n_new + n_old),
                                      keys, ko, nk, LAST_PROBE + t_new + 1, nk))
+    group_leave(gk, fp_key, id)  -- an upsert's group is decided again, as an add's is
   end
 
   if position == '' then
@@ -238,12 +288,24 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
   stored_now(context, fp_key, id, fp)
   if retention_window(meta.retention_ms) then redis.call('ZADD', expiry_key, now_ms(), id) end
   log_change(context, changes_key, op, id, fp, old or '')
+  -- its group: the closest match's (flat's first on both read paths: sorted by distance, then ID), or its own
+  local label, size
+  if matched > 0 then
+    label, size = group_join(gk, id, flat[1])
+  else
+    label, size = group_open(gk, meta_key, fp_key, id)
+  end
 
   local alert_id = ''
   if streaming then
-    if matched > 0 then
-      local fields = {'incident_id', id, 'fingerprint', fp, 'matches', matches_json(flat),
-                      'match_count', matched, 'max_distance', limit, 'source_entry', entry_id, 'op', op}
+    if matched > 0 or open_alerts then
+      local fields = {'incident_id', id, 'fingerprint', fp, 'matches', matches_json_within(flat),
+                      'match_count', matched, 'max_distance', limit, 'source_entry', entry_id, 'op', op,
+                      'group_id', label, 'group_size', size}
+      if matched == 0 then
+        fields[#fields + 1] = 'opens_group'
+        fields[#fields + 1] = 1
+      end
       local text = args[ao + 14] or ''
       if text ~= '' then
         fields[#fields + 1] = 'text'
@@ -253,6 +315,7 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
         fields[#fields + 1] = 'incomplete'
         fields[#fields + 1] = '1'
       end
+      for i = 1, #extra_fields do fields[#fields + 1] = extra_fields[i] end
       if alerts_maxlen > 0 then
         alert_id = redis.call('XADD', alerts_key, 'MAXLEN', '~', alerts_maxlen, '*', unpack(fields))
       else

@@ -52,6 +52,12 @@ local function id_less(a, b)
   return parsed_less(am, as, bm, bs)
 end
 
+-- Whether `id` is a stream entry ID (ms-seq). {N}:meta's changes_trimmed_to can be edited by hand: a value that is
+-- not one must not make the functions fail (in every worker at once), and proves nothing about the log.
+local function is_entry_id(id)
+  return type(id) == 'string' and string.find(id, '^%d+%-%d+$') ~= nil
+end
+
 -- The server's clock in milliseconds: the same clock as the stream entry IDs.
 local function now_ms()
   local t = redis.call('TIME')

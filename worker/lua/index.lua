@@ -30,6 +30,7 @@
 --   search.lua             distances, the search through the posting sets, postings and twin groups; `matches`
 --   snapshot.lua           the snapshot read path's validation of a copy's claim
 --   apply_context.lua      what the apply calls of one FCALL share
+--   groups.lua             the group of each incident, decided by the apply step: `group_merge`, `group_of`
 --   apply.lua              the apply step: `apply`, `apply_batch`
 --   streams.lua            reading entries, dead letters, consumers: `read_new`, `read_pending`, `claim`, ...
 --   start.lua              a worker's start: `ensure_meta`, `preflight`, `server_run`
@@ -42,6 +43,7 @@
 --- @include "search"
 --- @include "snapshot"
 --- @include "apply_context"
+--- @include "groups"
 --- @include "apply"
 --- @include "streams"
 --- @include "start"

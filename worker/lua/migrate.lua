@@ -97,6 +97,13 @@ local function migrate_switch(keys, args)
   end
   local refused = check_layout(keys[1], m[3])
   if refused then return refused end
+  -- {N}:meta deleted mid-move (and re-created by a worker) or edited: calls made since wrote the source layout only,
+  -- and their incidents are missing from the target. Refused: the move must be made again.
+  if redis.call('HGET', keys[1], 'building') ~= args[1] then
+    return migration_refused(keys[2], keys[1] .. ' no longer names this move\'s target in `building` (deleted or ' ..
+      'edited during the move): incidents indexed since are missing from the target. Run `incident-worker ' ..
+      'migrate --abort`, then start the move again')
+  end
   local previous = redis.call('HGET', keys[1], 'previous_layouts')
   redis.call('HSET', keys[1], 'layout', args[1], 'previous_layouts', m[3] .. (previous and (' ' .. previous) or ''),
              unpack(slice(args, 2, #args)))

@@ -36,7 +36,8 @@ local function changes_after(context, meta_key, changes_key, position)
   if context.key == changes_key and context.position == position then return context.view end
   local view = false
   local floor = meta_of(context, meta_key).changes_trimmed_to
-  if not (floor and id_less(position, floor)) then
+  -- (a floor that is no entry ID, a hand edit, validates nothing: the full search runs instead)
+  if not (floor and (not is_entry_id(floor) or id_less(position, floor))) then
     local changes = redis.call('XRANGE', changes_key, position, '+', 'COUNT', MAX_VALIDATED_CHANGES + 2)
     local first = 1
     if changes[1] and changes[1][1] == position then

@@ -4,6 +4,7 @@
 --- @include "base"
 --- @include "meta"
 --- @include "search"
+--- @include "groups"
 
 -- Exact arithmetic on entry IDs for trimming: each part may be any number up to 2^64 - 1 (a producer may give its own
 -- IDs), past the 53 bits a Lua number holds, where parse_id rounds (up, too: a bound past an undelivered entry).
@@ -120,6 +121,10 @@ local function trim_changes(keys, args)
   -- created here: a meta without a layout would stop every worker's start as "not the meta of an incident index".
   if not redis.call('HGET', keys[1], 'layout') then return 0 end
   local floor = redis.call('HGET', keys[1], 'changes_trimmed_to')
+  if floor and not is_entry_id(floor) then
+    return redis.error_reply('ERR ' .. keys[1] .. ' field changes_trimmed_to holds ' .. string.format('%q', floor) ..
+      ', not a stream entry ID: set it to the first entry ID of ' .. keys[2] .. ' (HSET, as an administrator)')
+  end
   if not floor or id_less(floor, args[1]) then redis.call('HSET', keys[1], 'changes_trimmed_to', args[1]) end
   return redis.call('XTRIM', keys[2], 'MINID', '~', args[1], 'LIMIT', args[2])
 end
@@ -231,6 +236,7 @@ local function expire(keys, args)
       unindex(id, group, slice(keys, first, first + n - 1))
       redis.call('HDEL', fp_key, id)
       redis.call('ZREM', expiry_key, id)
+      group_leave(group_keys(meta_key), fp_key, id)
       redis.call('XADD', changes_key, '*', 'expire', id, 'fp', '', 'prev', old)
       expired = expired + 1
     end
