@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import require_redis_server
 from tests.streams import clean_env, worker_command
 from worker.bands import BandLayout
+from worker.fingerprint import fingerprint
 
 
 @pytest.mark.slow
@@ -146,3 +147,40 @@ def _report_peak(results: Any) -> None:
     from worker.devtools.benchmark import _peak_rss_kb
 
     results.put(_peak_rss_kb())
+
+
+def test_the_crafted_flood_shares_one_band_value_and_the_near_storm_many_distinct_fingerprints() -> None:
+    from worker.bands import DEFAULT_BANDS, BandLayout
+    from worker.devtools.near_storm import flood_bags, near_storm_bags
+
+    layout = BandLayout(DEFAULT_BANDS, 7)
+    mask = ((1 << layout.widths[0]) - 1) << layout.offsets[0]
+    flood = [fingerprint(bag) for bag in flood_bags(500)]
+    assert len({fp & mask for fp in flood}) == 1 and len(set(flood)) > 450
+    storm = [fingerprint(bag) for bag in near_storm_bags(2000)]
+    assert len(set(storm)) > 1000
+    near = sum((storm[0] ^ fp).bit_count() <= 7 for fp in storm[1:])
+    assert near > 500, "the storm's fingerprints are not near one another"
+
+
+@pytest.mark.slow
+def test_near_storm_benchmark_cuts_the_flood_at_the_budget_on_both_read_paths() -> None:
+    require_redis_server()
+    done = subprocess.run(
+        # a flood past the copy's 2,048 rows compared one by one, so that its tiers are searched (and cut) too
+        [*worker_command(), "bench", "--near-storm", "300", "--flood", "2400", "--max-candidates", "50", "--json"],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    assert results["max_candidates"] == 50
+    for read_path in ("primary", "snapshot"):
+        rows = results[read_path]
+        assert rows["distinct"]["events"] == rows["near_storm"]["events"] == 300
+        assert rows["flood"]["events"] == 2400 and rows["flood"]["incomplete_alerts_kept"] > 0
+        assert rows["distinct"]["incomplete_alerts_kept"] == 0
+        assert rows["throughput_ratio"] > 0
+    assert results["primary"]["flood"]["candidates_max"] <= 50

@@ -118,6 +118,7 @@ def test_event_alert_and_dead_letter_fields_are_documented() -> None:
         source_entry="1-0",
         op="add",
         text="Disk full on db-7",  # a text incident's alert, with ALERT_TEXT_CHARS set
+        incomplete=True,  # a search cut at the per-event budget
         group_id="47",
         group_size=2,
         opens_group=True,  # (an opener's alert has no matches; every field shown at once)

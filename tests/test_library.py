@@ -156,7 +156,15 @@ def test_the_apply_command_carries_each_field_where_its_definition_puts_it(redis
     stream = library.StreamTarget("ev", "al", "dead", "g", alerts_maxlen=50)
     claim = library.SnapshotClaim("5-1", 2, [("a", 1), ("b", 3)], False)
     command = index.apply_command(
-        "upsert", "old", 0x2, expected=0x1, stream=stream, entry_id="9-0", max_matches=7, snapshot=claim
+        "upsert",
+        "old",
+        0x2,
+        expected=0x1,
+        stream=stream,
+        entry_id="9-0",
+        max_matches=7,
+        snapshot=claim,
+        max_candidates=300,
     )
     assert command[:2] == ("FCALL", library.FN_APPLY)
     n_keys = command[2]
@@ -164,7 +172,7 @@ def test_the_apply_command_carries_each_field_where_its_definition_puts_it(redis
     named = dict(zip(ApplyArgs._fields, args, strict=False))
     assert named["op"] == "upsert" and named["incident_id"] == "old" and named["expected"] == "0000000000000001"
     assert (named["group"], named["entry_id"], named["alerts_maxlen"]) == ("g", "9-0", 50)
-    assert (named["max_matches"], named["snapshot"], named["migration"]) == (7, "5-1 2 0", "")
+    assert (named["limits"], named["snapshot"], named["migration"]) == ("7 300", "5-1 2 0", "")
     assert list(args[len(ApplyArgs._fields) - 1 :]) == ["a", 1, "b", 3]
     first = dict(zip(ApplyKeys._fields[:8], keys, strict=False))
     assert first["events"] == "ev" and first["alerts"] == "al" and first["meta"] == index.keys.meta

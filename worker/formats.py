@@ -400,6 +400,11 @@ class Alert(BaseModel):
     text: str | None = Field(
         None, description="the start of a text incident's text, when the worker's alert_text_chars asks for it"
     )
+    incomplete: bool = Field(
+        False,
+        description="the search stopped at the per-event budget (max_candidates): `matches` are real matches but not "
+        'necessarily the closest, and match_count is a lower bound; "1" in the stream, absent otherwise',
+    )
     group_id: str | None = Field(None, description="the incident's group (absent in alerts of workers before groups)")
     group_size: int | None = Field(None, ge=1, description="the incidents in its group, this one included")
     opens_group: bool = Field(False, description="the incident opened its group (GROUP_OPEN_ALERTS): no matches")
@@ -445,6 +450,7 @@ class Alert(BaseModel):
             "source_entry": self.source_entry,
             "op": self.op,
             **({"text": self.text} if self.text is not None else {}),
+            **({"incomplete": "1"} if self.incomplete else {}),
             **({"group_id": self.group_id} if self.group_id is not None else {}),
             **({"group_size": str(self.group_size)} if self.group_size is not None else {}),
             **({"opens_group": "1"} if self.opens_group else {}),

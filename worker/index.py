@@ -33,6 +33,7 @@ from .formats import incident_id_problem
 from .groups import Group, GroupReads
 from .keys import DEFAULT_NAMESPACE, IndexKeys
 from .library import ApplyResult, SnapshotClaim, StreamTarget, parse_apply, stored_value
+from .limits import DEFAULT_MAX_CANDIDATES
 from .metafields import building_damaged, is_layout_tag
 from .replies import pairs, text
 from .text import TOKENIZER_VERSION
@@ -154,8 +155,12 @@ class FingerprintIndex(GroupReads):
         bands: int = DEFAULT_BANDS,
         max_distance: int = DEFAULT_MAX_DISTANCE,
         generation: int = 0,
+        *,
+        max_candidates: int = DEFAULT_MAX_CANDIDATES,
     ) -> None:
         self.redis = redis
+        self.max_candidates = max_candidates
+        """The per-event budget of this index's searches (0: none): `apply_command`'s and `search`'s default."""
         self.keys = IndexKeys(namespace)
         self.configured_tag = layout_tag(bands, max_distance)
         self.building: LayoutTarget | None = None
@@ -431,6 +436,7 @@ class FingerprintIndex(GroupReads):
         alert_text: str = "",
         tokenizer: str = "",
         snapshot: SnapshotClaim | None = None,
+        max_candidates: int | None = None,
         open_alerts: bool = False,
         alert_fields: Sequence[tuple[str, str]] = (),
     ) -> Command:
@@ -440,8 +446,10 @@ class FingerprintIndex(GroupReads):
         `expected` is the fingerprint the caller believes is stored (None: not indexed; ANY, "*": don't check; any
         other text: the stored value as it is when that is not a fingerprint, see `library.stored_value`).
         Without a `stream` the call runs in library mode: no acknowledgement and no alert. `max_matches` caps the
-        matches listed (0: all); `match_count` always counts them all. `alert_text` goes into the alert's `text`
-        field (when not ''); `tokenizer` is the tokenizer version of a text incident ('' for a bag, or a delete).
+        matches listed (0: all); `match_count` counts them all, unless the search verified `max_candidates` (default:
+        the index's) and stopped: then the result says `incomplete` and its count is a lower bound. `alert_text`
+        goes into the alert's `text` field (when not ''); `tokenizer` is the tokenizer version of a text incident
+        ('' for a bag, or a delete).
         With `snapshot`, the call validates what a search of a copy of the index found instead of searching the
         postings (no probe keys are sent; see worker/readpath.py). While a migration builds another layout
         (`building`), the call writes the fingerprint's postings in it too. With `open_alerts` an incident that
@@ -508,7 +516,7 @@ class FingerprintIndex(GroupReads):
             group=stream.group if stream else "",
             entry_id=entry_id,
             alerts_maxlen=stream.alerts_maxlen if stream else 0,
-            max_matches=max_matches,
+            limits=library.pack_limits(max_matches, self.max_candidates if max_candidates is None else max_candidates),
             probed=probed,
             alert_text=alert_text,
             tokenizer=tokenizer,
@@ -684,7 +692,8 @@ class FingerprintIndex(GroupReads):
         return self.search(fp, max_distance, max_matches=max_matches).matches
 
     def search(self, fp: int, max_distance: int | None = None, *, max_matches: int = 0) -> ApplyResult:
-        """The matches of a fingerprint with their exact `match_count` and the candidates verified (status `found`).
+        """The matches of a fingerprint with their exact `match_count` and the candidates verified (status `found`);
+        past the index's `max_candidates`, `incomplete`: some of them, the count a lower bound.
 
         `matches` lists the closest `max_matches` (0: all), sorted by (distance, ID).
         """
@@ -700,12 +709,16 @@ class FingerprintIndex(GroupReads):
         def build() -> tuple[list[str], list[Any]]:
             own, probed, others = self.probe_keys(fp, min(limit, self.layout.max_distance))
             keys = [self.keys.meta, self.keys.fingerprints, self.keys.twins(hex_fp), *own[:probed], *others]
-            return keys, [hex_fp, min(limit, self.layout.max_distance), self.layout_tag, max_matches]
+            limits = [max_matches, self.max_candidates]
+            return keys, [hex_fp, min(limit, self.layout.max_distance), self.layout_tag, *limits]
 
         self._ensure_open()
         keys, args = build()
         reply = self._fcall(library.FN_MATCHES, keys, args, readonly=True, rebuild=build)
-        return ApplyResult("found", match_count=int(reply[0]), candidates=int(reply[1]), matches=pairs(reply[2:]))
+        count, incomplete = library.parse_count(reply[0])
+        return ApplyResult(
+            "found", match_count=count, candidates=int(reply[1]), matches=pairs(reply[2:]), incomplete=incomplete
+        )
 
     def neighbours(self, features: Mapping[str, int], max_distance: int | None = None) -> list[tuple[str, int]]:
         """Deprecated name of `matches`."""

@@ -76,9 +76,11 @@ __all__ = [
     "is_missing_function",
     "load",
     "missing_message",
+    "pack_limits",
     "pack_migration",
     "pack_snapshot",
     "parse_apply",
+    "parse_count",
     "registered_names",
     "stored_value",
 ]
@@ -260,6 +262,9 @@ class SnapshotClaim:
     count: int
     listed: Sequence[tuple[str, int]]
     complete: bool
+    cut: bool = False
+    """The copy's search stopped at the per-event budget: `listed` are matches, not the closest; `count` is a lower
+    bound (the alert then says `incomplete`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,7 +274,8 @@ class ApplyResult:
     `status` is one of indexed, repeat, duplicate, stale, deleted, absent, not_pending, unvalidated (`found` for a
     search); `candidates` counts the representatives verified (never their twins), or on the snapshot path the
     changes validated; `matches` lists the matches (at most max_matches of them when that is set), closest first,
-    while `match_count` counts them all.
+    while `match_count` counts them all, unless `incomplete`: the search was cut at the per-event budget, the
+    matches listed are real ones but not necessarily the closest, and `match_count` is a lower bound.
     """
 
     status: str
@@ -279,6 +285,7 @@ class ApplyResult:
     matches: list[tuple[str, int]] = field(default_factory=list)
     stored: int | str | None = None
     """For a duplicate: the fingerprint already indexed, or the stored text when it is not one (`stored_value`)."""
+    incomplete: bool = False
 
 
 def stored_value(value: Any) -> int | str | None:
@@ -296,18 +303,29 @@ def stored_value(value: Any) -> int | str | None:
 _LOWER_HEX = frozenset("0123456789abcdef")
 
 
+def parse_count(value: Any) -> tuple[int, bool]:
+    """A match count as the functions reply it: the number, and whether the search was cut at the budget (the reply
+    then says '<n>+': n matches found, more may exist)."""
+    raw = text(value) if isinstance(value, bytes | str) else str(value)
+    if raw.endswith("+"):
+        return int(raw[:-1]), True
+    return int(raw), False
+
+
 def parse_apply(reply: Sequence[Any]) -> ApplyResult:
     """Turn the reply of the apply function into an `ApplyResult`."""
     status = text(reply[0])
     extra = text(reply[3])
     if status == "duplicate":
         return ApplyResult(status, stored=stored_value(extra))
+    match_count, incomplete = parse_count(reply[1])
     return ApplyResult(
         status,
-        match_count=int(reply[1]),
+        match_count=match_count,
         candidates=int(reply[2]),
         alert_id=extra or None,
         matches=pairs(reply[4:]),
+        incomplete=incomplete,
     )
 
 
@@ -351,7 +369,8 @@ class ApplyArgs(NamedTuple):
     group: str
     entry_id: str
     alerts_maxlen: int
-    max_matches: int
+    limits: str
+    """`pack_limits`: most matches to list, and the per-event budget."""
     probed: int
     alert_text: str
     tokenizer: str
@@ -366,7 +385,13 @@ def pack_snapshot(snapshot: SnapshotClaim | None) -> tuple[str, list[Any]]:
     if snapshot is None:
         return "", []
     listed = [part for pair in snapshot.listed for part in pair]
-    return f"{snapshot.position} {snapshot.count} {1 if snapshot.complete else 0}", listed
+    complete = 2 if snapshot.cut else 1 if snapshot.complete else 0
+    return f"{snapshot.position} {snapshot.count} {complete}", listed
+
+
+def pack_limits(max_matches: int, max_candidates: int) -> str:
+    """`ApplyArgs.limits`: most matches listed (0 = all) and most candidates verified (0 = no budget)."""
+    return f"{max_matches} {max_candidates}"
 
 
 def pack_alert_extra(open_alerts: bool, fields: Sequence[tuple[str, str]] = ()) -> str:

@@ -46,6 +46,11 @@ class Metrics:
         self.candidates = Histogram(
             "incident_worker_candidates", "Candidates verified per event", buckets=_CANDIDATE_BUCKETS, registry=r
         )
+        self.budget_exceeded = Counter(
+            "incident_worker_budget_exceeded",
+            "Events whose search stopped at the per-event budget (MAX_CANDIDATES): their alerts say incomplete",
+            registry=r,
+        )
         self.group_lag = Gauge(
             "incident_worker_group_lag", "Entries of the events stream not yet delivered to the group", registry=r
         )

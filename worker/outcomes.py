@@ -25,6 +25,9 @@ DEAD = "dead"
 FAILED = "failed"
 NOT_PENDING = "not_pending"
 
+_CUT_LOG_S = 10.0
+"""Seconds between two log lines about searches cut at the per-event budget."""
+
 
 @dataclass
 class WorkerStats:
@@ -36,6 +39,8 @@ class WorkerStats:
     outcomes: dict[str, int] = field(default_factory=dict)
     batches: int = 0
     reconnects: int = 0
+    budget_exceeded: int = 0
+    """Events whose search was cut at the per-event budget (their alerts say `incomplete`)."""
 
 
 class Outcomes:
@@ -48,6 +53,8 @@ class Outcomes:
         self.metrics = metrics
         self.log = log
         self._unflushed: dict[str, int] = {}
+        self._cut_since_log = 0  # searches cut since the last "search cut" line (one line per _CUT_LOG_S at most)
+        self._cut_logged_at = float("-inf")
         self._opened = 0
         self._joined = 0
 
@@ -108,6 +115,8 @@ class Outcomes:
     def _applied(self, entry_id: str, event: IncidentEvent, result: ApplyResult) -> None:
         self.stats.processed += 1
         self.metrics.candidates.observe(result.candidates)
+        if result.incomplete:
+            self._cut(entry_id, event, result)
         self.metrics.end_to_end_seconds.observe(max(0.0, time.time() - entry_time_ms(entry_id) / 1000))
         if result.status == "indexed":  # (each indexed incident opens a group or joins its closest match's)
             if result.match_count:
@@ -126,6 +135,7 @@ class Outcomes:
                 match_count=result.match_count,
                 closest=[f"{i}@{d}" for i, d in result.matches[:5]],
                 alert_entry=result.alert_id,
+                **({"incomplete": True} if result.incomplete else {}),
             )
         elif self._logs_debug():  # the line's arguments are built only when it is written
             self.log.debug(
@@ -135,6 +145,28 @@ class Outcomes:
                 op=event.op,
                 candidates=result.candidates,
             )
+
+    def _cut(self, entry_id: str, event: IncidentEvent, result: ApplyResult) -> None:
+        """Count an event whose search stopped at the per-event budget, and say so in the log: a line at once, then
+        at most one each _CUT_LOG_S with how many more (a storm or a crafted flood cuts every event; a line each
+        would flood the log as well)."""
+        self.stats.budget_exceeded += 1
+        self.metrics.budget_exceeded.inc()
+        self._cut_since_log += 1
+        now = time.monotonic()
+        if now - self._cut_logged_at < _CUT_LOG_S:
+            return
+        self.log.warning(
+            "search cut at the per-event budget: its alert says incomplete, match_count is a lower bound "
+            "(a near-duplicate storm or a flood of crafted incidents; see docs/operations.md)",
+            entry_id=entry_id,
+            incident_id=event.incident_id,
+            candidates=result.candidates,
+            match_count=result.match_count,
+            cut_since_last_line=self._cut_since_log,
+        )
+        self._cut_since_log = 0
+        self._cut_logged_at = now
 
     def flush(self) -> None:
         """Add the outcomes recorded since the last flush to /metrics."""

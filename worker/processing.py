@@ -321,7 +321,11 @@ class Processor:
             and item.event.fingerprint is not None
             and not item.full_search
         }
-        found = self.snapshot.claims(list(wanted.values()), self.settings.max_matches) if wanted else []
+        found = (
+            self.snapshot.claims(list(wanted.values()), self.settings.max_matches, self.settings.max_candidates)
+            if wanted
+            else []
+        )
         claims: list[SnapshotClaim | None] = [None] * len(items)
         for k, claim in zip(wanted, found, strict=True):
             claims[k] = claim
@@ -358,6 +362,7 @@ class Processor:
             stream=self.target,
             entry_id=item.entry_id,
             max_matches=self.settings.max_matches,
+            max_candidates=self.settings.max_candidates,
             alert_text=event.text[: self.settings.alert_text_chars] if event.text else "",
             tokenizer=self._tokenizer if event.text is not None and event.op != "delete" else "",
             snapshot=claim,

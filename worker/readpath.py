@@ -414,15 +414,22 @@ class SnapshotReader:
                 position=self.follower.index.position,
             )
 
-    def claims(self, wanted: Sequence[tuple[str, int]], cap: int) -> list[SnapshotClaim]:
+    def claims(self, wanted: Sequence[tuple[str, int]], cap: int, budget: int = 0) -> list[SnapshotClaim]:
         """Search the copy for each (incident ID, fingerprint) of `wanted` (its own ID excluded), the events of one
-        send together, and say what was found, for the apply calls to validate."""
+        send together, and say what was found, for the apply calls to validate. A search past `budget` candidates
+        (0: none) stops there, and its claim says so (`cut`)."""
         index = self.follower.index
         results = index.search_many(
-            [(fp, incident_id) for incident_id, fp in wanted], limit=cap + CLAIM_EXTRA if cap else 0
+            [(fp, incident_id) for incident_id, fp in wanted], limit=cap + CLAIM_EXTRA if cap else 0, budget=budget
         )
         return [
-            SnapshotClaim(index.position, result.match_count, result.matches, len(result.matches) == result.match_count)
+            SnapshotClaim(
+                index.position,
+                result.match_count,
+                result.matches,
+                len(result.matches) == result.match_count,
+                cut=result.cut,
+            )
             for result in results
         ]
 

@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, validate
 from .keys import DEFAULT_NAMESPACE, IndexKeys, hash_tag, validate_namespace
-from .limits import ALERT_FIELDS, EventLimits
+from .limits import ALERT_FIELDS, DEFAULT_MAX_CANDIDATES, EventLimits
 from .urls import check_url, safe_url, url_secrets
 
 __all__ = ["ENV_PREFIX", "REPLICA_OF_SENTINELS", "Settings", "parse_duration", "parse_size"]
@@ -202,6 +202,13 @@ class Settings(BaseSettings):
         description="Most matches listed in one alert, closest first; all (or 0) lists every match, without a "
         "cap. match_count counts all of them either way.",
         json_schema_extra={"flag_takes_words": True},
+    )
+    max_candidates: int = Field(
+        DEFAULT_MAX_CANDIDATES,
+        ge=0,
+        description="The per-event budget: most candidates one event's search verifies (0 = no bound). Past it the "
+        "search stops, and its alert says incomplete: its matches are real, match_count a lower bound "
+        "(docs/contract.md).",
     )
     alert_text_chars: int = Field(
         0,

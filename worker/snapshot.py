@@ -36,7 +36,7 @@ from __future__ import annotations
 import bisect
 import collections
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -117,6 +117,9 @@ class SearchResult:
     match_count: int
     matches: list[tuple[str, int]]
     candidates: int
+    cut: bool = False
+    """The search stopped at its budget: `matches` are real matches, not necessarily the closest, and `match_count`
+    a lower bound."""
 
 
 class MemoryIndex:
@@ -406,17 +409,29 @@ class MemoryIndex:
     # -- search ---------------------------------------------------------------------------------------------
 
     def search(
-        self, fp: int, *, max_distance: int | None = None, exclude: str | None = None, limit: int = 0
+        self,
+        fp: int,
+        *,
+        max_distance: int | None = None,
+        exclude: str | None = None,
+        limit: int = 0,
+        budget: int = 0,
     ) -> SearchResult:
         """Every incident within `max_distance` (default, and at most: the layout's) of `fp`, other than `exclude`.
 
         Counts them all; lists the closest `limit` (0: all), sorted by distance, then ID in code point order
-        (which is the byte order of their UTF-8, as Redis sorts).
+        (which is the byte order of their UTF-8, as Redis sorts). With `budget` (> 0), the tiers' candidates read
+        stop at that many (the tail, at most _SEAL_AT rows, is always compared whole): a search cut there says so.
         """
-        return self.search_many([(fp, exclude)], max_distance=max_distance, limit=limit)[0]
+        return self.search_many([(fp, exclude)], max_distance=max_distance, limit=limit, budget=budget)[0]
 
     def search_many(
-        self, queries: Sequence[tuple[int, str | None]], *, max_distance: int | None = None, limit: int = 0
+        self,
+        queries: Sequence[tuple[int, str | None]],
+        *,
+        max_distance: int | None = None,
+        limit: int = 0,
+        budget: int = 0,
     ) -> list[SearchResult]:
         """`search` for each (fingerprint, excluded ID) of `queries`, each tier searched for all in one pass.
 
@@ -429,25 +444,36 @@ class MemoryIndex:
         fps = [fp for fp, _ in queries]
         hits: list[dict[int, int]] = [{} for _ in fps]
         verified = [0] * len(fps)
+        cut = [False] * len(fps)
         if fps:
             queries_array = np.array(fps, dtype=np.uint64)
             tiers = [tier for tier in self._tiers if tier.size]
             if tiers:
-                self._tier_hits(tiers, queries_array, r, hits, verified)
+                self._tier_hits(tiers, queries_array, r, hits, verified, budget, cut)
             if len(self._members) > self._sealed:
                 self._tail_hits(queries_array, r, hits, verified)
-        return [
-            self._result(found, count, exclude, limit)
-            for found, count, (_, exclude) in zip(hits, verified, queries, strict=True)
-        ]
+        results = []
+        for found, count, stopped, (_, exclude) in zip(hits, verified, cut, queries, strict=True):
+            result = self._result(found, count, exclude, limit)
+            results.append(replace(result, cut=True) if stopped else result)
+        return results
 
     def _tier_hits(
-        self, tiers: list[_Tier], queries: np.ndarray, r: int, hits: list[dict[int, int]], verified: list[int]
+        self,
+        tiers: list[_Tier],
+        queries: np.ndarray,
+        r: int,
+        hits: list[dict[int, int]],
+        verified: list[int],
+        budget: int = 0,
+        cut: list[bool] | None = None,
     ) -> None:
         """Add to each query's `hits` the rows of its candidates in `tiers` within `r` (row -> distance), and count
         the candidates verified: the probes found once, looked up in each tier, all tiers' candidates gathered from
         the arena and verified in one pass. A fingerprint held again after its row in a tier went empty is found
-        under its new row."""
+        under its new row. With `budget` (> 0), each query's candidate ranges are shortened so that it reads at most
+        that many, before any is gathered (a flood sharing one band value then costs the budget, not the flood);
+        `cut[k]` is set for each query that lost some."""
         band_of, masks, band_start = self._probes(r)
         if not len(band_of):
             return
@@ -468,6 +494,20 @@ class MemoryIndex:
             ends = np.concatenate([np.searchsorted(keys, probes, side="right") + at for keys, at in where])
         lengths = ends - starts  # tier x probe
         range_query = np.tile(probe_query, len(tiers))
+        if budget > 0:
+            # each query's ranges in order, and what comes before each within its query: what is left of the budget
+            order = np.argsort(range_query, kind="stable")
+            ordered = lengths[order]
+            before = np.cumsum(ordered) - ordered
+            first_of = np.searchsorted(range_query[order], range_query[order], side="left")
+            before = before - before[first_of]
+            allowed = np.clip(budget - before, 0, ordered)
+            if (allowed < ordered).any() and cut is not None:
+                for k in np.unique(range_query[order][allowed < ordered]).tolist():
+                    cut[k] = True
+            lengths = lengths.copy()
+            lengths[order] = allowed
+            ends = starts + lengths
         positions = _ranges(starts, ends)  # in the arena
         if not len(positions):
             return

@@ -81,7 +81,9 @@ class StreamWorker:
             )
         self.redis = redis
         self.settings = settings
-        self.index = index or FingerprintIndex(redis, settings.namespace, settings.bands, settings.max_distance)
+        self.index = index or FingerprintIndex(
+            redis, settings.namespace, settings.bands, settings.max_distance, max_candidates=settings.max_candidates
+        )
         self.metrics = metrics or Metrics()
         self.target = StreamTarget(
             events_stream=settings.events_stream,

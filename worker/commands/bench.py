@@ -62,6 +62,20 @@ def _bench(args: argparse.Namespace) -> int:
                 found = run_verify_bench(url=url, incidents=args.verify, seed=args.seed, log=log)
                 print(json.dumps(found, indent=2) if args.json else verify_markdown(found))
                 return EXIT_OK
+            if args.near_storm:
+                from ..devtools.near_storm import near_storm_markdown, run_near_storm
+
+                found = run_near_storm(
+                    url=url,
+                    count=args.near_storm,
+                    flood=args.flood,
+                    cap_s=args.ingest_cap,
+                    seed=args.seed,
+                    log=log,
+                    budget=args.max_candidates,
+                )
+                print(json.dumps(found, indent=2) if args.json else near_storm_markdown(found))
+                return EXIT_OK
             if args.storm:
                 from ..devtools.storm import run_storm, storm_markdown
 
@@ -96,8 +110,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
         "Examples: incident-worker bench; incident-worker bench --large (adds N = 1,000,000); "
         "incident-worker bench --sizes 10000 --ingest 0 --json; incident-worker bench --storm 100000 (a storm of "
-        "exact duplicates against distinct incidents). Exit codes: 0 measured, 2 bad usage (no redis-server on PATH, "
-        "a non-empty Redis without --force)."
+        "exact duplicates against distinct incidents); incident-worker bench --near-storm 12000 --flood 50000 (near "
+        "duplicates and a crafted flood, the per-event budget). Exit codes: 0 measured, 2 bad usage (no "
+        "redis-server on PATH, a non-empty Redis without --force)."
     )
     parser.add_argument("--redis-url", help="use this Redis instead of starting one (it must be empty, or --force)")
     parser.add_argument("--force", action="store_true", help="with --redis-url: allow a non-empty database (FLUSHED)")
@@ -134,6 +149,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="instead: N copies of one bag against N distinct bags (events/s, index memory per incident)",
+    )
+    parser.add_argument(
+        "--near-storm",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: N near duplicates (one bag plus one token of its own each) against N distinct bags, and a "
+        "crafted flood (--flood), on both read paths: events/s and Redis time per event over the first and last "
+        "2,000 events",
+    )
+    parser.add_argument(
+        "--flood",
+        type=int,
+        default=20_000,
+        metavar="M",
+        help="with --near-storm: M crafted bags sharing one band value (0 = none; default 20000)",
+    )
+    parser.add_argument(
+        "--max-candidates",
+        type=int,
+        default=None,
+        metavar="B",
+        help="with --near-storm: the workers' per-event budget (default: the setting's default)",
     )
     parser.add_argument(
         "--verify",

@@ -136,6 +136,8 @@ class _Run:
     count: int
     batch_size: int = 100
     read_path: str = "primary"
+    settings: dict[str, Any] | None = None
+    """Settings of the workers other than the benchmark's own (say, max_candidates)."""
 
     def __post_init__(self) -> None:
         context = mp.get_context("spawn")
@@ -157,6 +159,7 @@ class _Run:
                         "alerts_maxlen": 10_000,
                         "socket_timeout_s": 120,
                         "read_path": self.read_path,
+                        **(self.settings or {}),
                     },
                     self.stop,
                     self.results,

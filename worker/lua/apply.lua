@@ -104,14 +104,16 @@ end
 --   [9] group           consumer group ('' = library mode: no acknowledgement, no alert)
 --   [10] entry_id       the stream entry's ID
 --   [11] alerts_maxlen  approximate MAXLEN of the alerts stream (0 = no trimming)
---   [12] max_matches    most matches to list (0 = all)
+--   [12] limits         '<max_matches> <max_candidates>': most matches to list (0 = all), and the per-event budget,
+--                       most representatives a search verifies (0 = no bound; see find_matches); '<max_matches>'
+--                       alone: no bound
 --   [13] probed         how many of new_postings (band 0 first) are probed too; the rest are only written
 --   [14] alert_text     text to publish in the alert's `text` field ('' = none)
 --   [15] tokenizer      tokenizer version of a text incident ('' for a bag): refused (error TOKENIZER) when it
 --                       differs from {N}:meta's `tokenizer`; recorded there by the first call that indexes a text
 --   [16] snapshot       '' (search the postings here), or a snapshot's claim '<position> <count> <complete>': its
---                       position in {N}:changes, its match count, and 1 when it listed every match, else 0 (see
---                       validate_snapshot)
+--                       position in {N}:changes, its match count, and 1 when it listed every match, else 0, or 2
+--                       when its search was cut at the budget (see validate_snapshot)
 --   [17] migration      '' (none), or '<n_target> <layout tag>': the layout a migration is building, which this
 --                       call writes too (it must equal {N}:meta's `building`, refused with MIGRATION otherwise),
 --                       and its posting keys per fingerprint
@@ -124,7 +126,8 @@ end
 -- indexed | repeat | duplicate | stale | deleted | absent | not_pending | unvalidated. Only indexed, repeat,
 -- deleted and absent acknowledge the entry; duplicate, stale, not_pending and unvalidated change nothing.
 -- candidates_verified counts the representatives read, never their twins (on the snapshot path: the changes
--- validated).
+-- validated). match_count is '<n>+' when the search was cut at the budget (budget_count): the alert then carries
+-- `incomplete` 1, and n, its match_count, is a lower bound.
 --
 -- apply_at runs the call whose keys are keys[ko + 1 .. ko + nk] and arguments args[ao + 1 .. ao + na] (apply_batch's
 -- calls, in place); apply, a call of its own, is apply_at with all of them.
@@ -156,20 +159,26 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
   local op, id, fp, expected = args[ao + 1], args[ao + 2], args[ao + 3], args[ao + 4]
   local limit, n_new, n_old = tonumber(args[ao + 6]), tonumber(args[ao + 7]), tonumber(args[ao + 8])
   local group, entry_id = args[ao + 9], args[ao + 10]
-  local alerts_maxlen, cap = tonumber(args[ao + 11]), tonumber(args[ao + 12])
+  local alerts_maxlen = tonumber(args[ao + 11])
+  local cap, budget = string.match(args[ao + 12], '^(%d+) (%d+)$')
+  if cap then
+    cap, budget = tonumber(cap), tonumber(budget)
+  else
+    cap, budget = tonumber(args[ao + 12]), 0
+  end
   local streaming = group ~= ''
   local FIRST = 9
 
   -- the packed parts, read before anything is written
-  local position, claimed, complete = '', 0, false
+  local position, claimed, complete, cut = '', 0, false, false
   local snapshot = args[ao + 16] or ''
   if snapshot ~= '' then
     local count, all
-    position, count, all = string.match(snapshot, '^(%S+) (%d+) ([01])$')
+    position, count, all = string.match(snapshot, '^(%S+) (%d+) ([012])$')
     if not position then
-      return redis.error_reply('ERR apply: snapshot "' .. snapshot .. '" is not "<position> <count> <0 or 1>"')
+      return redis.error_reply('ERR apply: snapshot "' .. snapshot .. '" is not "<position> <count> <0, 1 or 2>"')
     end
-    claimed, complete = tonumber(count), all == '1'
+    claimed, complete, cut = tonumber(count), all == '1', all == '2'
   end
   local building, n_target = '', 0
   local migration = args[ao + 17] or ''
@@ -241,7 +250,7 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
   local n_listed = na > ARGS and na - ARGS or 0
   if position ~= '' then
     verified, matched, flat, held = validate_snapshot(context, meta_key, changes_key, fp, limit, id, cap, position,
-                                                      claimed, args, ao + ARGS, n_listed, complete)
+                                                      claimed, args, ao + ARGS, n_listed, complete, cut)
     if not verified then return {'unvalidated', 0, 0, ''} end
   end
 
@@ -258,7 +267,10 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
     local probes = call_keys({}, keys, ko, nk, FIRST, FIRST - 1 + (tonumber(args[ao + 13]) or n_new))
     call_keys(probes, keys, ko, nk, FIRST + n_new + n_old, LAST_PROBE)
     local twin_prefix = string.sub(new_group, 1, -17)
-    verified, matched, flat, twin = find_matches(fp_key, twin_prefix, probes, fp, limit, cap)
+    verified, matched, flat, twin, cut = find_matches(fp_key, twin_prefix, probes, fp, limit, cap, budget)
+    if cut and not twin then
+      twin = representative_of(fp_key, new_group, fp, call_keys({}, keys, ko, nk, FIRST, FIRST - 1 + n_new))
+    end
   elseif not surely_unheld(held, claimed, args, ao + ARGS, n_listed) then
     -- (the common case, a fingerprint nobody holds, needs no read: see surely_unheld)
     twin = representative_of(fp_key, new_group, fp, call_keys({}, keys, ko, nk, FIRST, FIRST - 1 + n_new))
@@ -299,6 +311,10 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
         fields[#fields + 1] = 'text'
         fields[#fields + 1] = text
       end
+      if cut then
+        fields[#fields + 1] = 'incomplete'
+        fields[#fields + 1] = '1'
+      end
       for i = 1, #extra_fields do fields[#fields + 1] = extra_fields[i] end
       if alerts_maxlen > 0 then
         alert_id = redis.call('XADD', alerts_key, 'MAXLEN', '~', alerts_maxlen, '*', unpack(fields))
@@ -308,7 +324,7 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
     end
     ack_entry(context, events_key, group, entry_id)
   end
-  local reply = {'indexed', matched, verified, alert_id}
+  local reply = {'indexed', budget_count(matched, cut), verified, alert_id}
   for i = 1, #flat do reply[4 + i] = flat[i] end
   return reply
 end

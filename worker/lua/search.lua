@@ -82,24 +82,80 @@ local function sort_pairs(list, n, less)
   end
 end
 
+-- The candidates of a search bounded by `budget`, or nil when the posting sets `probe_keys` hold no more members
+-- than that in all (the caller then reads their union as usual). Their sizes are read first (SCARD, O(1) each),
+-- so that a flood of incidents crafted to share one band value costs this search `budget` members, never the set
+-- (SMEMBERS or SUNION of a set of 200,000 would cost the primary's thread far more than the budget alone).
+--
+-- A set no larger than the budget is read whole, a larger one sampled (SRANDMEMBER: what is left of the budget in
+-- distinct members, O(what it returns)), and the reading stops at the budget's distinct IDs. So a search is cut
+-- exactly when its sets hold more than the budget of distinct incidents (a set larger than the budget is such a
+-- case), and the members read are at most one per band for each ID kept (an incident near the query sits in up to
+-- one probe set per band). Returns at most `budget` distinct IDs and whether the search was cut.
+local function bounded_candidates(probe_keys, budget)
+  local sizes, total = {}, 0
+  for i = 1, #probe_keys do
+    local size = redis.call('SCARD', probe_keys[i])
+    sizes[i] = size
+    total = total + size
+  end
+  if total <= budget then return nil, false end
+  local seen, list, n, cut = {}, {}, 0, false
+  for i = 1, #probe_keys do
+    local size = sizes[i]
+    local members
+    if size > budget then
+      -- more distinct incidents than the budget in this set alone: the search is cut, whatever the others hold
+      cut = true
+      if n < budget then members = redis.call('SRANDMEMBER', probe_keys[i], budget - n) end
+    elseif size > 0 then
+      members = redis.call('SMEMBERS', probe_keys[i])
+    end
+    if members then
+      for j = 1, #members do
+        local id = members[j]
+        if not seen[id] then
+          if n == budget then
+            cut = true
+            break
+          end
+          seen[id] = true
+          n = n + 1
+          list[n] = id
+        end
+      end
+    end
+    if cut and n == budget then break end
+  end
+  return list, cut
+end
+
 -- Every indexed incident within `limit` of `query`, found through the posting sets `probe_keys` (a list of key
 -- names). Postings hold one representative per distinct fingerprint; the other incidents with that exact
 -- fingerprint (its twins) sit with it in a group, the sorted set `twin_prefix .. <fingerprint>` (all scores 0, so
 -- ZRANGE lists it in byte order), which exists only while two or more incidents share the fingerprint. Only
 -- representatives are verified: a storm of twins costs one candidate, one ZCARD and one ZRANGE of at most `cap`.
 --
+-- `budget` (> 0) bounds the representatives verified (docs/contract.md, "The per-event budget"): past it the search
+-- is cut (bounded_candidates), and what it returns is then a part of the answer, flagged.
+--
 -- Returns the number of candidates verified, the number of matches (every twin counted), the matches sorted by
--- (distance, ID), at most `cap` of them when cap > 0, as a flat list id, d, id, d..., and the representative of
--- `query` itself (the candidate at distance 0) or nil when the fingerprint is not indexed.
-local function find_matches(fp_key, twin_prefix, probe_keys, query, limit, cap)
-  local candidates
-  if #probe_keys == 1 then
+-- (distance, ID), at most `cap` of them when cap > 0, as a flat list id, d, id, d..., the representative of
+-- `query` itself (the candidate at distance 0) or nil when the fingerprint is not indexed, and whether the search
+-- was cut. A cut search's matches are real matches, its count a lower bound, and its representative may be nil
+-- though the fingerprint is indexed (the caller asks representative_of).
+local function find_matches(fp_key, twin_prefix, probe_keys, query, limit, cap, budget)
+  local candidates, cut = nil, false
+  if budget and budget > 0 then candidates, cut = bounded_candidates(probe_keys, budget) end
+  if candidates then
+    -- (already read)
+  elseif #probe_keys == 1 then
     candidates = redis.call('SMEMBERS', probe_keys[1])
   else
     candidates = redis.call('SUNION', unpack(probe_keys))
   end
   local n = #candidates
-  if n == 0 then return 0, 0, {}, nil end
+  if n == 0 then return 0, 0, {}, nil, cut end
 
   local byte, lower = string.byte, string.lower
   local T1, T2, T3, T4, T5, T6, T7, T8, T9, T10, T11, T12, T13, T14, T15, T16 = digit_rows(query)
@@ -143,7 +199,7 @@ local function find_matches(fp_key, twin_prefix, probe_keys, query, limit, cap)
   end
 
   local flat = {}
-  if matched == 0 then return verified, 0, flat, twin end
+  if matched == 0 then return verified, 0, flat, twin, cut end
   local order = id_order()
   local want = matched
   if cap > 0 and cap < want then want = cap end
@@ -178,7 +234,7 @@ local function find_matches(fp_key, twin_prefix, probe_keys, query, limit, cap)
       end
     end
   end
-  return verified, matched, flat, twin
+  return verified, matched, flat, twin, cut
 end
 
 -- Take `id`, whose fingerprint is indexed under the posting keys `postings` with the group key `group`, out of
@@ -227,19 +283,28 @@ local function representative_of(fp_key, group, fp, postings)
   return nil
 end
 
+-- A match count as a reply gives it: the number, or '<n>+' when the search that made it was cut (n matches found,
+-- more may exist); library.parse_count reads both.
+local function budget_count(matched, cut)
+  if cut then return matched .. '+' end
+  return matched
+end
+
 -- Every indexed incident within a distance of a fingerprint, without indexing anything.
 --
 -- keys[1] = {N}:meta   keys[2] = {N}:fp   keys[3] = {N}:twins:<the fingerprint>   keys[4 .. #keys] = the probe keys
 -- args[1] = fingerprint (hex)   args[2] = max distance   args[3] = layout tag
--- args[4] = most matches to list (0 or absent = all)
+-- args[4] = most matches to list (0 or absent = all)   args[5] = most candidates to verify (0 or absent = all)
 --
--- Returns {match_count, candidates_verified, id1, d1, id2, d2, ...}, sorted, capped as asked.
+-- Returns {match_count, candidates_verified, id1, d1, id2, d2, ...}, sorted, capped as asked; match_count is
+-- '<n>+' when the search was cut at the budget (n, a lower bound; see budget_count).
 local function matches(keys, args)
   local refused = check_layout(keys[1], args[3])
   if refused then return refused end
-  local verified, matched, flat = find_matches(keys[2], string.sub(keys[3], 1, -17), slice(keys, 4, #keys), args[1],
-                                               tonumber(args[2]), tonumber(args[4]) or 0)
-  local reply = {matched, verified}
+  local verified, matched, flat, _, cut = find_matches(keys[2], string.sub(keys[3], 1, -17), slice(keys, 4, #keys),
+                                                       args[1], tonumber(args[2]), tonumber(args[4]) or 0,
+                                                       tonumber(args[5]) or 0)
+  local reply = {budget_count(matched, cut), verified}
   for i = 1, #flat do reply[2 + i] = flat[i] end
   return reply
 end

@@ -101,6 +101,11 @@ end
 -- fingerprint: an incident the copy counted (its fingerprint before its first later change was within `limit`) and
 -- one that counts now (its latest fingerprint is) adjust the count and the list.
 --
+-- `cut`: the copy's search stopped at the per-event budget (docs/contract.md, "The per-event budget"), so what it
+-- counted and listed are some of its matches, not the closest: the listed ones no change touched and every change
+-- now within `limit` are listed (real matches), the count stays a lower bound (never below what is listed), and
+-- `held` is true ("maybe": the copy may have missed an incident holding `query`, so the caller reads the postings).
+--
 -- Returns changes_checked, matched, flat (at most `cap` pairs when cap > 0), and `held`: whether an incident other
 -- than `self_id` holds `query` by its latest change after the position (see surely_unheld); or nil when the copy
 -- cannot be validated (its changes were trimmed, are too many, or lack fingerprints, or what it listed no longer
@@ -110,7 +115,7 @@ end
 -- (find_matches's), and only within the limit after the first 8 digits are the other 8 read (the sum only grows,
 -- so one past the limit there is past it in the end; its exact value is never used).
 local function validate_snapshot(context, meta_key, changes_key, query, limit, self_id, cap, position, count, listed,
-                                 lo, n_listed, complete)
+                                 lo, n_listed, complete, cut)
   local view = changes_after(context, meta_key, changes_key, position)
   if not view or view.count > MAX_VALIDATED_CHANGES then return nil end
   local first_prev, latest, order = view.first_prev, view.latest, view.order
@@ -162,6 +167,20 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
 
   -- the copy listed every match, or only those up to its last listed one: past that, nothing is known
   local less = id_less_of(context)
+  if cut then
+    for i = 1, n_additions do kept[n_kept + i] = additions[i] end
+    n_kept = n_kept + n_additions
+    if n_kept > 1 then sort_pairs(kept, n_kept, less) end
+    if count < n_kept then count = n_kept end
+    local want = n_kept
+    if cap > 0 and cap < want then want = cap end
+    local flat = {}
+    for i = 1, want do
+      flat[2 * i - 1] = kept[i][2]
+      flat[2 * i] = kept[i][1]
+    end
+    return view.count, count, flat, true
+  end
   local bound_d, bound_id = nil, nil
   if not complete then
     if n_listed == 0 then return nil end

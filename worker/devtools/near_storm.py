@@ -1,0 +1,204 @@
+"""The near-duplicate storm benchmark behind `incident-worker bench --near-storm N`
+(docs/contract.md, "The per-event budget").
+
+Three backlogs of N events each, on both read paths, each into an empty index on the same real Redis, with one
+worker process (the code of `incident-worker run`, default settings, so the default per-event budget):
+
+* distinct: N distinct incidents of the synthetic workload;
+* near storm: one incident reworded N times: the same 16 tokens plus one of its own each (a request ID), so that
+  thousands of distinct fingerprints lie within r of one another (`near_storm_bags`);
+* crafted flood: bags made so that every fingerprint has the same value in band 0 (the token hash is public:
+  two tokens found by search fix band 0's bits by majority, a third of each bag's own sets the others), the attack
+  on the posting sets that the per-event budget bounds: every event's search meets every earlier incident.
+
+Each backlog is sent in three parts, its first 2,000 events, the middle, its last 2,000, each drained before the
+next is sent, so that Redis time per event (INFO commandstats of FCALL) is measured over the first and the last
+2,000 events apart. Events/s is over the whole backlog. Targets (issue 23): the storm at no less than 0.5x the
+distinct events/s, and its last-2,000 Redis time per event at most 3x its first-2,000.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from ..bands import DEFAULT_BANDS, BandLayout
+from ..fingerprint import token_hash
+from ..index import FingerprintIndex
+from ..keys import IndexKeys
+from ..limits import DEFAULT_MAX_CANDIDATES
+from .benchmark import (
+    Bench,
+    _backlog_done,
+    _Events,
+    _publish,
+    _Run,
+    _server_cpu,
+    _server_usec,
+    _stream_fields,
+    run_header,
+)
+from .workload import Workload
+
+__all__ = ["flood_bags", "near_storm_bags", "near_storm_markdown", "run_near_storm"]
+
+NAMESPACE = "nearstorm"
+EDGE = 2000
+"""Events at each end of a backlog over which Redis time per event is measured."""
+
+
+def flood_bags(count: int, bands: int = DEFAULT_BANDS) -> list[dict[str, int]]:
+    """`count` bags whose fingerprints all hold one value in band 0 and differ elsewhere.
+
+    Two fixed tokens whose hashes agree on band 0's bits (the second found by search, about 2^width hashes) outvote
+    any third token there, bit by bit (SimHash: each bit is the majority of the three); where the two disagree, the
+    bag's own third token decides, so the fingerprints spread over the other bits (about half of them)."""
+    layout = BandLayout(bands, 7)
+    offset, width = layout.offsets[0], layout.widths[0]
+    mask = ((1 << width) - 1) << offset
+    anchor = token_hash("flood-anchor") & mask
+    k = 0
+    while token_hash(f"flood-fix-{k}") & mask != anchor:
+        k += 1
+    fixed = {"flood-anchor": 1, f"flood-fix-{k}": 1}
+    return [{**fixed, f"flood-{n}": 1} for n in range(count)]
+
+
+def near_storm_bags(count: int) -> list[dict[str, int]]:
+    """One alert reworded `count` times: the same 16 tokens (weight 1, as a short text gives them) and one unmasked
+    token of its own each. About 8,500 distinct fingerprints in 12,000, three in five pairs within 7 of each other
+    (measured): what each new one verifies grows with the storm, unlike exact twins."""
+    common = {f"word-{k}": 1 for k in range(16)}
+    return [{**common, f"request-{n}": 1} for n in range(count)]
+
+
+def _phases(
+    bench: Bench, items: list[tuple[str, dict[str, int]]], read_path: str, cap_s: float, budget: int | None
+) -> dict[str, Any]:
+    """One worker on `items`, sent as first EDGE, middle, last EDGE; events/s and Redis time per event of each."""
+    client = bench.client
+    keys = IndexKeys(NAMESPACE)
+    bench.fresh(NAMESPACE)
+    FingerprintIndex(client, NAMESPACE, bands=DEFAULT_BANDS).open()
+    settings = {} if budget is None else {"max_candidates": budget}
+    run = _Run(bench.url, NAMESPACE, DEFAULT_BANDS, 1, read_path=read_path, settings=settings)
+    bench._wait_for_workers(keys, 1)
+    edge = min(EDGE, len(items) // 3)
+    parts = [items[:edge], items[edge : len(items) - edge], items[len(items) - edge :]]
+    measured = []
+    deadline = time.monotonic() + cap_s
+    done_all = True
+    for part in parts:
+        usec0, cpu0, started = _server_usec(client), _server_cpu(client), time.monotonic()
+        _publish(client, keys.events_stream, _stream_fields(part))
+        while not _backlog_done(client, keys.events_stream, "incident-workers"):
+            if time.monotonic() > deadline:
+                done_all = False
+                break
+            time.sleep(0.01)
+        seconds = time.monotonic() - started
+        measured.append(
+            {
+                "events": len(part),
+                "seconds": seconds,
+                "fcall_usec_per_event": round((_server_usec(client) - usec0) / max(len(part), 1), 1),
+                "redis_cpu_usec_per_event": round((_server_cpu(client) - cpu0) * 1e6 / max(len(part), 1), 1),
+            }
+        )
+        if not done_all:
+            break
+    reports = run.finish()
+    candidates = [c for r in reports for c in r["candidates"]]
+    kept = int(client.xlen(keys.alerts_stream))
+    cut = _incomplete_alerts(client, keys.alerts_stream)
+    client.delete(keys.events_stream)
+    total_s = sum(p["seconds"] for p in measured)
+    events = sum(p["events"] for p in measured)
+    first, last = measured[0], measured[-1]
+    return {
+        "read_path": read_path,
+        "events": events,
+        "offered": len(items),
+        "capped": not done_all,
+        "events_per_s": round(events / max(total_s, 1e-9), 1),
+        "first_fcall_usec_per_event": first["fcall_usec_per_event"],
+        "last_fcall_usec_per_event": last["fcall_usec_per_event"],
+        "first_redis_cpu_usec_per_event": first["redis_cpu_usec_per_event"],
+        "last_redis_cpu_usec_per_event": last["redis_cpu_usec_per_event"],
+        "growth": round(last["fcall_usec_per_event"] / max(first["fcall_usec_per_event"], 1e-9), 2),
+        "candidates_max": max(candidates, default=0),
+        "alerts_kept": kept,
+        "incomplete_alerts_kept": cut,
+    }
+
+
+def _incomplete_alerts(client: redis.Redis, stream: str) -> int:
+    """How many of the alerts kept say `incomplete` (their search was cut at the budget)."""
+    entries: Any = client.xrange(stream)
+    return sum(1 for _, fields in entries if fields.get(b"incomplete") == b"1")
+
+
+def run_near_storm(
+    *, url: str, count: int, flood: int, cap_s: float, seed: int, log: Any, budget: int | None = None
+) -> dict[str, Any]:
+    """Distinct, near storm and crafted flood backlogs on both read paths; see the module's docstring."""
+    client = redis.Redis.from_url(url, socket_timeout=300)
+    bench = Bench(client, url, _Events(seed, None), count, cap_s, 0.0, log)
+    distinct = Workload(seed=seed, near_duplicates=0.0).take(count)
+    storm = [(f"near-{k}", bag) for k, bag in enumerate(near_storm_bags(count))]
+    backlogs = {"distinct": distinct, "near_storm": storm}
+    if flood:
+        log(f"crafting {flood:,} flood bags ...")
+        backlogs["flood"] = [(f"flood-{k}", bag) for k, bag in enumerate(flood_bags(flood))]
+    results = run_header(client)
+    results["count"] = count
+    results["flood"] = flood
+    results["max_candidates"] = DEFAULT_MAX_CANDIDATES if budget is None else budget
+    for read_path in ("primary", "snapshot"):
+        rows = {}
+        for name, items in backlogs.items():
+            log(f"{name} on the {read_path} path: {len(items):,} events into an empty index ...")
+            rows[name] = _phases(bench, items, read_path, cap_s, budget)
+        rows["throughput_ratio"] = round(
+            rows["near_storm"]["events_per_s"] / max(rows["distinct"]["events_per_s"], 1e-9), 2
+        )
+        results[read_path] = rows
+    return results
+
+
+def near_storm_markdown(results: dict[str, Any]) -> str:
+    """The near storm and the flood as a Markdown table, for BENCHMARKS.md."""
+    out = [
+        f"Near-duplicate storm benchmark, {results['date']}: `{results['command']}`; {results['machine']['cpus']} "
+        f"CPUs, Redis {results['machine']['redis']}, Python {results['machine']['python']}. One worker process, "
+        f"default settings (4 bands, r = 7, a budget of {results['max_candidates']:,} candidates an event), each "
+        "backlog into an empty index, "
+        f"sent as its first {EDGE:,} events, the middle, its last {EDGE:,}.",
+        "",
+        "| read path | backlog | events | events/s | FCALL us/event, first 2,000 | last 2,000 | growth "
+        "| candidates max | alerts kept (incomplete) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    labels = {"distinct": "distinct", "near_storm": "near storm (one token each)", "flood": "crafted flood"}
+    for read_path in ("primary", "snapshot"):
+        rows = results[read_path]
+        for name, label in labels.items():
+            if name not in rows:
+                continue
+            r = rows[name]
+            capped = " (capped)" if r["capped"] else ""
+            out.append(
+                f"| {read_path} | {label} | {r['events']:,} of {r['offered']:,}{capped} | {r['events_per_s']:,} | "
+                f"{r['first_fcall_usec_per_event']} | {r['last_fcall_usec_per_event']} | {r['growth']}x | "
+                f"{r['candidates_max']:,} | {r['alerts_kept']:,} ({r['incomplete_alerts_kept']:,}) |"
+            )
+    out.append("")
+    for read_path in ("primary", "snapshot"):
+        rows = results[read_path]
+        out.append(
+            f"{read_path}: the near storm at {rows['throughput_ratio']}x the distinct events/s (target at least 0.5x); "
+            f"its last-{EDGE:,} Redis time per event {rows['near_storm']['growth']}x its first (target at most 3x)."
+        )
+    return "\n".join(out)
