@@ -34,7 +34,7 @@ from .groups import Group, GroupReads
 from .keys import DEFAULT_NAMESPACE, IndexKeys
 from .library import ApplyResult, SnapshotClaim, StreamTarget, parse_apply, stored_value
 from .limits import DEFAULT_MAX_CANDIDATES
-from .metafields import building_damaged, is_layout_tag
+from .metafields import FORMAT_VERSION, SCHEME, base_tag, building_damaged, is_layout_tag, layout_tag, parse_layout_tag
 from .replies import pairs, text
 from .text import TOKENIZER_VERSION
 from .transport import Command, Transport, execute, open_transport
@@ -50,16 +50,6 @@ __all__ = [
     "retry_while_stale",
 ]
 
-SCHEME = "simhash64-blake2b8le"
-"""docs/contract.md#the-fingerprint: SimHash over 64 bits of BLAKE2b-8 token hashes read little-endian."""
-
-FORMAT_VERSION = 2
-"""How the index is laid out in Redis (docs/contract.md#what-lives-in-redis); another version refuses the index.
-
-1: every incident in the posting sets of its bands. 2: one incident per distinct fingerprint in the posting sets,
-its exact twins in a `{N}:twins:<fingerprint>` group, so that a storm of duplicates costs no more per event.
-"""
-
 STALE_RETRIES = 32
 """Upsert and delete retry when another client changed the incident between their read and their write."""
 
@@ -67,28 +57,6 @@ ANY: Literal["*"] = "*"
 """`expected` of a call that does not check what is stored (an add)."""
 
 _Reply = TypeVar("_Reply")
-
-
-def layout_tag(bands: int, max_distance: int, generation: int = 0) -> str:
-    """What `{N}:meta`'s `layout` says and every call checks: scheme, bands, max distance, format, and for an index
-    moved to another layout (`incident-worker migrate`) the generation its postings are kept under."""
-    tag = f"{SCHEME}/bands={bands}/max_distance={max_distance}/format={FORMAT_VERSION}"
-    return tag if generation == 0 else f"{tag}/generation={generation}"
-
-
-def parse_layout_tag(tag: str) -> dict[str, str]:
-    """The parts of a layout tag: scheme, bands, max_distance, format and generation (0 when it has none)."""
-    scheme, *parts = tag.split("/")
-    fields = {"scheme": scheme, "generation": "0"}
-    for part in parts:
-        name, _, value = part.partition("=")
-        fields[name] = value
-    return fields
-
-
-def base_tag(tag: str) -> str:
-    """A layout tag without its generation: the layout itself, wherever its postings are kept."""
-    return tag.split("/generation=", 1)[0]
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""`{N}:meta` fields that people can edit by hand, read with a check: a value no version writes there is named, with
+"""`{N}:meta`'s fields: the layout tag every call checks (`layout_tag`, its scheme and format version), and the fields
+that people can edit by hand, read with a check: a value no version writes there is named, with
 what to run, as a `DamagedMetaError`, instead of failing deep inside a worker (and so every worker of the fleet, one
 after the other) with a ValueError or a KeyError.
 
@@ -16,7 +17,50 @@ from .errors import DamagedMetaError
 from .keys import IndexKeys
 from .replies import text
 
-__all__ = ["building_damaged", "changes_floor", "floor_ahead", "is_layout_tag"]
+SCHEME = "simhash64-blake2b8le"
+"""docs/contract.md#the-fingerprint: SimHash over 64 bits of BLAKE2b-8 token hashes read little-endian."""
+
+FORMAT_VERSION = 2
+"""How the index is laid out in Redis (docs/contract.md#what-lives-in-redis); another version refuses the index.
+
+1: every incident in the posting sets of its bands. 2: one incident per distinct fingerprint in the posting sets,
+its exact twins in a `{N}:twins:<fingerprint>` group, so that a storm of duplicates costs no more per event.
+"""
+
+
+def layout_tag(bands: int, max_distance: int, generation: int = 0) -> str:
+    """What `{N}:meta`'s `layout` says and every call checks: scheme, bands, max distance, format, and for an index
+    moved to another layout (`incident-worker migrate`) the generation its postings are kept under."""
+    tag = f"{SCHEME}/bands={bands}/max_distance={max_distance}/format={FORMAT_VERSION}"
+    return tag if generation == 0 else f"{tag}/generation={generation}"
+
+
+def parse_layout_tag(tag: str) -> dict[str, str]:
+    """The parts of a layout tag: scheme, bands, max_distance, format and generation (0 when it has none)."""
+    scheme, *parts = tag.split("/")
+    fields = {"scheme": scheme, "generation": "0"}
+    for part in parts:
+        name, _, value = part.partition("=")
+        fields[name] = value
+    return fields
+
+
+def base_tag(tag: str) -> str:
+    """A layout tag without its generation: the layout itself, wherever its postings are kept."""
+    return tag.split("/generation=", 1)[0]
+
+
+__all__ = [
+    "FORMAT_VERSION",
+    "SCHEME",
+    "base_tag",
+    "building_damaged",
+    "changes_floor",
+    "floor_ahead",
+    "is_layout_tag",
+    "layout_tag",
+    "parse_layout_tag",
+]
 
 _ENTRY_ID = re.compile(r"\d{1,20}-\d{1,20}")
 _LAYOUT_TAG = re.compile(r"[^/]+/bands=\d+/max_distance=\d+/format=\d+(/generation=\d+)?")
