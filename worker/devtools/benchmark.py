@@ -19,13 +19,10 @@ measured through a queue.
 
 from __future__ import annotations
 
-import argparse
 import csv
-import json
 import multiprocessing as mp
 import os
 import platform
-import re
 import resource
 import statistics
 import subprocess
@@ -52,6 +49,7 @@ from ..readpath import SNAPSHOT_SEND
 from ..replies import group_info
 from ..snapshot import MemoryIndex
 from ..text import TOKENIZER_VERSION
+from .benchpage import main, markdown, page_blocks, update_page
 from .workload import Workload
 
 __all__ = ["code_version", "markdown", "page_blocks", "run_benchmark", "update_page"]
@@ -611,196 +609,5 @@ def run_benchmark(
 # -- report ---------------------------------------------------------------------------------------------------
 
 
-def _bytes(layout: dict[str, Any]) -> str:
-    """Redis bytes per incident, and the bulk load's change-log share of it when measured."""
-    total = layout["memory_per_incident"]
-    log = layout.get("change_log_per_incident")
-    if log is None:
-        return f"{total}"
-    return f"{total} ({round(total - log, 1)} index + {log} change log)"
-
-
-def markdown(results: dict[str, Any]) -> str:
-    """The results as the Markdown tables of BENCHMARKS.md."""
-    out = []
-    machine = results["machine"]
-    out.append(f"Run {results['date']}: `{results['command'].strip()}`")
-    code = results.get("code")
-    if code is not None:
-        changes = ", with changes not committed" if code["uncommitted_changes"] else ""
-        out.append(
-            f"Code: commit {(code['commit'] or 'unknown')[:12]}{changes}; Functions library {code['library']}, "
-            f"tokenizer version {code['tokenizer_version']}, {code['default_bands']} bands by default."
-        )
-    out.append(
-        f"Machine: {machine['cpus']} CPUs, {machine['platform']}, Python {machine['python']}, "
-        f"Redis {machine['redis']}. Workload: {results['workload']}."
-    )
-    if "load_average" in machine:
-        out.append(
-            f"Load average (1, 5, 15 min) at the start: {machine['load_average']}, at the end: "
-            f"{machine.get('load_average_at_end', '-')}."
-        )
-    fp = results["fingerprint"]
-    out.append("")
-    out.append("| fingerprint per bag | straightforward loop | fast, repeating vocabulary | fast, unique tokens |")
-    out.append("|---|---|---|---|")
-    out.append(
-        f"| {fp['tokens_per_bag']} tokens | {fp['reference_us']} us | {fp['fast_repeating_us']} us "
-        f"({fp['speedup_repeating']}x) | {fp['fast_unique_us']} us ({fp['speedup_unique']}x) |"
-    )
-    if "ingest" in results:
-        ingest = results["ingest"]
-        out.append("")
-        out.append(
-            "| full ingest, one worker | events | events/s | candidates/event (mean, p99) "
-            "| Redis us/event (in the call, CPU) |"
-        )
-        out.append("|---|---|---|---|---|")
-        for name in ("default", "classic"):
-            r = ingest[name]
-            capped = " (capped)" if r["capped"] else ""
-            out.append(
-                f"| {name}, {r['bands']} bands | {r['events']:,} of {r['offered']:,}{capped} | {r['events_per_s']:,} "
-                f"| {r['candidates_mean']}, {r['candidates_p99']} | {r['fcall_usec_per_event']}, "
-                f"{r['redis_cpu_usec_per_event']} |"
-            )
-        out.append(f"\nDefault layout / classic 8 bands, events/s: **{ingest['ratio']}x**.")
-    for row in results["sizes"]:
-        out.append("")
-        out.append(f"**N = {row['indexed']:,} indexed**")
-        out.append("")
-        out.append(
-            "| layout | events/s, 1 worker | 2 workers | p50 / p99 ms at half load | candidates/event "
-            "(mean, p99) | Redis us/event (in the call, CPU) | bytes/incident |"
-        )
-        out.append("|---|---|---|---|---|---|---|")
-        for name, r in row["layouts"].items():
-            one, two, lat = r["one_worker"], r["two_workers"], r["latency_half_load"]
-            capped, capped_two = ("*" if run["capped"] else "" for run in (one, two))
-            out.append(
-                f"| {name}: {r['bands']} bands, {r['probes']} probes | {one['events_per_s']:,}{capped} | "
-                f"{two['events_per_s']:,}{capped_two} | {lat['p50_ms']} / {lat['p99_ms']} | {one['candidates_mean']}, "
-                f"{one['candidates_p99']} | {one['fcall_usec_per_event']}, {one['redis_cpu_usec_per_event']} | "
-                f"{_bytes(r)} |"
-            )
-        snap = row["layouts"].get("default", {}).get("snapshot")
-        if snap is not None:
-            one, two, lat = snap["one_worker"], snap["two_workers"], snap["latency_half_load"]
-            capped, capped_two = ("*" if run["capped"] else "" for run in (one, two))
-            out.append(
-                f"| default, snapshot read path (copy loaded in {one['startup_s']} s, worker RSS "
-                f"{one['worker_max_rss_mb']} MB) | {one['events_per_s']:,}{capped} | "
-                f"{two['events_per_s']:,}{capped_two} | {lat['p50_ms']} / {lat['p99_ms']} | "
-                f"{one['candidates_mean']} changes validated | "
-                f"{one['fcall_usec_per_event']}, {one['redis_cpu_usec_per_event']} | same |"
-            )
-        base = row["baseline"]
-        offered = base.get("offered", base["events"])
-        base_capped = "*" if base["events"] < offered else ""
-        out.append(
-            f"| in-process baseline (reference loop, dict of 8 band sets) | {base['events_per_s']:,}{base_capped} "
-            "| - | - | "
-            f"{base['candidates_mean']}, - | - | - |"
-        )
-        copy = row.get("copy_search")
-        if copy is not None:
-            out.append(
-                f"| in-process search alone (the snapshot copy, numpy, {SNAPSHOT_SEND} queries at a time) | "
-                f"{copy['queries_per_s']:,} queries/s ({copy['us_per_query']} us a query) | - | - | - | - | - |"
-            )
-        ratios = []
-        default_row = row["layouts"].get("default")
-        default = default_row["one_worker"]["events_per_s"] if default_row else float("nan")
-        classic = row["layouts"].get("classic")
-        if default_row and classic:
-            ratios.append(f"default / classic {default / max(classic['one_worker']['events_per_s'], 1e-9):.1f}x")
-        if default_row:
-            ratios.append(f"default / baseline {default / max(base['events_per_s'], 1e-9):.1f}x")
-        recommended = row["layouts"].get("recommended")
-        if recommended is not None and default_row:
-            rate = recommended["one_worker"]["events_per_s"]
-            ratios.append(f"recommended ({recommended['bands']} bands) / default {rate / max(default, 1e-9):.1f}x")
-        if default_row:
-            two = default_row["two_workers"]["events_per_s"]
-            ratios.append(f"two workers / one {two / max(default, 1e-9):.2f}x")
-        if snap is not None and default_row:
-            ratios.append(f"snapshot / default {snap['one_worker']['events_per_s'] / max(default, 1e-9):.2f}x")
-            snap_rate = max(snap["one_worker"]["events_per_s"], 1e-9)
-            ratios.append(f"snapshot two workers / one {snap['two_workers']['events_per_s'] / snap_rate:.2f}x")
-            if copy is not None:
-                best = max(snap["one_worker"]["events_per_s"], snap["two_workers"]["events_per_s"])
-                ratios.append(
-                    "in-process search / snapshot pipeline (best of 1 and 2 workers) "
-                    f"{copy['queries_per_s'] / best:.2f}x"
-                )
-            for label, key in (("in the call", "fcall_usec_per_event"), ("CPU", "redis_cpu_usec_per_event")):
-                primary, snapped = default_row["one_worker"][key], snap["one_worker"][key]
-                ratios.append(f"Redis {label} per event snapshot / default {snapped / max(primary, 1e-9):.2f}x")
-        capped_any = base_capped or any(
-            layout[run]["capped"] for layout in row["layouts"].values() for run in ("one_worker", "two_workers")
-        )
-        footnote = " (* capped at the time limit.)" if capped_any else ""
-        out.append(f"\nRatios: {', '.join(ratios)}.{footnote}")
-    return "\n".join(out)
-
-
-# -- BENCHMARKS.md --------------------------------------------------------------------------------------------
-
-PAGE_BLOCK = re.compile(r"<!-- bench-results: (?P<path>\S+) -->\n(?P<body>.*?)<!-- end bench-results -->", re.DOTALL)
-"""A table of BENCHMARKS.md rendered from a results file: the marker names the file, the body is `markdown` of it."""
-
-
-def page_blocks(page: str) -> list[tuple[str, str]]:
-    """(results file, rendered body) of every block of the page that a results file renders."""
-    return [(match["path"], match["body"].rstrip("\n")) for match in PAGE_BLOCK.finditer(page)]
-
-
-def update_page(page_path: Path, results_paths: list[Path]) -> str:
-    """The page with each block rendered again from its results file; a results file given replaces the block whose
-    run had the same command (a new run of `incident-worker bench --json` replaces the old run's table)."""
-    root = page_path.parent
-    page = page_path.read_text(encoding="utf-8")
-    replacing = {}
-    for path in results_paths:
-        command = json.loads(path.read_text(encoding="utf-8"))["command"].strip()
-        replacing[command] = path.resolve().relative_to(root.resolve()).as_posix()
-    used = set()
-
-    def render(match: re.Match[str]) -> str:
-        name = match["path"]
-        old = json.loads((root / name).read_text(encoding="utf-8"))
-        command = old["command"].strip()
-        if command in replacing:
-            name = replacing[command]
-            used.add(command)
-        results = json.loads((root / name).read_text(encoding="utf-8"))
-        return f"<!-- bench-results: {name} -->\n{markdown(results)}\n<!-- end bench-results -->"
-
-    updated = PAGE_BLOCK.sub(render, page)
-    if unused := set(replacing) - used:
-        commands = [json.loads((root / p).read_text(encoding="utf-8"))["command"] for p, _ in page_blocks(page)]
-        raise SystemExit(
-            f"no table of {page_path} is from the command {sorted(unused)}; its tables are from {commands}"
-        )
-    return updated
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m worker.devtools.benchmark",
-        description="Render BENCHMARKS.md's tables of the benchmark again from their results files "
-        "(tests/test_benchmarks_page.py holds the page to them, and them to today's code).",
-        epilog="After `incident-worker bench --json > benchmarks/results-NEW.json`: "
-        "python -m worker.devtools.benchmark benchmarks/results-NEW.json (replaces the table of the run with the same "
-        "command).",
-    )
-    parser.add_argument("results", nargs="*", type=Path, help="new results files, each replacing its command's table")
-    parser.add_argument("--page", type=Path, default=Path("BENCHMARKS.md"), help="the page (default BENCHMARKS.md)")
-    args = parser.parse_args(argv)
-    args.page.write_text(update_page(args.page, args.results), encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m worker.devtools.benchmark: the page renderer (benchpage.py)
     raise SystemExit(main())
