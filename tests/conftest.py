@@ -149,11 +149,19 @@ def tls_sentinel(tmp_path_factory: pytest.TempPathFactory, tls_files: Path) -> I
 def sentinel_of(redis_server: RedisServer, tmp_path: Path) -> Iterator[int]:
     """A Sentinel without TLS (a redis-server --sentinel on a port of its own) watching the session's server as
     `incidents`; its port."""
+    with sentinel_watching(redis_server.port, tmp_path) as port:
+        yield port
+
+
+@contextlib.contextmanager
+def sentinel_watching(primary_port: int, tmp_path: Path) -> Iterator[int]:
+    """A Sentinel without TLS (a redis-server --sentinel on a port of its own) watching the primary on `primary_port`
+    as `incidents`, once it answers for it; its port. Stopped on leaving."""
     port = free_port()
     conf = tmp_path / "sentinel.conf"
     conf.write_text(
         f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\nlogfile {tmp_path / 'sentinel.log'}\n"
-        f"sentinel monitor incidents 127.0.0.1 {redis_server.port} 1\n"
+        f"sentinel monitor incidents 127.0.0.1 {primary_port} 1\n"
     )
     sentinel = subprocess.Popen(["redis-server", str(conf), "--sentinel"])
     try:

@@ -19,7 +19,7 @@ import pytest
 import redis
 import structlog
 
-from tests.conftest import require_redis_server
+from tests.conftest import require_redis_server, sentinel_watching
 from tests.redis_server import RedisServer, free_port
 from tests.streams import (
     FP,
@@ -337,16 +337,7 @@ def test_replica_settings_are_checked_and_their_password_is_a_secret() -> None:
 
 def test_a_replica_of_the_sentinels_is_one_they_name(pair: Pair, tmp_path: Path) -> None:
     """snapshot_replica_url=sentinel: redis-py's slave_for, which asks the Sentinels for the service's replicas."""
-    import subprocess
-
-    port = free_port()
-    conf = tmp_path / "sentinel.conf"
-    conf.write_text(
-        f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\nlogfile {tmp_path / 'sentinel.log'}\n"
-        f"sentinel monitor incidents 127.0.0.1 {pair.primary.port} 1\n"
-    )
-    sentinel = subprocess.Popen(["redis-server", str(conf), "--sentinel"])
-    try:
+    with sentinel_watching(pair.primary.port, tmp_path) as port:
         with redis.Redis(port=port) as asked:
             wait_until(
                 lambda: any(int(r["port"]) == pair.replica.port for r in asked.sentinel_slaves("incidents") or []),
@@ -361,6 +352,3 @@ def test_a_replica_of_the_sentinels_is_one_they_name(pair: Pair, tmp_path: Path)
         assert replica is not None
         assert replica.info("server")["tcp_port"] == pair.replica.port
         replica.close()
-    finally:
-        sentinel.terminate()
-        sentinel.wait(timeout=10)
