@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -9,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +112,57 @@ def clean_env(**settings: Any) -> dict[str, str]:
     for name, value in settings.items():
         env[f"INCIDENT_WORKER_{name.upper()}"] = str(value)
     return env
+
+
+def run_in_process(
+    args: Sequence[str], env: Mapping[str, str], stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """`incident-worker ARGS` as `worker.cli.main` runs it in this process, seen as a child would see it: `env` its
+    whole environment, `stdin` its standard input (empty when None), its stdout and stderr captured as bytes, its exit
+    code from main's return or a SystemExit; an exception that escapes main goes through the hook main installed (the
+    redacted traceback a child prints) and exits 1. The environment, the standard streams, the exception hook, the
+    SIGINT and SIGTERM handlers and structlog's configuration are put back after.
+
+    About 0.5 CPU-seconds cheaper than a child (no interpreter start, no imports): the tests that check what a command
+    prints, changes and returns use it. Tests of the console script itself, of signals and of what only a process
+    shows (its exit on a second signal, its own memory, its logs on stderr) start real children."""
+    import structlog
+
+    from worker.cli import main
+
+    saved_env = dict(os.environ)
+    saved_streams = (sys.stdin, sys.stdout, sys.stderr)
+    saved_hook = sys.excepthook
+    saved_signals = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    saved_logging = structlog.get_config()
+    out, err = io.BytesIO(), io.BytesIO()
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin or b""), encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(out, encoding="utf-8", write_through=True)
+    sys.stderr = io.TextIOWrapper(err, encoding="utf-8", errors="backslashreplace", write_through=True)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        try:
+            returned: object = main(list(args))
+        except SystemExit as exited:
+            returned = exited.code
+        except Exception:  # a bug: the child's excepthook would print it and exit 1
+            sys.excepthook(*sys.exc_info())  # type: ignore[arg-type]
+            returned = 1
+        if returned is not None and not isinstance(returned, int):  # sys.exit("message"), as the interpreter does
+            print(returned, file=sys.stderr)
+            returned = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return subprocess.CompletedProcess(list(args), returned or 0, out.getvalue(), err.getvalue())
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        sys.stdin, sys.stdout, sys.stderr = saved_streams
+        sys.excepthook = saved_hook
+        for sig, handler in saved_signals.items():
+            signal.signal(sig, handler)
+        structlog.configure(**saved_logging)
 
 
 _SPAWNED: list[subprocess.Popen[bytes]] = []

@@ -2,6 +2,10 @@
 
 Each test starts from an empty server, prepares what it needs (mostly with `publish` and `run --until-idle`, as an
 operator would), and checks what the commands print (the --json forms, parsed) and what they change in Redis.
+The commands run by `worker.cli.main` in this process, as a child would see it (its own environment, stdin, stdout
+and stderr; tests/streams.py's `run_in_process`): a child costs about half a CPU-second to start. The console script
+itself runs as a child where that is the point: publishing a file, the liveness probe's exit codes and speed, a
+command failing with exit 1, `alerts --follow` stopped by SIGINT, and the workers that `check` looks for.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from tests.streams import (
     clean_env,
     dead_letters,
     publish,
+    run_in_process,
     start_worker,
     stop,
     worker_command,
@@ -56,18 +61,23 @@ def client(server: RedisServer) -> Iterator[redis.Redis]:
 
 
 def cli(
-    server: RedisServer | str, *args: str, stdin: str | bytes | None = None, timeout: float = 30, **settings: Any
+    server: RedisServer | str,
+    *args: str,
+    stdin: str | bytes | None = None,
+    process: bool = False,
+    timeout: float = 30,
+    **settings: Any,
 ) -> subprocess.CompletedProcess[str]:
-    """`incident-worker ARGS` with only the given settings in its environment; text output."""
+    """`incident-worker ARGS` with only the given settings in its environment; text output. Run by the entry point
+    in this process (tests/streams.py's `run_in_process`), or with `process` as a child of the console script: a few
+    tests here keep that, for the exit codes and output a real process gives."""
     url = server if isinstance(server, str) else server.url
     data = stdin.encode() if isinstance(stdin, str) else stdin
-    done = subprocess.run(
-        [*worker_command(), *args],
-        input=data,
-        capture_output=True,
-        timeout=timeout,
-        env=clean_env(redis_url=url, **settings),
-    )
+    env = clean_env(redis_url=url, **settings)
+    if process:
+        done = subprocess.run([*worker_command(), *args], input=data, capture_output=True, timeout=timeout, env=env)
+    else:
+        done = run_in_process(args, env, data)
     return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
 
@@ -144,7 +154,7 @@ def test_publish_validates_each_line_and_the_worker_alerts_as_in_the_spec(
             SPEC_EVENTS[2],
         ],
     )
-    done = cli(server, "publish", str(source), "--json")
+    done = cli(server, "publish", str(source), "--json", process=True)  # the console script, reading a file
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert (summary["published"], summary["skipped"], summary["lines"]) == (3, 2, 5)
@@ -691,7 +701,7 @@ def test_check_fails_fast_with_one_line_when_redis_is_down() -> None:
     url = f"redis://:hunter2-secret@127.0.0.1:{free_port()}/0"
     started = time.monotonic()
     for args in (["check"], ["check", "--redis-only"]):
-        done = cli(url, *args)
+        done = cli(url, *args, process=True)  # the liveness probe as Kubernetes runs it: a process, timed
         assert done.returncode == 1
         assert len(done.stderr.strip().splitlines()) == 1 and "does not answer" in done.stderr
         assert "hunter2-secret" not in done.stderr + done.stdout and ":***@" in done.stderr
@@ -701,7 +711,7 @@ def test_check_fails_fast_with_one_line_when_redis_is_down() -> None:
 
 def test_commands_fail_with_exit_1_and_a_redacted_url_when_redis_is_down() -> None:
     url = f"redis://:hunter2-secret@127.0.0.1:{free_port()}/0"
-    done = cli(url, "stats")
+    done = cli(url, "stats", process=True)
     assert done.returncode == 1 and "cannot reach Redis" in done.stderr and "Traceback" not in done.stderr
     assert "hunter2-secret" not in done.stderr
     assert ".;" not in done.stderr, "the error's own full stop does not run into our sentence"

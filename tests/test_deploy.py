@@ -39,6 +39,7 @@ from tests.streams import (
     dead_letters,
     pending_count,
     publish,
+    run_in_process,
     start_worker,
     stop,
     worker_command,
@@ -1142,11 +1143,10 @@ def test_producer_and_subscriber_run_their_subcommands(
 
     def cli(user: str, *args: str, stdin: str | None = None) -> str:
         env = clean_env(redis_url=url(user), log_format="json")
-        result = subprocess.run(
-            [*worker_command(), *args], env=env, input=stdin, capture_output=True, text=True, timeout=60
-        )
-        assert result.returncode == 0, f"{user}: incident-worker {' '.join(args)}: {result.stdout}{result.stderr}"
-        return result.stdout
+        result = run_in_process(args, env, stdin.encode() if stdin is not None else None)
+        output = result.stdout.decode() + result.stderr.decode()
+        assert result.returncode == 0, f"{user}: incident-worker {' '.join(args)}: {output}"
+        return result.stdout.decode()
 
     valid = [event for event in SPEC_EVENTS if not isinstance(event.get("features"), str)]
     cli(PRODUCER_USER, "publish", "-", stdin="".join(json.dumps(event) + "\n" for event in valid))
@@ -1180,8 +1180,8 @@ def test_a_key_of_another_type_is_named_to_each_user_without_refusals(
     url = f"redis://{user}:{PASSWORDS[USER_PASSWORDS[user]]}@127.0.0.1:{acl_server.port}/0"
     stdin = json.dumps({"incident_id": "1", "features": {"a": 1}}) + "\n"
     env = clean_env(redis_url=url)
-    command = [*worker_command(), *args]
-    result = subprocess.run(command, env=env, input=stdin, capture_output=True, text=True, timeout=60)
+    done = run_in_process(args, env, stdin.encode())
+    result = subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
     assert result.returncode == 2, result.stdout + result.stderr
     held = "holds another type than the stream" if user == PRODUCER_USER else "holds a string, not the stream"
     assert f"{key} {held} the index keeps there" in result.stderr, result.stderr

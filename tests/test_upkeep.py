@@ -16,7 +16,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from tests.redis_server import RedisServer
-from tests.streams import EVENTS, GROUP, clean_env, publish, worker_command
+from tests.streams import EVENTS, GROUP, clean_env, publish, run_in_process
 from worker import library, upkeep
 from worker.devtools.workload import Workload
 from worker.errors import LayoutMismatchError
@@ -199,9 +199,8 @@ def test_memory_by_part_adds_up(client: redis.Redis) -> None:
 
 
 def _cli(server: RedisServer, *args: str, **settings: Any) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [*worker_command(), *args], capture_output=True, timeout=60, env=clean_env(redis_url=server.url, **settings)
-    )
+    """`incident-worker ARGS`, by its entry point in this process (tests/streams.py's `run_in_process`)."""
+    done = run_in_process(args, clean_env(redis_url=server.url, **settings))
     return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
 

@@ -16,7 +16,7 @@ import redis
 
 from tests.oracle import Oracle, assert_postings_match, clustered, flip
 from tests.redis_server import RedisServer
-from tests.streams import FAST, alerts, clean_env, publish, start_worker, worker_command
+from tests.streams import FAST, alerts, clean_env, publish, run_in_process, start_worker
 from worker import retention
 from worker.commands.verify import print_verify
 from worker.fingerprint import fingerprint, format_fingerprint
@@ -347,9 +347,8 @@ def test_every_kind_is_described() -> None:
 
 
 def _cli(server: RedisServer, *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [*worker_command(), "verify", *args], capture_output=True, timeout=60, env=clean_env(redis_url=server.url)
-    )
+    """`incident-worker verify ARGS`, by its entry point in this process (tests/streams.py's `run_in_process`)."""
+    done = run_in_process(["verify", *args], clean_env(redis_url=server.url))
     return subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
 
 
