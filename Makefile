@@ -38,7 +38,7 @@ demo: $(STAMP)
 # The whole suite, as CI runs it.
 test: $(STAMP)
 	@echo "The whole suite, as CI runs it ($(TEST_PROCESSES) processes): about 6 minutes on 2 idle cores, more on a busy machine."
-	@echo "For everyday work, 'make test-fast' skips the slow end-to-end tests and takes about 3 minutes."
+	@echo "For everyday work, 'make test-fast' skips the slow end-to-end tests and takes about 2.5 minutes."
 	$(BIN)/python -m pytest $(PARALLEL)
 
 # Everything but the tests marked slow (crash-and-recover runs, several worker processes, long property searches).
