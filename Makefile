@@ -38,12 +38,13 @@ demo: $(STAMP)
 # The whole suite, as CI runs it.
 test: $(STAMP)
 	@echo "The whole suite, as CI runs it ($(TEST_PROCESSES) processes): about 6 minutes on 2 idle cores, more on a busy machine."
-	@echo "For everyday work, 'make test-fast' skips the slow end-to-end tests and takes about 2.5 minutes."
+	@echo "For everyday work, 'make test-fast' skips the slow end-to-end tests and the fakeredis twins and takes about 2 minutes."
 	$(BIN)/python -m pytest $(PARALLEL)
 
-# Everything but the tests marked slow (crash-and-recover runs, several worker processes, long property searches).
+# Everything but the tests marked slow (crash-and-recover runs, several worker processes, long property searches)
+# and the fakeredis half of the tests run on both the real server and fakeredis (the real half runs here).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest $(PARALLEL) -m "not slow"
+	$(BIN)/python -m pytest $(PARALLEL) -m "not slow and not fakeredis"
 
 $(MIN_STAMP): pyproject.toml tools/lowest_constraints.py
 	@echo "Installing the lowest declared version of every runtime dependency into $(MIN_VENV) ..."

@@ -57,6 +57,15 @@ hypothesis.settings.register_profile("suite", deadline=None)
 hypothesis.settings.load_profile("suite")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the fakeredis half of every real/fake pair `fakeredis`, so `make test-fast` can leave it to `make test`:
+    the same behaviour on the real server runs in both."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "fake" in callspec.params.values():
+            item.add_marker(pytest.mark.fakeredis)
+
+
 @pytest.fixture(autouse=True)
 def _structlog_defaults() -> Iterator[None]:
     """Put structlog back after each test: one that configures logging onto its captured stderr would otherwise leave
