@@ -428,6 +428,7 @@ _ALPHABET = st.sampled_from(
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_ALPHABET, min_size=1, max_size=120))
 @example(list("abc\u1100\u1161\u11a8"))  # jamo that compose into one syllable across a cut
+@example(list("a\u1100\u1161\u11a8"))  # the trailing jamo after a cut joins the syllable made before it
 @example(list("abc\u0b47\u0b3e"))  # a vowel sign that composes with the starter before it
 @example(list("abc\u0f71\u0f73\u0301"))  # a decomposition into marks that reorder with the marks before
 def test_nfkc_a_slice_at_a_time_is_nfkc_of_the_whole(chars: list[str]) -> None:
