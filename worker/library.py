@@ -57,6 +57,8 @@ __all__ = [
     "FN_TRIM_CHANGES",
     "FN_TRIM_EVENTS",
     "FN_VERIFY_CHECK",
+    "FN_VERIFY_GROUPS_CHECK",
+    "FN_VERIFY_GROUPS_REPAIR",
     "FN_VERIFY_POSTINGS",
     "FN_VERIFY_REPAIR",
     "FUNCTIONS",
@@ -164,6 +166,8 @@ FN_GROUP_OF = _function("group_of")
 FN_VERIFY_CHECK = _function("verify_check")
 FN_VERIFY_REPAIR = _function("verify_repair")
 FN_VERIFY_POSTINGS = _function("verify_postings")
+FN_VERIFY_GROUPS_CHECK = _function("verify_groups_check")
+FN_VERIFY_GROUPS_REPAIR = _function("verify_groups_repair")
 FN_MIGRATE_START = _function("migrate_start")
 FN_MIGRATE_BUILD = _function("migrate_build")
 FN_MIGRATE_SWITCH = _function("migrate_switch")
