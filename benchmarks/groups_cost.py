@@ -1,23 +1,19 @@
 """What group state costs (docs/contract.md, "Groups"): bytes an incident in Redis, and events/s on the snapshot read
 path with group work against the same run without it, in interleaved rounds against one Redis.
 
-Bulk-loads N incidents of the benchmark's seeded Zipf workload into a redis-server of its own (bulk_load writes no
-group state: every incident alone in the group of its own ID) and starts one `StreamWorker` (the code of
-`incident-worker run`, snapshot read path) in this process. Each round then, for each version in turn (the order
-alternates from round to round), loads that version's library under this code's library name (FUNCTION LOAD
-REPLACE), publishes M more events of the workload, and runs the worker until the stream is idle:
+Fills a redis-server of its own with N incidents of the benchmark's seeded Zipf workload (`--fill stream`, the
+default: published to the events stream and indexed by one `StreamWorker`, the code of `incident-worker run`, on the
+snapshot read path, so every incident's group is decided as in production; `--fill bulk`: bulk_load, which writes no
+group state, every incident alone in the group of its own ID) and prints the group keys' MEMORY USAGE (SAMPLES 0:
+every entry) over N. Each round then, for each version in turn (the order alternates from round to round), loads
+that version's library under this code's library name (FUNCTION LOAD REPLACE), publishes M more events of the
+workload, and runs the worker until the stream is idle:
 
 - `groups`: today's library;
 - `no-groups`: the same library with the bodies of group_join, group_open and group_leave cut short (they write and
   read nothing; the alert still carries the fields), built here for this benchmark only.
 
-Bytes: MEMORY USAGE of the four group keys (SAMPLES 0: every entry) after each `groups` round minus before it, over
-the events of that round. An incident added through the stream costs what the apply step writes for it: nothing when
-it opens its own group, a `{N}:group` entry when it joins one (and the group's `{N}:groupsize` entry when it is the
-first to join), so the figure is the group keys' bytes an incident of an index filled by the stream at this N (the
-incidents bulk-loaded before count as openers, as they would have been had they come first).
-
-Usage: python benchmarks/groups_cost.py [--size N] [--events M] [--rounds R]
+Usage: python benchmarks/groups_cost.py [--size N] [--events M] [--rounds R] [--fill stream|bulk]
 """
 
 from __future__ import annotations
@@ -39,6 +35,9 @@ from worker import library  # noqa: E402
 from worker.devtools.redis_server import RedisServer  # noqa: E402
 from worker.keys import IndexKeys  # noqa: E402
 from worker.logs import configure_logging  # noqa: E402
+
+FILL_CHUNK = 20_000
+"""Events published and processed at a time while filling through the stream."""
 
 CUT_SHORT = {
     "local function group_leave(gk, fp_key, id)\n": "  do return end\n",
@@ -68,6 +67,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1_000_000, help="incidents bulk-loaded (N)")
     parser.add_argument("--events", type=int, default=4000, help="events per version and round (M)")
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--fill", choices=["stream", "bulk"], default="stream")
     options = parser.parse_args()
     sources = {"groups": library.LIBRARY_SOURCE, "no-groups": without_groups(library.LIBRARY_SOURCE)}
     configure_logging("json", "error")
@@ -78,10 +78,27 @@ def main() -> None:
         server.start()
         try:
             started = time.perf_counter()
-            client, workload, settings, worker = loaded_worker(server, options.size, "snapshot")
-            loaded = time.perf_counter() - started
-            print(f"pre-load of {options.size:,} and the worker's copy: {loaded:.1f} s", flush=True)
+            bulk = options.size if options.fill == "bulk" else 0
+            client, workload, settings, worker = loaded_worker(server, bulk, "snapshot")
             keys = IndexKeys("bench")
+            if options.fill == "stream":
+                used = client.info("memory")["used_memory"]
+                for done in range(0, options.size, FILL_CHUNK):
+                    publish(client, settings, workload, min(FILL_CHUNK, options.size - done))
+                    worker.run(until_idle=True)
+                    client.xtrim(settings.events_stream, maxlen=0)  # the events are done with: keep Redis small
+                used = client.info("memory")["used_memory"] - used
+            loaded = time.perf_counter() - started
+            print(f"{options.fill} fill of {options.size:,} and the worker's copy: {loaded:.1f} s", flush=True)
+            if options.fill == "stream":
+                grouped, entries = group_bytes(client, keys), client.hlen(keys.groups)
+                print(
+                    f"after the fill: group keys {grouped:,} bytes = {grouped / options.size:.1f} bytes an incident "
+                    f"({entries:,} {{N}}:group entries: {100 * entries / options.size:.1f}% joined a group; "
+                    f"{client.hlen(keys.group_sizes):,} sizes); Redis used_memory grew {used / options.size:.1f} "
+                    f"bytes an incident in all; load {os.getloadavg()}",
+                    flush=True,
+                )
             for round_number in range(options.rounds):
                 order = list(sources) if round_number % 2 == 0 else list(reversed(sources))
                 for version in order:
