@@ -87,10 +87,14 @@ def test_every_incident_is_in_the_group_the_reference_gives(redis_client, seed, 
             if kind == "add":
                 result = oracle.add(incident_id, fp)
                 if result != "duplicate":
-                    assert index.add_fingerprint(incident_id, fp, max_matches=cap) == (result[:cap] if cap else result)
+                    found = index.add_fingerprint(incident_id, fp, max_matches=cap)
+                    assert found == (result[:cap] if cap else result)
+                    # the reply carries the group the step decided (a repeat's as it stands), as the alert does
+                    assert found.group == Group(*oracle.groups()[incident_id])
             else:
-                index.upsert_fingerprint(incident_id, fp, max_matches=cap)
+                found = index.upsert_fingerprint(incident_id, fp, max_matches=cap)
                 oracle.upsert(incident_id, fp)
+                assert found.group == Group(*oracle.groups()[incident_id])
         else:
             if step % 3 == 0:
                 follower.catch_up()  # otherwise the copy lags: the atomic step validates it against the log
@@ -110,6 +114,7 @@ def test_every_incident_is_in_the_group_the_reference_gives(redis_client, seed, 
             assert result.status == "indexed"
             expect = oracle.add(incident_id, fp) if kind == "add" else oracle.upsert(incident_id, fp)
             assert result.match_count == len(expect)
+            assert (result.group_id, result.group_size) == oracle.groups()[incident_id]
         _assert_groups(index, oracle)
     _assert_groups(index, oracle)
 

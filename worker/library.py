@@ -290,6 +290,9 @@ class ApplyResult:
     stored: int | str | None = None
     """For a duplicate: the fingerprint already indexed, or the stored text when it is not one (`stored_value`)."""
     incomplete: bool = False
+    group_id: str | None = None
+    """For indexed and repeat: the incident's group after the step (the alert's `group_id`) and its size."""
+    group_size: int = 0
 
 
 def stored_value(value: Any) -> int | str | None:
@@ -323,13 +326,17 @@ def parse_apply(reply: Sequence[Any]) -> ApplyResult:
     if status == "duplicate":
         return ApplyResult(status, stored=stored_value(extra))
     match_count, incomplete = parse_count(reply[1])
+    # indexed and repeat carry the incident's group before the matches (worker/lua/apply.lua, apply_at's header)
+    grouped = status in ("indexed", "repeat") and len(reply) >= 6
     return ApplyResult(
         status,
         match_count=match_count,
         candidates=int(reply[2]),
         alert_id=extra or None,
-        matches=pairs(reply[4:]),
+        matches=pairs(reply[6:] if grouped else reply[4:]),
         incomplete=incomplete,
+        group_id=text(reply[4]) if grouped else None,
+        group_size=int(reply[5]) if grouped else 0,
     )
 
 
