@@ -30,7 +30,6 @@ from .replies import text
 
 if TYPE_CHECKING:
     from .connection import RedisClient
-    from .integrity import Finding, VerifyReport
     from .keys import IndexKeys
 
 __all__ = ["COUNT_TRIES", "GROUP_KINDS", "GROUP_REPAIRS", "GroupStateChecks"]
@@ -73,12 +72,18 @@ class GroupStateChecks:
     keys: IndexKeys
     repair: bool
     batch: int
-    report: VerifyReport
     _tag: str
 
-    def _add(self, finding: Finding) -> None: ...  # pragma: no cover  (the Verifier's)
+    def _found(self, kind: str, subject: str, detail: str, repaired: bool) -> None:  # pragma: no cover
+        """Report a finding once (the Verifier's)."""
+        raise NotImplementedError
 
-    def _pace(self, items: int) -> None: ...  # pragma: no cover
+    def _pace(self, items: int) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _scanned(self) -> Counter[str]:  # pragma: no cover
+        """The report's counts of what the walk read (the Verifier's)."""
+        raise NotImplementedError
 
     def _walk_group_state(self) -> None:
         merged = self._walk_merged()
@@ -91,9 +96,7 @@ class GroupStateChecks:
                 break
             merged = self._read_merged()  # a merge may have moved under the count
         else:
-            from .integrity import Finding
-
-            self._add(Finding("group_sizes_unchecked", self.keys.group_sizes, f"{COUNT_TRIES} counts overtaken"))
+            self._found("group_sizes_unchecked", self.keys.group_sizes, f"{COUNT_TRIES} counts overtaken", False)
         self._walk_active()
 
     # -- calls ------------------------------------------------------------------------------------------------------
@@ -115,10 +118,8 @@ class GroupStateChecks:
         return now
 
     def _record_groups(self, flat: Sequence[Any]) -> None:
-        from .integrity import Finding
-
         for i in range(0, len(flat), 4):
-            self._add(Finding(text(flat[i + 1]), text(flat[i + 2]), text(flat[i + 3]), self.repair))
+            self._found(text(flat[i + 1]), text(flat[i + 2]), text(flat[i + 3]), self.repair)
 
     # -- the steps --------------------------------------------------------------------------------------------------
 
@@ -127,7 +128,7 @@ class GroupStateChecks:
 
     def _walk_merged(self) -> dict[str, str]:
         merged = self._read_merged()
-        self.report.scanned["group_merged"] += len(merged)
+        self._scanned()["group_merged"] += len(merged)
         suspects: list[Subject] = [("m", _raw(label), "") for label, into in merged.items() if into in merged]
         if suspects:
             self._group_call(suspects, "")
@@ -159,14 +160,14 @@ class GroupStateChecks:
                 counted[merged.get(label, label)] += 1
             if subjects:
                 self._group_call(subjects, "")
-            self.report.scanned["group_entries"] += len(ids)
+            self._scanned()["group_entries"] += len(ids)
             self._pace(len(ids))
             if int(cursor) == 0:
                 return counted, own
 
     def _read_sizes(self) -> dict[str, str]:
         sizes = {text(k): text(v) for k, v in self.client.hscan_iter(self.keys.group_sizes, count=self.batch)}
-        self.report.scanned["group_sizes"] += len(sizes)
+        self._scanned()["group_sizes"] += len(sizes)
         self._pace(len(sizes))
         return sizes
 
@@ -205,7 +206,7 @@ class GroupStateChecks:
                 if sizes.get(label, "") != expected:
                     suspects.append(("z", _raw(label), expected))
             self._pace(len(part))
-        self.report.scanned["group_labels"] += len(labels)
+        self._scanned()["group_labels"] += len(labels)
         if suspects:
             self._group_call(suspects, marker)
 
@@ -226,7 +227,7 @@ class GroupStateChecks:
                 ]
                 if suspects:
                     self._group_call(suspects, "")
-            self.report.scanned["group_active"] += len(labels)
+            self._scanned()["group_active"] += len(labels)
             self._pace(len(labels))
             if int(cursor) == 0:
                 return

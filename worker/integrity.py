@@ -426,6 +426,12 @@ class Verifier(GroupStateChecks):
         for _, kind, subject, detail in found:
             self._add(Finding(kind, subject, detail, repaired))
 
+    def _found(self, kind: str, subject: str, detail: str, repaired: bool) -> None:
+        self._add(Finding(kind, subject, detail, repaired))
+
+    def _scanned(self) -> Counter[str]:
+        return self.report.scanned
+
     def _add(self, finding: Finding) -> None:
         """Report a finding once (several subjects can meet one problem: a group through each of its members)."""
         if (finding.kind, finding.subject) not in self._seen:

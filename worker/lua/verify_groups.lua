@@ -84,14 +84,17 @@ end
 --   a  entry of {N}:groupactive  label: wrong when it names no group of more than one (no size, or merged away)
 --
 -- keys[1] = {N}:meta   keys[2] = {N}:fp   keys[3] = {N}:changes
--- args[1] = layout tag (must equal {N}:meta's `layout`)   args[2] = '1' to repair   args[3] = the marker the count
+-- args[1] = layout tag (must equal {N}:meta's `layout`; '' for an index whose meta is missing)
+-- args[2] = '1' to repair   args[3] = the marker the count
 -- began with ('' when no z subject)   args[4 ..] = the subjects
 --
 -- Returns {group_marker now, then per finding: the subject's number (1 = the first), kind, subject, detail}.
 local function verify_groups(keys, args)
   local meta_key, fp_key, changes_key = keys[1], keys[2], keys[3]
-  local refused = check_layout(meta_key, args[1])
-  if refused then return refused end
+  if args[1] ~= '' then
+    local refused = check_layout(meta_key, args[1])
+    if refused then return refused end
+  end
   local repair = args[2] == '1'
   local gk = group_keys(meta_key)
   local settled = args[3] ~= '' and group_marker(meta_key, changes_key) == args[3]
