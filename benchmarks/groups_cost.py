@@ -105,18 +105,22 @@ def main() -> None:
                     client.function_load(sources[version], replace=True)
                     publish(client, settings, workload, options.events)
                     before, joined_before = group_bytes(client, keys), client.hlen(keys.groups)
+                    client.config_resetstat()
                     started = time.perf_counter()
                     worker.run(until_idle=True)
                     elapsed = time.perf_counter() - started
+                    fcall = client.info("commandstats").get("cmdstat_fcall", {}).get("usec", 0)
                     row = {
                         "events_s": options.events / elapsed,
+                        "fcall_us": fcall / options.events,
                         "bytes": (group_bytes(client, keys) - before) / options.events,
                         "joined": (client.hlen(keys.groups) - joined_before) / options.events,
                         "load": os.getloadavg()[0],
                     }
                     rows[version].append(row)
                     print(
-                        f"round {round_number + 1} {version:>9}: {row['events_s']:8.1f} events/s, group keys "
+                        f"round {round_number + 1} {version:>9}: {row['events_s']:8.1f} events/s, FCALL "
+                        f"{row['fcall_us']:6.1f} us/event, group keys "
                         f"{row['bytes']:6.1f} bytes/event, {100 * row['joined']:.1f}% joined, load {row['load']:.2f}",
                         flush=True,
                     )
@@ -133,6 +137,11 @@ def main() -> None:
             f"  {version:>9}: {med:8.1f} events/s ({med / base:.3f}x no-groups; per round groups/no-groups "
             f"{' '.join(f'{p:.2f}' for p in pairs)})"
         )
+    fcall = {version: statistics.median(r["fcall_us"] for r in found) for version, found in rows.items()}
+    print(
+        f"  FCALL (the primary's time in the functions) us/event: groups {fcall['groups']:.1f}, no-groups "
+        f"{fcall['no-groups']:.1f} ({fcall['groups'] / fcall['no-groups']:.3f}x)"
+    )
     grouped = rows["groups"]
     print(
         f"  group keys: {statistics.median(r['bytes'] for r in grouped):.1f} bytes an incident added (median of rounds;"

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .connection import RedisClient
     from .keys import IndexKeys
 
-__all__ = ["COUNT_TRIES", "GROUP_KINDS", "GROUP_REPAIRS", "GroupStateChecks"]
+__all__ = ["COUNT_TRIES", "GROUP_KINDS", "GROUP_REPAIRS", "GROUP_SUBJECTS", "GroupStateChecks"]
 
 COUNT_TRIES = 3
 """How many times the members are counted when changes overtake the count, before the sizes are left unchecked."""
@@ -57,6 +57,9 @@ GROUP_REPAIRS: dict[str, str] = {
     "group_active_stale": "entry removed",
     "group_sizes_unchecked": "not repaired: run verify again when fewer events arrive",
 }
+
+GROUP_SUBJECTS = 100
+"""Subjects judged per call of verify_groups_check/_repair (one to three commands each; a merge chain's hops more)."""
 
 Subject = tuple[str, Any, Any]
 
@@ -102,13 +105,13 @@ class GroupStateChecks:
     # -- calls ------------------------------------------------------------------------------------------------------
 
     def _group_call(self, subjects: Sequence[Subject], marker: str) -> str:
-        """Judge (with repair, repair) the subjects in calls of at most `batch`; returns the marker of the last."""
+        """Judge (with repair, repair) the subjects in calls of GROUP_SUBJECTS; returns the marker of the last."""
         function = library.FN_VERIFY_GROUPS_REPAIR if self.repair else library.FN_VERIFY_GROUPS_CHECK
         call = self.client.fcall if self.repair else self.client.fcall_ro
         keys = [self.keys.meta, self.keys.fingerprints, self.keys.changes]
         now = ""
-        for start in range(0, max(len(subjects), 1), self.batch):
-            part = subjects[start : start + self.batch]
+        for start in range(0, max(len(subjects), 1), GROUP_SUBJECTS):
+            part = subjects[start : start + GROUP_SUBJECTS]
             args: list[Any] = [self._tag, "1" if self.repair else "0", marker]
             for code, f1, f2 in part:
                 args += [code, f1, f2]
