@@ -201,3 +201,27 @@ def test_a_count_overtaken_by_changes_leaves_the_sizes_unchecked(redis_client, m
     monkeypatch.undo()
     assert _verify(redis_client, repair=True).counts == {"group_size": 1}
     assert _verify(redis_client).clean
+
+
+def test_a_change_between_the_count_and_the_step_that_judges_a_size_is_not_taken_for_damage(
+    redis_client, monkeypatch
+) -> None:
+    """The step that judges a size compares the change marker itself: a change that lands after the count but
+    before that step makes the walk count again (here every time), never report a size from the stale count."""
+    import worker.groupcheck as groupcheck
+
+    index, oracle = _built(redis_client, seed=5)
+    label = _groups_of(oracle, 2)[0]
+    redis_client.hset(index.keys.group_sizes, label, 70)
+    counter = iter(range(10_000))
+    real = groupcheck.GroupStateChecks._group_call
+
+    def judged_after_a_change(self: Any, subjects: Any, marker: str) -> str:
+        if any(code == "z" for code, _, _ in subjects):
+            index.add_fingerprint(f"late{next(counter)}", 0xFEDC_BA98_7654_3210)
+        return real(self, subjects, marker)
+
+    monkeypatch.setattr(groupcheck.GroupStateChecks, "_group_call", judged_after_a_change)
+    found = _verify(redis_client)
+    assert found.counts == {"group_sizes_unchecked": 1}
+    assert _s(redis_client.hget(index.keys.group_sizes, label)) == "70"

@@ -94,8 +94,9 @@ class GroupStateChecks:
             marker = self._group_call([], "")
             counted, own_entries = self._count_members(merged)
             sizes = self._read_sizes()
-            if self._group_call([], "") == marker:
-                self._judge_sizes(counted, own_entries, merged, sizes, marker)
+            # judged only when no change overtook the count, up to the step that judges each size (a call that
+            # found the marker moved judged none of its sizes: count again)
+            if self._group_call([], "") == marker and self._judge_sizes(counted, own_entries, merged, sizes, marker):
                 break
             merged = self._read_merged()  # a merge may have moved under the count
         else:
@@ -105,7 +106,8 @@ class GroupStateChecks:
     # -- calls ------------------------------------------------------------------------------------------------------
 
     def _group_call(self, subjects: Sequence[Subject], marker: str) -> str:
-        """Judge (with repair, repair) the subjects in calls of GROUP_SUBJECTS; returns the marker of the last."""
+        """Judge (with repair, repair) the subjects in calls of GROUP_SUBJECTS; returns the marker of the last call,
+        or '' when `marker` was given and some call found another (its sizes were not judged)."""
         function = library.FN_VERIFY_GROUPS_REPAIR if self.repair else library.FN_VERIFY_GROUPS_CHECK
         call = self.client.fcall if self.repair else self.client.fcall_ro
         keys = [self.keys.meta, self.keys.fingerprints, self.keys.changes]
@@ -116,8 +118,10 @@ class GroupStateChecks:
             for code, f1, f2 in part:
                 args += [code, f1, f2]
             reply = call(function, len(keys), *keys, *args)
-            now = text(reply[0])
             self._record_groups(reply[1:])
+            if marker and text(reply[0]) != marker:
+                return ""
+            now = text(reply[0])
         return now
 
     def _record_groups(self, flat: Sequence[Any]) -> None:
@@ -176,9 +180,10 @@ class GroupStateChecks:
 
     def _judge_sizes(
         self, counted: Counter[str], own: set[str], merged: dict[str, str], sizes: dict[str, str], marker: str
-    ) -> None:
+    ) -> bool:
         """Add the members without an entry to each label's count (the label itself, when it is an indexed
-        incident's own ID, and the IDs merged into it), and send each label whose stored size differs."""
+        incident's own ID, and the IDs merged into it), and send each label whose stored size differs. False when a
+        change overtook the count before its sizes were judged."""
         into: dict[str, list[str]] = {}
         for label, target in merged.items():
             into.setdefault(target, []).append(label)
@@ -210,8 +215,7 @@ class GroupStateChecks:
                     suspects.append(("z", _raw(label), expected))
             self._pace(len(part))
         self._scanned()["group_labels"] += len(labels)
-        if suspects:
-            self._group_call(suspects, marker)
+        return not suspects or self._group_call(suspects, marker) == marker
 
     def _walk_active(self) -> None:
         cursor: Any = 0
