@@ -408,6 +408,9 @@ def test_workers_sigkilled_mid_run_leave_every_group_as_the_reference_replayed(s
     index = FingerprintIndex(client)
     oracle = _replayed(client, index.keys)
     _assert_groups(index, oracle)
+    from worker.integrity import Verifier
+
+    assert Verifier(client, index.keys.namespace).run().counts == {}, "verify finds the groups whole too"
     # each alert's group as the reference had it right after that incident's add, in the change log's order
     replay, as_of = GroupOracle(7), {}
     for _, fields in client.xrange(index.keys.changes):

@@ -75,9 +75,12 @@ def _orphan_entries(client: Any, index: FingerprintIndex, oracle: GroupOracle) -
 
 
 def _self_entry(client: Any, index: FingerprintIndex, oracle: GroupOracle) -> int:
-    alone = sorted(i for i in oracle.fps if oracle.raw[i] == i)
-    client.hset(index.keys.groups, alone[0], alone[0])
-    return 1
+    # one opener alone in its group and one whose group has more members: either way no entry reads the same
+    openers = sorted(i for i in oracle.fps if oracle.raw[i] == i)
+    alone = next(i for i in openers if oracle.size(i) == 1)
+    joined = next(i for i in openers if oracle.size(i) > 1)
+    client.hset(index.keys.groups, mapping={alone: alone, joined: joined})
+    return 2
 
 
 def _wrong_sizes(client: Any, index: FingerprintIndex, oracle: GroupOracle) -> int:

@@ -146,7 +146,7 @@ class GroupStateChecks:
 
     def _count_members(self, merged: dict[str, str]) -> tuple[Counter[str], set[str]]:
         """Each group's members with an entry in {N}:group, by the label they read as; judges the entries on the way.
-        Also returns the incidents whose entry names their own ID (counted here, not again as entry-less)."""
+        Also returns the incidents whose entry names their own ID (not counted here: they count as without one)."""
         counted: Counter[str] = Counter()
         own: set[str] = set()
         cursor: Any = 0
@@ -162,8 +162,10 @@ class GroupStateChecks:
                     subjects.append(("e", incident_id, raw_label))
                     continue
                 if label == name:
+                    # an entry naming its own ID reads as no entry: counted with those (as once it is removed)
                     subjects.append(("e", incident_id, raw_label))
                     own.add(name)
+                    continue
                 counted[merged.get(label, label)] += 1
             if subjects:
                 self._group_call(subjects, "")
@@ -203,8 +205,7 @@ class GroupStateChecks:
             indexed, entries = pipe.execute()
             alone: dict[str, list[str]] = {}
             for (label, member), fp, entry in zip(candidates, indexed, entries, strict=False):
-                # (an incident whose entry names its own ID was counted with the entries, even once it is removed)
-                if fp is not None and entry is None and member not in own and member not in alone.get(label, []):
+                if fp is not None and (entry is None or member in own) and member not in alone.get(label, []):
                     alone.setdefault(label, []).append(member)
             for label in part:
                 without = alone.get(label, [])
