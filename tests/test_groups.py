@@ -87,10 +87,14 @@ def test_every_incident_is_in_the_group_the_reference_gives(redis_client, seed, 
             if kind == "add":
                 result = oracle.add(incident_id, fp)
                 if result != "duplicate":
-                    assert index.add_fingerprint(incident_id, fp, max_matches=cap) == (result[:cap] if cap else result)
+                    found = index.add_fingerprint(incident_id, fp, max_matches=cap)
+                    assert found == (result[:cap] if cap else result)
+                    # the reply carries the group the step decided (a repeat's as it stands), as the alert does
+                    assert found.group == Group(*oracle.groups()[incident_id])
             else:
-                index.upsert_fingerprint(incident_id, fp, max_matches=cap)
+                found = index.upsert_fingerprint(incident_id, fp, max_matches=cap)
                 oracle.upsert(incident_id, fp)
+                assert found.group == Group(*oracle.groups()[incident_id])
         else:
             if step % 3 == 0:
                 follower.catch_up()  # otherwise the copy lags: the atomic step validates it against the log
@@ -110,6 +114,7 @@ def test_every_incident_is_in_the_group_the_reference_gives(redis_client, seed, 
             assert result.status == "indexed"
             expect = oracle.add(incident_id, fp) if kind == "add" else oracle.upsert(incident_id, fp)
             assert result.match_count == len(expect)
+            assert (result.group_id, result.group_size) == oracle.groups()[incident_id]
         _assert_groups(index, oracle)
     _assert_groups(index, oracle)
 
@@ -369,3 +374,50 @@ def test_a_migration_carries_the_groups_and_later_incidents_join_by_the_same_rul
     assert index.layout.max_distance == to_r
     _random_ops(index, oracle, rng, 20, centers)
     _assert_groups(index, oracle)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("read_path", ["primary", "snapshot"])
+def test_workers_sigkilled_mid_run_leave_every_group_as_the_reference_replayed(server, tmp_path, read_path) -> None:
+    """Worker processes SIGKILLed at random moments mid-run and started again, beside a steady one, then a last one
+    to finish: every incident's group (and the stored group state) equals the reference fed the change log's order,
+    each alert's group is the reference's as of that incident's add, and every pair is reported exactly once."""
+    from tests.streams import FAST, alerts, kill_once_indexed, start_worker
+    from tests.test_worker_process import _check_run, _wait, _workload
+
+    client = server.client()
+    events, bad = _workload(2500, seed=24, bad_every=97)
+    publish(client, events)
+    rng = random.Random(24)
+    env = {"read_path": read_path, "group_open_alerts": "true", **FAST}
+    steady = start_worker(server.url, log=tmp_path / "steady.log", consumer="steady", batch_size=13, **env)
+    kills = 0
+    for round_, mark in enumerate(sorted(rng.sample(range(200, 2000), 3))):
+        killed = start_worker(server.url, log=tmp_path / f"k{round_}.log", consumer="killed", batch_size=20, **env)
+        kills += kill_once_indexed(client, killed, mark, rng)
+    assert kills == 3
+    final = start_worker(server.url, "--until-idle", log=tmp_path / "final.log", **env)
+    assert _wait(final, 240) == 0
+    steady.terminate()
+    assert steady.wait(timeout=30) == 0
+    if read_path == "snapshot":
+        assert '"event": "snapshot loaded"' in (tmp_path / "steady.log").read_text()
+    published = alerts(client)
+    # the pair invariant, on the alerts with matches (GROUP_OPEN_ALERTS adds one without for each opener)
+    _check_run(client, events, bad)
+    index = FingerprintIndex(client)
+    oracle = _replayed(client, index.keys)
+    _assert_groups(index, oracle)
+    from worker.integrity import Verifier
+
+    assert Verifier(client, index.keys.namespace).run().counts == {}, "verify finds the groups whole too"
+    # each alert's group as the reference had it right after that incident's add, in the change log's order
+    replay, as_of = GroupOracle(7), {}
+    for _, fields in client.xrange(index.keys.changes):
+        fields = {_text(k): _text(v) for k, v in fields.items()}
+        incident_id = fields["add"]
+        replay.add(incident_id, int(fields["fp"], 16))
+        label = replay.group(incident_id)
+        as_of[incident_id] = (label, replay.size(label))
+    assert len(published) == len(as_of), "one alert an indexed incident (opening a group or joining one)"
+    assert {a.incident_id: (a.group_id, a.group_size) for a in published} == as_of

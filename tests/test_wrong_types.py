@@ -88,7 +88,7 @@ INDEX_READERS |= {VERIFY, REPAIR, MIGRATE}
 CASES: list[tuple[str, str, set[tuple[str, ...]]]] = [
     (KEYS.meta, "hash", INDEX_READERS),
     (KEYS.fingerprints, "hash", INDEX_READERS),
-    (KEYS.changes, "stream", {STATS, STATS_JSON}),
+    (KEYS.changes, "stream", {STATS, STATS_JSON, VERIFY, REPAIR}),  # verify: the group sizes' change marker
     (KEYS.events_stream, "stream", {PUBLISH, PUBLISH_TEXT, STATS, STATS_JSON, REPLAY_DRY, REPLAY}),
     (KEYS.alerts_stream, "stream", {STATS, STATS_JSON, ALERTS, ALERTS_SINCE, ALERTS_GROUP}),
     (KEYS.dead_stream, "stream", {STATS, STATS_JSON, DEAD, REPLAY_DRY, REPLAY}),

@@ -5,7 +5,7 @@ atomic apply step (worker/lua/groups.lua); this module only asks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import library
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from .connection import RedisClient
     from .keys import IndexKeys
 
-__all__ = ["Group", "GroupReads"]
+__all__ = ["Group", "GroupReads", "Matches"]
 
 
 class Group(NamedTuple):
@@ -23,6 +23,22 @@ class Group(NamedTuple):
 
     label: str
     size: int
+
+
+class Matches(list[tuple[str, int]]):
+    """What `FingerprintIndex.add` and `upsert` return: the matches, closest first, as the list of (ID, distance)
+    they always were (it compares equal to a plain list), and `group`: the incident's group after the step, its
+    label and size as the alert's `group_id` and `group_size` give them (also for a repeat, which changes nothing;
+    None only where no group was read)."""
+
+    group: Group | None
+
+    def __init__(self, matches: Iterable[tuple[str, int]] = (), group: Group | None = None) -> None:
+        super().__init__(matches)
+        self.group = group
+
+    def __repr__(self) -> str:
+        return f"Matches({list(self)!r}, group={self.group!r})"
 
 
 class GroupReads:

@@ -30,7 +30,7 @@ from .errors import (
 )
 from .fingerprint import fingerprint, format_fingerprint, parse_fingerprint, stored_fingerprint
 from .formats import incident_id_problem
-from .groups import Group, GroupReads
+from .groups import Group, GroupReads, Matches
 from .keys import DEFAULT_NAMESPACE, IndexKeys
 from .library import ApplyResult, SnapshotClaim, StreamTarget, parse_apply, stored_value
 from .limits import DEFAULT_MAX_CANDIDATES
@@ -45,6 +45,7 @@ __all__ = [
     "STALE_RETRIES",
     "FingerprintIndex",
     "Group",
+    "Matches",
     "Posting",
     "batched",
     "retry_while_stale",
@@ -97,6 +98,10 @@ class Posting:
     key: str
     size: int
     member: bool
+
+
+def _matches(result: ApplyResult) -> Matches:  # an apply step's matches, with the group it put the incident in
+    return Matches(result.matches, Group(result.group_id, result.group_size) if result.group_id is not None else None)
 
 
 def batched(items: Iterable[Any], size: int) -> Iterable[list[Any]]:
@@ -597,34 +602,37 @@ class FingerprintIndex(GroupReads):
             raise ValueError(f"a fingerprint is an integer from 0 to 2**64 - 1, got {fp!r:.80}")
         return fp
 
-    def add(self, incident_id: str, features: Mapping[str, int]) -> list[tuple[str, int]]:
+    def add(self, incident_id: str, features: Mapping[str, int]) -> Matches:
         """Find every indexed incident within max_distance, then index this one, in one atomic step.
 
-        Returns the matches sorted by (distance, ID). Adding an ID again with the same fingerprint changes nothing
-        and returns []; with another fingerprint it raises `DuplicateIncidentError` and changes nothing.
+        Returns the matches sorted by (distance, ID), a list whose `group` is the incident's group after the step
+        (`Group`: label and size, as the alert carries them). Adding an ID again with the same fingerprint changes
+        nothing and returns [] (with its group); with another fingerprint it raises `DuplicateIncidentError` and
+        changes nothing.
         """
         return self.add_fingerprint(incident_id, fingerprint(features))
 
-    def add_fingerprint(self, incident_id: str, fp: int, *, max_matches: int = 0) -> list[tuple[str, int]]:
+    def add_fingerprint(self, incident_id: str, fp: int, *, max_matches: int = 0) -> Matches:
         """`add` for a fingerprint computed elsewhere; `max_matches` lists only that many of the closest (0: all)."""
         self._check_id(incident_id)
         result = self._apply("add", incident_id, self._check_fp(fp), max_matches=max_matches)
         if result.status == "duplicate":
             assert result.stored is not None
             raise DuplicateIncidentError(incident_id, result.stored, fp)
-        return result.matches
+        return _matches(result)
 
-    def upsert(self, incident_id: str, features: Mapping[str, int]) -> list[tuple[str, int]]:
-        """Replace the incident's fingerprint and postings (its old self never matches), returning the matches.
+    def upsert(self, incident_id: str, features: Mapping[str, int]) -> Matches:
+        """Replace the incident's fingerprint and postings (its old self never matches), returning the matches and,
+        as `group`, the group decided again for it (as `add` does).
 
-        Upserting the fingerprint already stored changes nothing and returns [].
+        Upserting the fingerprint already stored changes nothing and returns [] (with its group).
         """
         return self.upsert_fingerprint(incident_id, fingerprint(features))
 
-    def upsert_fingerprint(self, incident_id: str, fp: int, *, max_matches: int = 0) -> list[tuple[str, int]]:
+    def upsert_fingerprint(self, incident_id: str, fp: int, *, max_matches: int = 0) -> Matches:
         """`upsert` for a fingerprint computed elsewhere; `max_matches` lists only that many of the closest."""
         self._check_id(incident_id)
-        return self._retrying("upsert", incident_id, self._check_fp(fp), max_matches=max_matches).matches
+        return _matches(self._retrying("upsert", incident_id, self._check_fp(fp), max_matches=max_matches))
 
     def delete(self, incident_id: str) -> bool:
         """Remove the incident's fingerprint and postings; False when it was not indexed."""

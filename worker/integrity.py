@@ -25,6 +25,7 @@ from . import library
 from .bands import BandLayout
 from .connection import RedisClient
 from .errors import CommandError
+from .groupcheck import GROUP_KINDS, GROUP_REPAIRS, GroupStateChecks
 from .index import FORMAT_VERSION, SCHEME, FingerprintIndex, base_tag
 from .keys import IndexKeys
 from .keytypes import diagnose, is_wrong_type
@@ -59,6 +60,7 @@ KINDS: dict[str, str] = {
     "bad_fingerprint": "value in {N}:fp that is not 16 lowercase hex digits",
     "expiry_orphan": "{N}:expiry entry without an incident",
     "expiry_missing": "incident without its {N}:expiry entry while retention is on",
+    **GROUP_KINDS,
     "meta_missing": "{N}:meta is missing while {N}:fp holds incidents",
     "meta_field": "{N}:meta field that disagrees with the layout the index is built with",
     "meta_settings": "the configured layout differs from {N}:meta's: workers with this configuration refuse to start",
@@ -81,12 +83,13 @@ REPAIRS: dict[str, str] = {
     "bad_fingerprint": "lowercased when it is hex, else the incident removed (value in the report)",
     "expiry_orphan": "entry removed",
     "expiry_missing": "entered with the time of the repair",
+    **GROUP_REPAIRS,
     "meta_missing": "written from the configured layout",
     "meta_field": "rewritten from the layout tag",
     "meta_settings": "not repaired: fix the configuration",
 }
 
-UNREPAIRABLE = frozenset({"meta_settings"})
+UNREPAIRABLE = frozenset({"meta_settings", "group_sizes_unchecked"})
 
 
 def parse_layout_tag(tag: str) -> tuple[str, int, int, int, int] | None:
@@ -182,7 +185,7 @@ class VerifyReport:
         }
 
 
-class Verifier:
+class Verifier(GroupStateChecks):
     """Walks one namespace's index and checks (or repairs) it; see the module's docstring.
 
     `configured` is the layout (bands, max distance) the caller chose explicitly, if any: one that differs from the
@@ -254,6 +257,7 @@ class Verifier:
             self._walk_incidents()
             self._walk_postings()
             self._walk_groups()
+            self._walk_group_state()
             if self.client.exists(self.expiry_key):
                 self._walk_expiry()
         if self._server_run() != run:
@@ -421,6 +425,12 @@ class Verifier:
     def _record(self, found: Iterable[tuple[int, str, str, str]], *, repaired: bool) -> None:
         for _, kind, subject, detail in found:
             self._add(Finding(kind, subject, detail, repaired))
+
+    def _found(self, kind: str, subject: str, detail: str, repaired: bool) -> None:
+        self._add(Finding(kind, subject, detail, repaired))
+
+    def _scanned(self) -> Counter[str]:
+        return self.report.scanned
 
     def _add(self, finding: Finding) -> None:
         """Report a finding once (several subjects can meet one problem: a group through each of its members)."""

@@ -57,6 +57,8 @@ __all__ = [
     "FN_TRIM_CHANGES",
     "FN_TRIM_EVENTS",
     "FN_VERIFY_CHECK",
+    "FN_VERIFY_GROUPS_CHECK",
+    "FN_VERIFY_GROUPS_REPAIR",
     "FN_VERIFY_POSTINGS",
     "FN_VERIFY_REPAIR",
     "FUNCTIONS",
@@ -164,6 +166,8 @@ FN_GROUP_OF = _function("group_of")
 FN_VERIFY_CHECK = _function("verify_check")
 FN_VERIFY_REPAIR = _function("verify_repair")
 FN_VERIFY_POSTINGS = _function("verify_postings")
+FN_VERIFY_GROUPS_CHECK = _function("verify_groups_check")
+FN_VERIFY_GROUPS_REPAIR = _function("verify_groups_repair")
 FN_MIGRATE_START = _function("migrate_start")
 FN_MIGRATE_BUILD = _function("migrate_build")
 FN_MIGRATE_SWITCH = _function("migrate_switch")
@@ -286,6 +290,9 @@ class ApplyResult:
     stored: int | str | None = None
     """For a duplicate: the fingerprint already indexed, or the stored text when it is not one (`stored_value`)."""
     incomplete: bool = False
+    group_id: str | None = None
+    """For indexed and repeat: the incident's group after the step (the alert's `group_id`) and its size."""
+    group_size: int = 0
 
 
 def stored_value(value: Any) -> int | str | None:
@@ -319,13 +326,17 @@ def parse_apply(reply: Sequence[Any]) -> ApplyResult:
     if status == "duplicate":
         return ApplyResult(status, stored=stored_value(extra))
     match_count, incomplete = parse_count(reply[1])
+    # indexed and repeat carry the incident's group before the matches (worker/lua/apply.lua, apply_at's header)
+    grouped = status in ("indexed", "repeat") and len(reply) >= 6
     return ApplyResult(
         status,
         match_count=match_count,
         candidates=int(reply[2]),
         alert_id=extra or None,
-        matches=pairs(reply[4:]),
+        matches=pairs(reply[6:] if grouped else reply[4:]),
         incomplete=incomplete,
+        group_id=text(reply[4]) if grouped else None,
+        group_size=int(reply[5]) if grouped else 0,
     )
 
 

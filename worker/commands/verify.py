@@ -55,10 +55,11 @@ def print_verify(report: VerifyReport, examples: int = SHOWN_EXAMPLES) -> None:
         f"{plural(scanned['incidents'], 'incident')}, {plural(scanned['posting_keys'], 'posting set')} "
         f"({scanned['posting_members']:,} members), {plural(scanned['groups'], 'twin group')}"
         + (f", {scanned['expiry_entries']:,} expiry entries" if scanned["expiry_entries"] else "")
+        + (f", {scanned['group_entries']:,} group entries" if scanned["group_entries"] else "")
     )
     counts = report.counts
     if not counts:
-        print("no findings: the postings, twin groups and meta are what the fingerprints call for")
+        print("no findings: the postings, twin groups, groups and meta are what the fingerprints call for")
         return
     for kind, count in counts.items():
         found = report.examples(kind, examples)

@@ -123,7 +123,9 @@ end
 --   listed...           the snapshot's listed matches: id, d, ... (none without a snapshot)
 --
 -- Returns {status, match_count, candidates_verified, alert_entry_id_or_'', id1, d1, id2, d2, ...} where status is
--- indexed | repeat | duplicate | stale | deleted | absent | not_pending | unvalidated. Only indexed, repeat,
+-- indexed | repeat | duplicate | stale | deleted | absent | not_pending | unvalidated; indexed and repeat put the
+-- incident's group after the alert entry: {status, match_count, candidates, alert, group ID, group size, id1, d1,
+-- ...}, so that a caller of the Python API needs no group_of (the alert's group_id and group_size). Only indexed, repeat,
 -- deleted and absent acknowledge the entry; duplicate, stale, not_pending and unvalidated change nothing.
 -- candidates_verified counts the representatives read, never their twins (on the snapshot path: the changes
 -- validated). match_count is '<n>+' when the search was cut at the budget (budget_count): the alert then carries
@@ -239,7 +241,9 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
   if old == fp then
     if retention_window(meta.retention_ms) then redis.call('ZADD', expiry_key, now_ms(), id) end
     if streaming then ack_entry(context, events_key, group, entry_id) end
-    return {'repeat', 0, 0, ''}
+    local gk = group_keys(meta_key)
+    local label = group_label(gk, id)
+    return {'repeat', 0, 0, '', label, group_size(gk, label)}
   end
   if old and op == 'add' then
     return {'duplicate', 0, 0, old}
@@ -324,8 +328,8 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
     end
     ack_entry(context, events_key, group, entry_id)
   end
-  local reply = {'indexed', budget_count(matched, cut), verified, alert_id}
-  for i = 1, #flat do reply[4 + i] = flat[i] end
+  local reply = {'indexed', budget_count(matched, cut), verified, alert_id, label, size}
+  for i = 1, #flat do reply[6 + i] = flat[i] end
   return reply
 end
 

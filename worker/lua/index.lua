@@ -36,6 +36,7 @@
 --   start.lua              a worker's start: `ensure_meta`, `preflight`, `server_run`
 --   upkeep.lua             trimming, the lease, retention: `trim_events`, `lease`, `expire`, ...
 --   verify.lua             `incident-worker verify`: `verify_check`, `verify_repair`, `verify_postings`
+--   verify_groups.lua      `incident-worker verify` of group state: `verify_groups_check`, `verify_groups_repair`
 --   migrate.lua            `incident-worker migrate`: `migrate_start`, ... `migrate_remove`
 
 --- @include "base"
@@ -49,4 +50,5 @@
 --- @include "start"
 --- @include "upkeep"
 --- @include "verify"
+--- @include "verify_groups"
 --- @include "migrate"
