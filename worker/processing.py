@@ -41,7 +41,7 @@ from .errors import DamagedMetaError, DuplicateIncidentError
 from .formats import DeadLetter, IncidentEvent, decode_fields, event_error
 from .inbox import intake
 from .index import FingerprintIndex, retry_while_stale
-from .keytypes import diagnose, incident_keys, is_wrong_type, search_keys
+from .keytypes import diagnose, incident_keys, is_wrong_type, search_keys, wrong_types
 from .library import (
     FN_APPLY,
     FN_READ_NEW,
@@ -264,6 +264,11 @@ class Processor:
         except OutOfMemoryError:
             return False
         except ResponseError as error:
+            if is_wrong_type(error) and wrong_types(self.redis, {inbox: "list"}):
+                # the inbox holds another type (by hand): the stream's own entries go on, the inbox waits for repair
+                self._inbox_off_until = time.monotonic() + _SNAPSHOT_OFF_S
+                self.log.error("inbox not moved", error=str(diagnose(self.redis, self.index.keys, only=[inbox])))
+                return False
             if not _refused(error):
                 raise
             self._inbox_off_until = time.monotonic() + _SNAPSHOT_OFF_S

@@ -247,10 +247,12 @@ def stopped_message(report: PublishReport, why: str) -> str:
 
 
 def _wrong_type_message(client: RedisClient, settings: Settings, report: PublishReport) -> str:
-    """The events stream holds another type (every XADD of the chunk refused, none written): which, and from where
-    to send again once it is fixed. (What it holds stays unsaid for the producer's user, which may not ask.)"""
+    """The events stream (or the inbox) holds another type (every append of the chunk refused, none written): which,
+    and from where to send again once it is fixed. (What it holds stays unsaid for the producer's user, which may not
+    ask.)"""
     streams = [settings.events_stream, settings.alerts_stream, settings.dead_stream]
-    fix = another_type(settings.keys, report.stream, "stream", held_type(client, report.stream), streams=streams)
+    kind = "list" if report.stream == settings.keys.inbox else "stream"
+    fix = another_type(settings.keys, report.stream, kind, held_type(client, report.stream), streams=streams)
     if not report.published:
         return f"{fix}. Nothing was published; send the whole input again once it is fixed"
     return (

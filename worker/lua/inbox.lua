@@ -109,10 +109,12 @@ local function intake(keys, args)
   local count, budget = tonumber(args[1]), tonumber(args[2])
   local limit, prefix, maxlen, consumer = tonumber(args[3]), tonumber(args[4]), tonumber(args[5]), args[6]
   -- nothing may fail once an entry has left the inbox: a stream key of another type stops the call before that
-  for _, key in ipairs({keys[2], keys[3]}) do
-    local kind = redis.call('TYPE', key).ok
-    if kind ~= 'stream' and kind ~= 'none' then
-      return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. kind .. ', not a stream; the inbox waits')
+  local wanted = {'list', 'stream', 'stream'}
+  for i = 1, 3 do
+    local kind = redis.call('TYPE', keys[i]).ok
+    if kind ~= wanted[i] and kind ~= 'none' then
+      return redis.error_reply('WRONGTYPE ' .. keys[i] .. ' holds a ' .. kind .. ', not a ' .. wanted[i] ..
+        '; nothing was moved')
     end
   end
   local moved, large, bad = 0, 0, 0
