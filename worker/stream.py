@@ -248,10 +248,11 @@ class StreamWorker:
         return not later and not self._inbox_waiting()
 
     def _inbox_waiting(self) -> bool:
-        """Whether producers' events wait in the inbox (worker/inbox.py); a user that may not look says no."""
+        """Whether producers' events wait in the inbox (worker/inbox.py). A user that may not look, or an inbox of
+        another type (which the read round names, moving nothing), says no: the inbox cannot be moved then."""
         try:
             return bool(self.redis.llen(self.index.keys.inbox))
-        except redis_lib.exceptions.NoPermissionError:
+        except ResponseError:
             return False
 
     def _reconnect_pause(self, error: Exception, failures: int, message: str = "redis unavailable; retrying") -> None:
