@@ -108,9 +108,11 @@ end
 local function intake(keys, args)
   local count, budget = tonumber(args[1]), tonumber(args[2])
   local limit, prefix, maxlen, consumer = tonumber(args[3]), tonumber(args[4]), tonumber(args[5]), args[6]
+  -- an empty inbox (every read round of a worker whose producers XADD) costs one LLEN
+  if redis.call('LLEN', keys[1]) == 0 then return {0, 0, 0, 0} end
   -- nothing may fail once an entry has left the inbox: a stream key of another type stops the call before that
   local wanted = {'list', 'stream', 'stream'}
-  for i = 1, 3 do
+  for i = 2, 3 do
     local kind = redis.call('TYPE', keys[i]).ok
     if kind ~= wanted[i] and kind ~= 'none' then
       return redis.error_reply('WRONGTYPE ' .. keys[i] .. ' holds a ' .. kind .. ', not a ' .. wanted[i] ..
