@@ -237,8 +237,10 @@ def test_two_movers_at_once_move_each_entry_exactly_once(real_redis: redis.Redis
     assert real_redis.exists(INBOX) == 0
 
 
-def test_a_worker_sigkilled_while_moving_loses_and_duplicates_nothing(redis_server: Any, tmp_path: Path) -> None:
-    client = redis_server.client()
+def test_a_worker_sigkilled_while_moving_loses_and_duplicates_nothing(
+    real_redis: redis.Redis, redis_server: Any, tmp_path: Path
+) -> None:
+    client = real_redis  # the suite's server, emptied for this test
     rng = random.Random(7)
     events = random_events(rng, 2500)
     pipe = client.pipeline(transaction=False)
