@@ -572,6 +572,27 @@ def test_a_producer_appends_to_the_inbox_and_can_do_nothing_else(acl_redis: Redi
     assert upkeep.warnings(user_of(acl_redis, WORKER_USER), Settings(), memory=False) == []
 
 
+def test_a_worker_user_from_an_older_acl_processes_the_stream_and_names_the_inbox_grant(
+    acl_redis: RedisServer, tmp_path: Path
+) -> None:
+    """A worker whose user may not LPOP (a users.acl from before the inbox) is not stopped by it: the stream's
+    events are processed, the inbox waits, and the log says what to grant; once granted, the inbox is moved."""
+    admin = admin_of(acl_redis)
+    admin.acl_setuser(WORKER_USER, enabled=True, commands=["-lpop", "-llen"])
+    publish(user_of(acl_redis, WORKER_USER), [{"incident_id": "x", "features": {"dock": 3}}])
+    inbox.submit(user_of(acl_redis, PRODUCER_USER), INBOX, {"incident_id": "y", "features": '{"dock": 3}'})
+    log = tmp_path / "w.log"
+    worker = start_worker(worker_url(acl_redis), "--until-idle", log=log, **FAST)
+    assert worker.wait(timeout=60) == 0, log.read_text()[-3000:]
+    assert admin.hkeys(FP) == [b"x"] and admin.llen(INBOX) == 1
+    assert "inbox not moved" in log.read_text() and "grant +lpop +llen" in log.read_text()
+    admin.acl_setuser(WORKER_USER, enabled=True, commands=["+lpop", "+llen"])
+    worker = start_worker(worker_url(acl_redis), "--until-idle", log=log, **FAST)
+    assert worker.wait(timeout=60) == 0, log.read_text()[-3000:]
+    assert sorted(admin.hkeys(FP)) == [b"x", b"y"] and admin.exists(INBOX) == 0
+    assert [a.incident_id for a in alerts(admin)] == ["y"]
+
+
 def test_the_functions_name_a_damaged_change_log_floor_instead_of_failing(acl_redis: RedisServer) -> None:
     """The Lua side of finding 7: a claim made before the floor was mangled is not validated (the full search runs
     instead), and the change log's trim names the field; neither fails with a Lua error in every worker."""

@@ -293,3 +293,14 @@ def test_an_inbox_of_another_type_is_named_and_the_stream_goes_on(real_redis: re
     worker.run(until_idle=True)
     assert [a.incident_id for a in alerts(real_redis)] == ["b"]
     assert real_redis.get(INBOX) == b"by hand"
+
+
+def test_a_worker_is_not_idle_while_the_inbox_holds_events(redis_client: redis.Redis) -> None:
+    """`run --until-idle` must not leave events in the inbox that arrived after its last read round."""
+    worker = StreamWorker(redis_client, fast_settings())
+    worker.setup()
+    assert worker._idle()
+    append(redis_client, {"incident_id": "a", "features": {"dock": 3}}, "submit")
+    assert not worker._idle()
+    worker.run(until_idle=True)
+    assert redis_client.hlen(FP) == 1 and worker._idle()
