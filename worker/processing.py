@@ -92,6 +92,11 @@ _SNAPSHOT_OFF_S = 60.0
 loads in a row that lost their position to a trim."""
 
 
+_INBOX_OFF_S = 60.0
+"""How long a worker leaves the inbox alone after it could not move it (its user lacks LPOP, or the inbox holds
+another type): the error is logged once a period, and the stream's own entries are read on meanwhile."""
+
+
 @dataclass
 class _Item:
     """One stream entry on its way through a batch."""
@@ -143,7 +148,7 @@ class Processor:
         self.replica = replica  # where the snapshot path reads its copy, when not the primary (readpath.py)
         self._layout_seen: tuple[str, str] | None = None
         self._inbox_due = True  # move the inbox before the next read
-        self._inbox_off_until = 0.0  # the user may not move the inbox (an older users.acl): retried a minute later
+        self._inbox_off_until = 0.0  # the inbox cannot be moved (grant, type): tried again _INBOX_OFF_S later
 
     def close(self) -> None:
         """Wait for a read ahead in flight; the processor can run again afterwards (tests run a worker twice)."""
@@ -251,12 +256,17 @@ class Processor:
         )
         return parse_entries(reply)[1]
 
+    @property
+    def inbox_paused(self) -> bool:
+        """Whether the inbox is left alone for now, after it could not be moved (see `_intake`)."""
+        return time.monotonic() < self._inbox_off_until
+
     def _intake(self) -> bool:
         """Move what producers appended to the inbox into the events stream; returns whether the inbox holds more.
 
         At maxmemory the call is refused whole (the inbox keeps its entries) and the stream is read on; a user that
         may not move the inbox (made from an older users.acl) is told what to grant, once a minute."""
-        if time.monotonic() < self._inbox_off_until:
+        if self.inbox_paused:
             return False
         inbox = self.index.keys.inbox
         try:
@@ -266,12 +276,12 @@ class Processor:
         except ResponseError as error:
             if is_wrong_type(error) and wrong_types(self.redis, {inbox: "list"}):
                 # the inbox holds another type (by hand): the stream's own entries go on, the inbox waits for repair
-                self._inbox_off_until = time.monotonic() + _SNAPSHOT_OFF_S
+                self._inbox_off_until = time.monotonic() + _INBOX_OFF_S
                 self.log.error("inbox not moved", error=str(diagnose(self.redis, self.index.keys, only=[inbox])))
                 return False
             if not _refused(error):
                 raise
-            self._inbox_off_until = time.monotonic() + _SNAPSHOT_OFF_S
+            self._inbox_off_until = time.monotonic() + _INBOX_OFF_S
             self.log.error(
                 "inbox not moved: the worker's user may not",
                 error=str(error),

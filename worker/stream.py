@@ -248,8 +248,10 @@ class StreamWorker:
         return not later and not self._inbox_waiting()
 
     def _inbox_waiting(self) -> bool:
-        """Whether producers' events wait in the inbox (worker/inbox.py). A user that may not look, or an inbox of
-        another type (which the read round names, moving nothing), says no: the inbox cannot be moved then."""
+        """Whether producers' events wait in the inbox (worker/inbox.py). An inbox this worker cannot move for now
+        (its user lacks LPOP, or it holds another type: the read round logged which) or may not look at says no."""
+        if self.processor.inbox_paused:
+            return False
         try:
             return bool(self.redis.llen(self.index.keys.inbox))
         except ResponseError:
