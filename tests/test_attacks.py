@@ -40,13 +40,14 @@ from tests.test_deploy import (
     render_acl,
     worker_url,
 )
-from worker import library, upkeep
+from worker import inbox, library, upkeep
 from worker.devtools.workload import Workload
 from worker.index import FingerprintIndex
 from worker.settings import Settings
 from worker.upkeep import Upkeep
 
 FP = "{incidents}:fp"
+INBOX = "{incidents}:inbox"
 
 
 @pytest.fixture
@@ -325,7 +326,10 @@ def _conf_limits() -> list[str]:
     return arguments
 
 
-def test_the_shipped_request_limits_refuse_a_huge_entry_and_keep_the_worker_whole(tmp_path: Path) -> None:
+@pytest.mark.parametrize("way_in", ["inbox", "stream"])
+def test_the_shipped_request_limits_refuse_a_huge_entry_and_keep_the_worker_whole(tmp_path: Path, way_in: str) -> None:
+    """Through the inbox (the shipped producer user, RPUSH of encoded events, unchecked) and through XADD (a user that
+    may XADD: here the worker's), the same events end the same way."""
     require_redis_server()
     assert render_acl(tmp_path / "users.acl").returncode == 0
     server = RedisServer(tmp_path, extra=["--aclfile", str(tmp_path / "users.acl"), *_conf_limits()])
@@ -333,17 +337,31 @@ def test_the_shipped_request_limits_refuse_a_huge_entry_and_keep_the_worker_whol
     try:
         admin = admin_of(server)
         library.load(admin)
-        producer = user_of(server, PRODUCER_USER, retry=None)
         events = "{incidents}:events"
         limit = Settings().max_entry_bytes
-        publish(producer, [{"incident_id": "ok", "features": {"dock": 3, "scanner": 2}}])
+        if way_in == "inbox":
+            client = user_of(server, PRODUCER_USER, retry=None)
+
+            def append(event: dict[str, Any]) -> None:
+                fields = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in event.items()}
+                client.rpush(INBOX, inbox.encode(fields))
+
+            count: Any = lambda: admin.llen(INBOX)  # noqa: E731
+        else:
+            client = user_of(server, WORKER_USER, retry=None)
+
+            def append(event: dict[str, Any]) -> None:
+                publish(client, [event])
+
+            count = lambda: admin.xlen(events)  # noqa: E731
+        append({"incident_id": "ok", "features": {"dock": 3, "scanner": 2}})
         # at the limit, invalid: its dead letter carries all of it back (the largest command a worker sends)
-        publish(producer, [{"incident_id": "big", "features": "x" * (limit - 100)}])
+        append({"incident_id": "big", "features": "x" * (limit - 100)})
         # over the limit, under the request limits: dead-lettered with a prefix of each field
-        publish(producer, [{"incident_id": "over", "features": "x" * (limit + limit // 2)}])
+        append({"incident_id": "over", "features": "x" * (limit + limit // 2)})
         with pytest.raises(redis.exceptions.RedisError):
-            producer.xadd(events, {"incident_id": "huge", "features": "x" * (8 * 1024 * 1024)})
-        assert admin.xlen(events) == 3
+            append({"incident_id": "huge", "features": "x" * (8 * 1024 * 1024)})
+        assert count() == 3
         log = tmp_path / "w.log"
         worker = start_worker(worker_url(server), "--until-idle", log=log, **FAST)
         assert worker.wait(timeout=60) == 0, log.read_text()[-3000:]
@@ -352,6 +370,8 @@ def test_the_shipped_request_limits_refuse_a_huge_entry_and_keep_the_worker_whol
         assert set(letters) == {b"big", b"over"}
         assert len(letters[b"big"][b"features"]) == limit - 100
         assert letters[b"over"][b"reason"] == b"too_large"
+        assert len(letters[b"over"][b"features"]) == Settings().dead_letter_prefix_bytes
+        assert admin.exists(INBOX) == 0
     finally:
         server.stop()
 
@@ -457,9 +477,13 @@ MAX_ID = "18446744073709551615-18446744073709551615"
 
 def test_a_group_delivered_past_the_streams_end_is_named_with_its_repair(acl_redis: RedisServer) -> None:
     admin = admin_of(acl_redis, decode_responses=True)
-    producer = user_of(acl_redis, PRODUCER_USER)
+    # the shipped producer user may not (test_a_producer_appends_to_the_inbox_and_can_do_nothing_else); a user that
+    # may XADD, an older producer user or the worker's, still can: the ACL cannot refuse an ID chosen by hand
+    producer = user_of(acl_redis, WORKER_USER)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        user_of(acl_redis, PRODUCER_USER).xadd(EVENTS, {"incident_id": "7"}, id=MAX_ID)
     admin.xgroup_create(EVENTS, "incident-workers", id="0", mkstream=True)
-    producer.xadd(EVENTS, {"incident_id": "7"}, id=MAX_ID)  # the ACL cannot refuse an ID chosen by hand
+    producer.xadd(EVENTS, {"incident_id": "7"}, id=MAX_ID)
     with pytest.raises(redis.exceptions.ResponseError):
         producer.xadd(EVENTS, {"incident_id": "8"})  # every later XADD * fails
     admin.xreadgroup("incident-workers", "w1", {EVENTS: ">"})
@@ -478,10 +502,10 @@ def test_a_group_delivered_past_the_streams_end_is_named_with_its_repair(acl_red
 
 
 def test_a_function_cannot_append_for_a_producer_that_may_not_xadd(acl_redis: RedisServer) -> None:
-    """SPEC 7's fence (producers append only through a function of the library) does not hold on Redis 7: FCALL can
-    be narrowed to one function (`+fcall|<name>`), but the function's own XADD is checked against its caller's
-    permissions, so a producer that may not XADD cannot append through it either; and one that may can XADD with
-    MAXLEN 0 or an ID of its choice directly. What is left: the workers notice the damage (the test above)."""
+    """Why the fence is a list and not a function: a function's XADD is checked against its caller's permissions, so
+    a producer that may not XADD cannot append to the stream through one either (and one that may can XADD with
+    MAXLEN 0 or an ID of its choice directly). A function's RPUSH is checked the same way, which is what `submit`
+    relies on (the next test)."""
     admin = admin_of(acl_redis)
     admin.function_load(
         "#!lua name=append_probe\n"
@@ -489,19 +513,87 @@ def test_a_function_cannot_append_for_a_producer_that_may_not_xadd(acl_redis: Re
         "  return redis.call('XADD', keys[1], '*', 'incident_id', args[1])\n"
         "end)\n"
     )
-    admin.acl_setuser(
-        "fenced",
-        enabled=True,
-        passwords=["+fenced-pa55"],
-        keys=["%W~{incidents}:events"],
-        commands=["-@all", "+fcall|append_probe"],
-    )
-    fenced = acl_redis.client(username="fenced", password="fenced-pa55")
+    producer = user_of(acl_redis, PRODUCER_USER)
     with pytest.raises(redis.exceptions.NoPermissionError):
-        fenced.fcall("incident_index_x_apply", 1, EVENTS)  # another function: refused
-    with pytest.raises(redis.exceptions.ResponseError, match="permission"):
-        fenced.fcall("append_probe", 1, EVENTS, "7")  # its own function: its XADD refused
-    assert admin.exists(EVENTS) == 0
+        producer.fcall("append_probe", 1, EVENTS, "7")  # the stream is not among its keys
+    with pytest.raises(redis.exceptions.ResponseError, match="can't run this command"):
+        producer.fcall("append_probe", 1, INBOX, "7")  # its own key: the function's XADD refused
+    assert admin.exists(EVENTS, INBOX) == 0
+
+
+def test_a_producer_appends_to_the_inbox_and_can_do_nothing_else(acl_redis: RedisServer, tmp_path: Path) -> None:
+    """SPEC 7 (2026-12-05): the shipped producer user appends events with server-assigned IDs and can do nothing
+    else. Each attack of finding 2 is tried and refused (or, an entry over the limit, dead-lettered), the stream and
+    its group stay whole, and what it appended comes out as alerts."""
+    admin = admin_of(acl_redis)
+    producer = user_of(acl_redis, PRODUCER_USER)
+    limit = Settings().max_entry_bytes
+    dock = {"incident_id": "a", "features": json.dumps({"dock": 3, "scanner": 2})}
+    publish(user_of(acl_redis, WORKER_USER), [{"incident_id": "x", "features": {"dock": 3, "scanner": 2}}])
+    admin.xgroup_create(EVENTS, "incident-workers", id="0")
+    before = admin.xrange(EVENTS)
+    target = library.StreamTarget(EVENTS, "{incidents}:alerts", "{incidents}:dead", "incident-workers")
+    refused = {
+        "XADD MAXLEN 0 (empties the stream)": lambda: producer.xadd(EVENTS, dock, maxlen=0),
+        "XADD of the largest ID": lambda: producer.xadd(EVENTS, dock, id=MAX_ID),
+        "XADD of any ID": lambda: producer.xadd(EVENTS, dock),
+        "XTRIM": lambda: producer.xtrim(EVENTS, maxlen=0),
+        "XDEL": lambda: producer.xdel(EVENTS, before[0][0]),
+        "DEL of the stream": lambda: producer.delete(EVENTS),
+        "XGROUP SETID": lambda: producer.xgroup_setid(EVENTS, "incident-workers", "$"),
+        "LTRIM of the inbox": lambda: producer.ltrim(INBOX, 1, 0),
+        "LPOP of the inbox": lambda: producer.lpop(INBOX),
+        "LREM of the inbox": lambda: producer.lrem(INBOX, 0, b"x"),
+        "LPUSH ahead of the others": lambda: producer.lpush(INBOX, inbox.encode(dock)),
+        "DEL of the inbox": lambda: producer.delete(INBOX),
+        "UNLINK of the inbox": lambda: producer.unlink(INBOX),
+        "the workers' intake": lambda: inbox.intake(producer, INBOX, target, Settings(), "p"),
+    }
+    for what, attempt in refused.items():
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            attempt()
+            pytest.fail(f"the producer's user may {what}")
+    with pytest.raises(redis.exceptions.ResponseError, match="over the limit"):
+        inbox.submit(producer, INBOX, {"incident_id": "b", "features": "x" * limit}, limit)
+    inbox.submit(producer, INBOX, dock, limit)  # through the library
+    producer.rpush(INBOX, inbox.encode({"incident_id": "c", "features": dock["features"]}))  # or by hand
+    producer.rpush(INBOX, inbox.encode({"incident_id": "d", "features": "x" * (limit + 1)}))  # unchecked: too large
+    log = tmp_path / "w.log"
+    worker = start_worker(worker_url(acl_redis), "--until-idle", log=log, **FAST)
+    assert worker.wait(timeout=60) == 0, log.read_text()[-3000:]
+    assert admin.xinfo_stream(EVENTS)["entries-added"] == 3, "x, then a and c through the inbox"
+    assert sorted(admin.hkeys(FP)) == [b"a", b"c", b"x"]
+    assert sorted(a.incident_id for a in alerts(admin)) == ["a", "c"]
+    [letter] = [fields for _, fields in admin.xrange("{incidents}:dead")]
+    assert letter[b"reason"] == b"too_large" and letter[b"incident_id"] == b"d"
+    assert admin.exists(INBOX) == 0
+    last = admin.xinfo_stream(EVENTS)["last-generated-id"]
+    assert admin.xinfo_groups(EVENTS)[0]["last-delivered-id"] == last
+    assert int(last.split(b"-")[0]) < 2**63, "an ID of the server's choosing"
+    assert upkeep.warnings(user_of(acl_redis, WORKER_USER), Settings(), memory=False) == []
+
+
+@pytest.mark.parametrize("taken", [["lpop", "llen"], ["lpop"]], ids=["older acl", "without lpop only"])
+def test_a_worker_user_from_an_older_acl_processes_the_stream_and_names_the_inbox_grant(
+    acl_redis: RedisServer, tmp_path: Path, taken: list[str]
+) -> None:
+    """A worker whose user may not LPOP (a users.acl from before the inbox) is not stopped by it: the stream's
+    events are processed, the inbox waits (and `--until-idle` does not wait for it), and the log says what to grant;
+    once granted, the inbox is moved."""
+    admin = admin_of(acl_redis)
+    admin.acl_setuser(WORKER_USER, enabled=True, commands=[f"-{command}" for command in taken])
+    publish(user_of(acl_redis, WORKER_USER), [{"incident_id": "x", "features": {"dock": 3}}])
+    inbox.submit(user_of(acl_redis, PRODUCER_USER), INBOX, {"incident_id": "y", "features": '{"dock": 3}'})
+    log = tmp_path / "w.log"
+    worker = start_worker(worker_url(acl_redis), "--until-idle", log=log, **FAST)
+    assert worker.wait(timeout=60) == 0, log.read_text()[-3000:]
+    assert admin.hkeys(FP) == [b"x"] and admin.llen(INBOX) == 1
+    assert "inbox not moved" in log.read_text() and "grant +lpop +llen" in log.read_text()
+    admin.acl_setuser(WORKER_USER, enabled=True, commands=[f"+{command}" for command in taken])
+    worker = start_worker(worker_url(acl_redis), "--until-idle", log=log, **FAST)
+    assert worker.wait(timeout=60) == 0, log.read_text()[-3000:]
+    assert sorted(admin.hkeys(FP)) == [b"x", b"y"] and admin.exists(INBOX) == 0
+    assert [a.incident_id for a in alerts(admin)] == ["y"]
 
 
 def test_the_functions_name_a_damaged_change_log_floor_instead_of_failing(acl_redis: RedisServer) -> None:

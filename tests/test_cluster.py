@@ -24,7 +24,7 @@ from tests.streams import (
     wait_until,
     worker_command,
 )
-from worker import library
+from worker import inbox, library
 from worker.devtools.workload import Workload
 from worker.formats import Alert, DeadLetter
 from worker.index import FingerprintIndex
@@ -60,7 +60,11 @@ def test_two_namespaces_on_a_three_master_cluster(cluster: list[RedisServer], tm
     for namespace, items in workloads.items():
         pipe = client.pipeline(transaction=False)
         for n, (incident_id, bag) in enumerate(items):
-            pipe.xadd(f"{{{namespace}}}:events", {"incident_id": incident_id, "features": _json(bag)})
+            event = {"incident_id": incident_id, "features": _json(bag)}
+            if n % 3 == 0:  # a third through the producers' inbox, which each read round moves into the stream
+                pipe.rpush(f"{{{namespace}}}:inbox", inbox.encode(event))
+            else:
+                pipe.xadd(f"{{{namespace}}}:events", event)
             if n % 97 == 0:
                 pipe.xadd(f"{{{namespace}}}:events", {"incident_id": f"bad-{n}", "features": "[]"})
         pipe.execute()
@@ -106,6 +110,7 @@ def test_two_namespaces_on_a_three_master_cluster(cluster: list[RedisServer], tm
         dead = [DeadLetter.from_fields(f) for _, f in client.xrange(f"{{{namespace}}}:dead")]
         assert len(dead) == len(range(0, 1500, 97)) and {d.reason for d in dead} == {"bad_features"}
         assert int(client.xpending(f"{{{namespace}}}:events", "incident-workers")["pending"]) == 0
+        assert client.exists(f"{{{namespace}}}:inbox") == 0
         index = FingerprintIndex(client, namespace)
         incident_id, bag = items[0]
         assert (incident_id, 0) in index.matches(bag)

@@ -44,7 +44,7 @@ from tests.streams import (
     stop,
     worker_command,
 )
-from worker import library
+from worker import inbox, library
 from worker.cli import build_parser
 from worker.fingerprint import fingerprint
 from worker.index import FingerprintIndex
@@ -1011,6 +1011,14 @@ def _fcall_neighbours(c: redis.Redis) -> Any:
     return FingerprintIndex(c).matches({"a": 1})
 
 
+INBOX = "{incidents}:inbox"
+
+
+def _fcall_intake(c: redis.Redis) -> Any:
+    target = library.StreamTarget(EVENTS, ALERTS_STREAM, DEAD_STREAM, GROUP)
+    return inbox.intake(c, INBOX, target, Settings(), "producer")
+
+
 def _own_group_read(c: redis.Redis) -> Any:
     c.xgroup_create(ALERTS_STREAM, "oncall", id="0", mkstream=True)
     return c.xreadgroup("oncall", "oncall-1", {ALERTS_STREAM: ">"}, count=10)
@@ -1018,8 +1026,23 @@ def _own_group_read(c: redis.Redis) -> Any:
 
 ROLES: list[tuple[str, str, Callable[[redis.Redis], Any], bool]] = [
     # (user, what, the call, allowed)
-    (PRODUCER_USER, "XADD an event", lambda c: c.xadd(EVENTS, EVENT), True),
+    (PRODUCER_USER, "RPUSH an encoded event to the inbox", lambda c: c.rpush(INBOX, inbox.encode(EVENT)), True),
+    (PRODUCER_USER, "FCALL submit (the library's checked append)", lambda c: inbox.submit(c, INBOX, EVENT, 1024), True),
     (PRODUCER_USER, "PING", lambda c: c.ping(), True),
+    (PRODUCER_USER, "XADD an event", lambda c: c.xadd(EVENTS, EVENT), False),
+    (PRODUCER_USER, "XADD MAXLEN 0 (the stream emptied)", lambda c: c.xadd(EVENTS, EVENT, maxlen=0), False),
+    (PRODUCER_USER, "XADD the largest ID", lambda c: c.xadd(EVENTS, EVENT, id=f"{2**64 - 1}-{2**64 - 1}"), False),
+    (PRODUCER_USER, "LPOP the inbox", lambda c: c.lpop(INBOX), False),
+    (PRODUCER_USER, "RPOP the inbox", lambda c: c.rpop(INBOX), False),
+    (PRODUCER_USER, "LRANGE the inbox (others' events)", lambda c: c.lrange(INBOX, 0, -1), False),
+    (PRODUCER_USER, "LTRIM the inbox", lambda c: c.ltrim(INBOX, 1, 0), False),
+    (PRODUCER_USER, "LPUSH to the inbox (ahead of others)", lambda c: c.lpush(INBOX, inbox.encode(EVENT)), False),
+    (PRODUCER_USER, "LSET an inbox entry", lambda c: c.lset(INBOX, 0, inbox.encode(EVENT)), False),
+    (PRODUCER_USER, "LREM inbox entries", lambda c: c.lrem(INBOX, 0, b"x"), False),
+    (PRODUCER_USER, "DEL the inbox", lambda c: c.delete(INBOX), False),
+    (PRODUCER_USER, "RENAME the inbox", lambda c: c.rename(INBOX, "{incidents}:x"), False),
+    (PRODUCER_USER, "RPUSH to another key", lambda c: c.rpush("{incidents}:fp", b"x"), False),
+    (PRODUCER_USER, "FCALL intake (the workers' move)", _fcall_intake, False),
     (PRODUCER_USER, "CLIENT SETNAME", lambda c: c.client_setname("publisher"), True),
     (PRODUCER_USER, "XADD a forged alert", lambda c: c.xadd(ALERTS_STREAM, {"incident_id": "x"}), False),
     (PRODUCER_USER, "XADD to another namespace", lambda c: c.xadd("{other}:events", EVENT), False),
@@ -1069,6 +1092,7 @@ ROLES: list[tuple[str, str, Callable[[redis.Redis], Any], bool]] = [
     (SUBSCRIBER_USER, "FLUSHALL", lambda c: c.flushall(), False),
     (WORKER_USER, "FCALL the index", _fcall_neighbours, True),
     (WORKER_USER, "XADD an event", lambda c: c.xadd(EVENTS, EVENT), True),
+    (WORKER_USER, "FCALL intake (move the inbox)", _fcall_intake, True),
     (WORKER_USER, "XREADGROUP the events", lambda c: c.xreadgroup(GROUP, "w", {EVENTS: ">"}, count=1), True),
     (WORKER_USER, "MEMORY USAGE of its alerts (their memory budget)", lambda c: c.memory_usage(ALERTS_STREAM, 0), True),
     (WORKER_USER, "XTRIM its alerts", lambda c: c.xtrim(ALERTS_STREAM, maxlen=10, approximate=True), True),
@@ -1149,8 +1173,8 @@ def test_producer_and_subscriber_run_their_subcommands(
         return result.stdout.decode()
 
     valid = [event for event in SPEC_EVENTS if not isinstance(event.get("features"), str)]
-    cli(PRODUCER_USER, "publish", "-", stdin="".join(json.dumps(event) + "\n" for event in valid))
-    assert admin.xlen(EVENTS) == len(valid)
+    cli(PRODUCER_USER, "publish", "--inbox", "-", stdin="".join(json.dumps(event) + "\n" for event in valid))
+    assert admin.llen(INBOX) == len(valid)
     worker = start_worker(url(WORKER_USER), "--until-idle", log=tmp_path / "w.log", **FAST)
     assert worker.wait(timeout=60) == 0, (tmp_path / "w.log").read_text()[-3000:]
     assert len(cli(SUBSCRIBER_USER, "alerts", "--since", "0", "--json").splitlines()) == 2
@@ -1166,7 +1190,7 @@ def test_producer_and_subscriber_run_their_subcommands(
         (WORKER_USER, ("stats",), ALERTS_STREAM),
         (WORKER_USER, ("dead",), DEAD_STREAM),
         (SUBSCRIBER_USER, ("alerts", "--since", "0"), ALERTS_STREAM),
-        (PRODUCER_USER, ("publish", "-"), EVENTS),
+        (PRODUCER_USER, ("publish", "--inbox", "-"), INBOX),
     ],
     ids=["worker: stats", "worker: dead", "subscriber: alerts", "producer: publish"],
 )
@@ -1183,7 +1207,7 @@ def test_a_key_of_another_type_is_named_to_each_user_without_refusals(
     done = run_in_process(args, env, stdin.encode())
     result = subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
     assert result.returncode == 2, result.stdout + result.stderr
-    held = "holds another type than the stream" if user == PRODUCER_USER else "holds a string, not the stream"
+    held = "holds another type than the list" if user == PRODUCER_USER else "holds a string, not the stream"
     assert f"{key} {held} the index keeps there" in result.stderr, result.stderr
     assert "WRONGTYPE Operation" not in result.stderr
     assert [entry for entry in refusals(admin) if user != PRODUCER_USER or "type" not in entry] == []

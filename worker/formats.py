@@ -97,6 +97,7 @@ REASONS = {
     "bad_token": "a token is not a string, or not valid Unicode",
     "bad_weight": "a weight is not an integer from 1 to 2**53 - 1 (bools, floats and strings are not)",
     "too_large": "the entry is over max_entry_bytes (its dead letter keeps a prefix of each field, and the sizes)",
+    "bad_inbox_entry": "an element of the inbox ({N}:inbox) is not an event in the inbox's encoding",
     "too_many_tokens": "the bag has more than max_tokens tokens",
     "token_too_long": "a token is longer than max_token_length characters",
     "duplicate_id": "add of an incident ID already indexed with another fingerprint (use op upsert to replace)",

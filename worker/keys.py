@@ -160,6 +160,13 @@ class IndexKeys:
         """Stream: entries that could not be processed, with the reason (the default; configurable)."""
         return f"{self.tag}:dead"
 
+    @functools.cached_property
+    def inbox(self) -> str:
+        """List: events producers appended (RPUSH, or the library's `submit`), one encoded event an element, waiting
+        for a worker's `intake` to move them into the events stream with server-assigned IDs. A producer's user may
+        append here and nothing else (deploy/redis/users.acl)."""
+        return f"{self.tag}:inbox"
+
     def heartbeat(self, consumer: str) -> str:
         """String with a TTL: a worker's proof of life, read by `incident-worker check`."""
         return f"{self.tag}:heartbeat:{consumer}"
@@ -181,6 +188,7 @@ class IndexKeys:
         fixed = {self.meta: "hash", self.fingerprints: "hash", self.migration: "hash", self.expiry: "zset"}
         fixed |= {self.groups: "hash", self.group_sizes: "hash", self.group_merged: "hash", self.group_active: "zset"}
         fixed[self.workers] = "zset"
+        fixed[self.inbox] = "list"
         if key in fixed:
             return fixed[key]
         if key in (self.changes, self.events_stream, self.alerts_stream, self.dead_stream, *streams):

@@ -47,6 +47,7 @@ _PROBES: dict[str, tuple[str, ...]] = {
     "zset": ("ZCARD",),
     "stream": ("XREVRANGE", "+", "-", "COUNT", "1"),  # the subscriber's user may not XLEN; it may XREVRANGE
     "string": ("GET",),
+    "list": ("LLEN",),
 }
 """A command of each type that reads little, and that the users of deploy/redis/users.acl may send on the keys
 they need: its WRONGTYPE reply says the key holds another type."""
@@ -96,6 +97,11 @@ def _advice(keys: IndexKeys, key: str, streams: Sequence[str]) -> str:
         )
     if key.startswith((keys.heartbeat(""), keys.lease(""))) or key == keys.workers:
         return f"delete it ({delete}): the workers write it again within seconds"
+    if key == keys.inbox:
+        return (
+            f"move it aside to look at it ({rename}); producers' next appends create the list again, and the "
+            "workers move it into the events stream as before"
+        )
     if key in (keys.events_stream, keys.alerts_stream, keys.dead_stream, *streams):
         return (
             f"move it aside to look at it ({rename}) or delete it ({delete}); the workers create the stream again "
@@ -132,6 +138,7 @@ def fixed_keys(keys: IndexKeys, streams: Sequence[str] = ()) -> dict[str, str]:
     names.append(keys.workers)
     names += [keys.groups, keys.group_sizes, keys.group_merged, keys.group_active]
     names += [keys.events_stream, keys.alerts_stream, keys.dead_stream, *streams]
+    names.append(keys.inbox)
     return {name: kind for name in dict.fromkeys(names) if (kind := keys.kind_of(name, streams)) is not None}
 
 

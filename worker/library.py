@@ -42,6 +42,7 @@ __all__ = [
     "FN_FORGET_CONSUMER",
     "FN_GROUP_MERGE",
     "FN_GROUP_OF",
+    "FN_INTAKE",
     "FN_LEASE",
     "FN_MATCHES",
     "FN_MIGRATE_ABORT",
@@ -54,6 +55,7 @@ __all__ = [
     "FN_READ_PENDING",
     "FN_SERVER_RUN",
     "FN_SET_RETENTION",
+    "FN_SUBMIT",
     "FN_TRIM_CHANGES",
     "FN_TRIM_EVENTS",
     "FN_VERIFY_CHECK",
@@ -155,6 +157,8 @@ FN_FORGET_CONSUMER = _function("forget_consumer")
 FN_READ_NEW = _function("read_new")
 FN_READ_PENDING = _function("read_pending")
 FN_CLAIM = _function("claim")
+FN_SUBMIT = _function("submit")
+FN_INTAKE = _function("intake")
 FN_TRIM_EVENTS = _function("trim_events")
 FN_TRIM_CHANGES = _function("trim_changes")
 FN_LEASE = _function("lease")

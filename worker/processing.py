@@ -3,8 +3,9 @@
     read -> prepare -> send -> settle -> record
 
 * read: the group's next entries, through the `read_new` function (worker/entries.py: each entry sized on the
-  server, a huge one sent only as a summary); pending and claimed entries come in through `process` instead
-  (worker/recovery.py);
+  server, a huge one sent only as a summary), after moving what producers appended to the inbox into the stream
+  (worker/inbox.py: at the start of each round, and before each read while the inbox has more); pending and
+  claimed entries come in through `process` instead (worker/recovery.py);
 * prepare: validate and fingerprint each entry into an item, or mark it for a dead letter (too large, deleted,
   poison, invalid);
 * send: one atomic server-side call per item (check, index, alert, acknowledge; or dead-letter and acknowledge),
@@ -38,8 +39,9 @@ from .connection import RedisClient
 from .entries import Entry, parse_entries
 from .errors import DamagedMetaError, DuplicateIncidentError
 from .formats import DeadLetter, IncidentEvent, decode_fields, event_error
+from .inbox import intake
 from .index import FingerprintIndex, retry_while_stale
-from .keytypes import diagnose, incident_keys, is_wrong_type, search_keys
+from .keytypes import diagnose, incident_keys, is_wrong_type, search_keys, wrong_types
 from .library import (
     FN_APPLY,
     FN_READ_NEW,
@@ -67,6 +69,12 @@ _RESENDS = 3
 """Times a call refused for a lost state or a layout change is built again and resent before it counts as failed."""
 
 
+def _refused(error: ResponseError) -> bool:
+    """Whether an error reply is an ACL refusal (of the command itself, or of one a function sent)."""
+    message = str(error)
+    return isinstance(error, redis_lib.exceptions.NoPermissionError) or "can't run this command" in message
+
+
 def waits_out(error: BaseException) -> bool:
     """Whether an error reply means "not now" rather than "this call failed" (see _WAIT_OUT_CODES)."""
     if isinstance(error, ReadOnlyError | TryAgainError | ClusterDownError | redis_lib.BusyLoadingError):
@@ -82,6 +90,11 @@ def read_sizes(settings: Settings) -> list[int]:
 _SNAPSHOT_OFF_S = 60.0
 """How long the snapshot read path stays off after its copy could not be used: a damaged `{N}:meta` floor, or three
 loads in a row that lost their position to a trim."""
+
+
+_INBOX_OFF_S = 60.0
+"""How long a worker leaves the inbox alone after it could not move it (its user lacks LPOP, or the inbox holds
+another type): the error is logged once a period, and the stream's own entries are read on meanwhile."""
 
 
 @dataclass
@@ -134,6 +147,8 @@ class Processor:
         self._snapshot_off_until = 0.0
         self.replica = replica  # where the snapshot path reads its copy, when not the primary (readpath.py)
         self._layout_seen: tuple[str, str] | None = None
+        self._inbox_due = True  # move the inbox before the next read
+        self._inbox_off_until = 0.0  # the inbox cannot be moved (grant, type): tried again _INBOX_OFF_S later
 
     def close(self) -> None:
         """Wait for a read ahead in flight; the processor can run again afterwards (tests run a worker twice)."""
@@ -186,6 +201,7 @@ class Processor:
         when asked to stop; whatever it read is settled before it returns, so a stopping worker leaves nothing
         pending.
         """
+        self._inbox_due = True
         entries = self._read()
         if not entries:
             return 0
@@ -227,6 +243,8 @@ class Processor:
     def _read(self) -> list[Entry]:
         """Deliver and read the group's next entries: at most batch_size of them, and about max_batch_bytes."""
         group, consumer = self.target.group, self.settings.consumer
+        if self._inbox_due:
+            self._inbox_due = self._intake()
         reply = self.redis.fcall(
             FN_READ_NEW,
             1,
@@ -237,6 +255,45 @@ class Processor:
             *read_sizes(self.settings),
         )
         return parse_entries(reply)[1]
+
+    @property
+    def inbox_paused(self) -> bool:
+        """Whether the inbox is left alone for now, after it could not be moved (see `_intake`)."""
+        return time.monotonic() < self._inbox_off_until
+
+    def _intake(self) -> bool:
+        """Move what producers appended to the inbox into the events stream; returns whether the inbox holds more.
+
+        At maxmemory the call is refused whole (the inbox keeps its entries) and the stream is read on; a user that
+        may not move the inbox (made from an older users.acl) is told what to grant, once a minute."""
+        if self.inbox_paused:
+            return False
+        inbox = self.index.keys.inbox
+        try:
+            done = intake(self.redis, inbox, self.target, self.settings, self.settings.consumer)
+        except OutOfMemoryError:
+            return False
+        except ResponseError as error:
+            if is_wrong_type(error) and wrong_types(self.redis, {inbox: "list"}):
+                # the inbox holds another type (by hand): the stream's own entries go on, the inbox waits for repair
+                self._inbox_off_until = time.monotonic() + _INBOX_OFF_S
+                self.log.error("inbox not moved", error=str(diagnose(self.redis, self.index.keys, only=[inbox])))
+                return False
+            if not _refused(error):
+                raise
+            self._inbox_off_until = time.monotonic() + _INBOX_OFF_S
+            self.log.error(
+                "inbox not moved: the worker's user may not",
+                error=str(error),
+                hint=f"grant +lpop +llen on {inbox} (deploy/redis/users.acl); events XADDed to the stream go on",
+            )
+            return False
+        for reason, count in (("too_large", done.too_large), ("bad_inbox_entry", done.bad)):
+            if count:
+                self.outcomes.stats.dead_letters += count
+                self.outcomes.metrics.dead_letters.labels(reason).inc(count)
+                self.log.warning("inbox entries dead-lettered", reason=reason, count=count, inbox=inbox)
+        return done.left > 0 and done.moved + done.too_large + done.bad > 0
 
     def _read_ahead(self) -> list[_Item]:
         entries = self._read()

@@ -245,7 +245,17 @@ class StreamWorker:
         if int(group.get("pending", 0)) != 0:
             return False
         later = self.redis.xrange(self.target.events_stream, min=f"({group['last-delivered-id']}", count=1)
-        return not later
+        return not later and not self._inbox_waiting()
+
+    def _inbox_waiting(self) -> bool:
+        """Whether producers' events wait in the inbox (worker/inbox.py). An inbox this worker cannot move for now
+        (its user lacks LPOP, or it holds another type: the read round logged which) or may not look at says no."""
+        if self.processor.inbox_paused:
+            return False
+        try:
+            return bool(self.redis.llen(self.index.keys.inbox))
+        except ResponseError:
+            return False
 
     def _reconnect_pause(self, error: Exception, failures: int, message: str = "redis unavailable; retrying") -> None:
         delay = self._backoff.compute(failures)

@@ -1,4 +1,5 @@
-"""`incident-worker publish`: append incident events to the events stream from a JSON Lines (or text) file or stdin.
+"""`incident-worker publish`: append incident events to the events stream from a JSON Lines (or text) file or stdin;
+with `--inbox`, to the inbox through the library's `submit` (worker/inbox.py), as the shipped producer user must.
 
 Reading (`events_of`: input lines to validated stream fields, `Publisher`: pipelined chunks and a report) is apart
 from printing (the progress bar, the per-line errors, the summary).
@@ -22,6 +23,7 @@ from pydantic import ValidationError
 from ..connection import RedisClient
 from ..errors import InvalidLineError
 from ..formats import EventLimits, IncidentEvent, event_error
+from ..inbox import submit_command
 from ..keytypes import another_type, held_type, is_wrong_type
 from ..replies import text
 from ..settings import Settings
@@ -171,14 +173,22 @@ class PublishReport:
         }
 
 
-def _send(client: RedisClient, report: PublishReport, chunk: list[tuple[int, dict[str, str]]]) -> None:
-    """One pipelined round trip of XADDs; the report then covers the chunk."""
+def _send(
+    client: RedisClient, report: PublishReport, chunk: list[tuple[int, dict[str, str]]], inbox_limit: int | None
+) -> None:
+    """One pipelined round trip of XADDs (or, given the inbox's byte limit, of FCALLs of `submit`); the report then
+    covers the chunk. Entries appended to the inbox get their IDs when a worker moves them into the stream."""
+    inbox = inbox_limit is not None
     pipe = client.pipeline(transaction=False)
     for _, fields in chunk:
-        pipe.xadd(report.stream, cast(dict[Any, Any], fields))
-    entry_ids = [text(entry_id) for entry_id in pipe.execute()]
-    report.first_entry = report.first_entry or entry_ids[0]
-    report.last_entry = entry_ids[-1]
+        if inbox:
+            pipe.execute_command(*submit_command(report.stream, fields, inbox_limit or 0))
+        else:
+            pipe.xadd(report.stream, cast(dict[Any, Any], fields))
+    replies = pipe.execute()
+    if not inbox:
+        report.first_entry = report.first_entry or text(replies[0])
+        report.last_entry = text(replies[-1])
     report.published += len(chunk)
     report.last_line = chunk[-1][0]
 
@@ -237,10 +247,12 @@ def stopped_message(report: PublishReport, why: str) -> str:
 
 
 def _wrong_type_message(client: RedisClient, settings: Settings, report: PublishReport) -> str:
-    """The events stream holds another type (every XADD of the chunk refused, none written): which, and from where
-    to send again once it is fixed. (What it holds stays unsaid for the producer's user, which may not ask.)"""
+    """The events stream (or the inbox) holds another type (every append of the chunk refused, none written): which,
+    and from where to send again once it is fixed. (What it holds stays unsaid for the producer's user, which may not
+    ask.)"""
     streams = [settings.events_stream, settings.alerts_stream, settings.dead_stream]
-    fix = another_type(settings.keys, report.stream, "stream", held_type(client, report.stream), streams=streams)
+    kind = "list" if report.stream == settings.keys.inbox else "stream"
+    fix = another_type(settings.keys, report.stream, kind, held_type(client, report.stream), streams=streams)
     if not report.published:
         return f"{fix}. Nothing was published; send the whole input again once it is fixed"
     return (
@@ -291,7 +303,8 @@ def _publish(args: argparse.Namespace, settings: Settings) -> int:
     source, size, name = _open_input(args.file)
     id_prefix = args.id_prefix if args.id_prefix is not None else f"{name}:"
     client = command_client(settings, "publish")
-    report = PublishReport(settings.events_stream)
+    report = PublishReport(settings.keys.inbox if args.inbox else settings.events_stream)
+    inbox_limit = settings.max_entry_bytes if args.inbox else None
     progress = _Progress(size, enabled=sys.stderr.isatty())
 
     def invalid(number: int, error: InvalidLineError) -> None:
@@ -332,11 +345,11 @@ def _publish(args: argparse.Namespace, settings: Settings) -> int:
         for item in events:
             chunk.append(item)
             if len(chunk) >= args.chunk_size:
-                _send(client, report, chunk)
+                _send(client, report, chunk, inbox_limit)
                 progress.update(report)
                 chunk = []
         if chunk:
-            _send(client, report, chunk)
+            _send(client, report, chunk, inbox_limit)
     except (redis.RedisError, KeyboardInterrupt) as error:
         progress.clear()
         if is_wrong_type(error):  # the events stream holds another type: no XADD of the chunk was done
@@ -345,6 +358,8 @@ def _publish(args: argparse.Namespace, settings: Settings) -> int:
                 print(json_line(report.as_json()))
             return EXIT_USAGE
         why = "interrupted" if isinstance(error, KeyboardInterrupt) else f"Redis failed ({error_text(error)})"
+        if not args.inbox and "'xadd' command" in str(error):
+            why += "; this user may not XADD (the shipped producer user appends to the inbox only): add --inbox"
         say("publish", stopped_message(report, why))
         if args.json:
             print(json_line(report.as_json()))
@@ -401,6 +416,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--strict",
         action="store_true",
         help="check every line first; if any is invalid, report them all, send nothing and exit 1",
+    )
+    parser.add_argument(
+        "--inbox",
+        action="store_true",
+        help="append to the inbox ({N}:inbox) through the index's submit function, as the producer user of "
+        "deploy/redis/users.acl must; the workers move it into the events stream",
     )
     parser.add_argument(
         "--chunk-size",

@@ -33,6 +33,7 @@
 --   groups.lua             the group of each incident, decided by the apply step: `group_merge`, `group_of`
 --   apply.lua              the apply step: `apply`, `apply_batch`
 --   streams.lua            reading entries, dead letters, consumers: `read_new`, `read_pending`, `claim`, ...
+--   inbox.lua              the producers' fenced way in: `submit`, and `intake` into the events stream
 --   start.lua              a worker's start: `ensure_meta`, `preflight`, `server_run`
 --   upkeep.lua             trimming, the lease, retention: `trim_events`, `lease`, `expire`, ...
 --   verify.lua             `incident-worker verify`: `verify_check`, `verify_repair`, `verify_postings`
@@ -47,6 +48,7 @@
 --- @include "groups"
 --- @include "apply"
 --- @include "streams"
+--- @include "inbox"
 --- @include "start"
 --- @include "upkeep"
 --- @include "verify"
