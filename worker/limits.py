@@ -30,10 +30,11 @@ ALERT_FIELDS = frozenset(
 """The fields an alert defines (formats.Alert checks at import that these are its fields); ALERT_EVENT_FIELDS may
 name none of them (a copied field would hide one)."""
 
-DEFAULT_MAX_CANDIDATES = 5000
+DEFAULT_MAX_CANDIDATES = 3500
 """The per-event budget's default: most candidates one event's search verifies (docs/contract.md: about 10 ms of
-Redis time an event). Chosen by measurement on Redis 7.0 (docs/contract.md, "The per-event budget"): a candidate
-costs the primary's thread about 2 us, so 5,000 of them about 10 ms."""
+Redis time an event). Chosen by measurement on Redis 7.0 (docs/contract.md, "The per-event budget";
+benchmarks/journal/near-storms.md): in a near-duplicate storm, whose candidates are nearly all matches, a candidate
+costs the primary about 2.8 us of CPU (a crafted flood's about 2.4 us), so 3,500 of them about 10 ms."""
 
 
 class EventLimits(BaseModel):
