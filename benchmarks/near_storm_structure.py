@@ -92,8 +92,13 @@ def today(events: np.ndarray, layout: BandLayout) -> dict[str, Any]:
     return {"candidates": summarise(per_event)}
 
 
-def clusters(events: np.ndarray, layout: BandLayout, delta: int, r: int, cap: int) -> dict[str, Any]:
-    """The cluster scheme simulated in arrival order (see the module's docstring)."""
+def clusters(
+    events: np.ndarray, layout: BandLayout, delta: int, r: int, cap: int, check: bool = False
+) -> dict[str, Any]:
+    """The cluster scheme simulated in arrival order (see the module's docstring).
+
+    `check`: also compare, for every event, the count (whole clusters counted unopened plus the opened members
+    within r) and the `cap` closest distances found by branch and bound with a linear scan of every member."""
     radii = layout.radii
     n_events = len(events)
     members = np.zeros(n_events, dtype=np.uint64)  # distinct fingerprints in arrival order
@@ -148,6 +153,16 @@ def clusters(events: np.ndarray, layout: BandLayout, delta: int, r: int, cap: in
                 ds = np.repeat(m_d[rows], weight[m_idx[rows]])
                 found = sorted(found + [int(d) for d in ds if d <= r])[: max(cap, 1)]
             open_count = int(np.isin(m_label, list(opened_labels)).sum()) if opened_labels else 0
+            if check:
+                whole_labels = play_labels[play_d <= r - delta]
+                in_whole = np.isin(m_label, whole_labels)
+                counted = int(weight[m_idx[in_whole]].sum()) + int(weight[m_idx[~in_whole & (m_d <= r)]].sum())
+                every = popcount(members[:n] ^ x)
+                assert counted == int(weight[:n][every <= r].sum()), (i, counted)
+                closest = sorted(np.repeat(every[every <= r], weight[:n][every <= r]).tolist())[:cap]
+                assert found[:cap] == closest, i
+        elif check:
+            assert not (popcount(members[:n] ^ x) <= r).any(), i
         opened.append(open_count)
         opened_for_count.append(count_open)
         whole.append(whole_count)
