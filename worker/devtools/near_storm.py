@@ -11,6 +11,10 @@ worker process (the code of `incident-worker run`, default settings, so the defa
   two tokens found by search fix band 0's bits by majority, a third of each bag's own sets the others), the attack
   on the posting sets that the per-event budget bounds: every event's search meets every earlier incident.
 
+With `--flood-preload P`, a fourth: P flood incidents pre-loaded with `FingerprintIndex.bulk_load` (no events, no
+alerts), then FLOOD_TAIL more flood events through the worker, the "crafted flood at 200,000" of issue 23 without
+sending 200,000 events.
+
 Each backlog is sent in three parts, its first 2,000 events, the middle, its last 2,000, each drained before the
 next is sent, so that Redis time per event (INFO commandstats of FCALL) is measured over the first and the last
 2,000 events apart. Events/s is over the whole backlog. Targets (issue 23): the storm at no less than 0.5x the
