@@ -168,7 +168,20 @@ def test_near_storm_benchmark_cuts_the_flood_at_the_budget_on_both_read_paths() 
     require_redis_server()
     done = subprocess.run(
         # a flood past the copy's 2,048 rows compared one by one, so that its tiers are searched (and cut) too
-        [*worker_command(), "bench", "--near-storm", "300", "--flood", "2400", "--max-candidates", "50", "--json"],
+        # and a flood pre-loaded (bulk_load), whose 2,000 events then meet 3,000 incidents sharing their band value
+        [
+            *worker_command(),
+            "bench",
+            "--near-storm",
+            "300",
+            "--flood",
+            "2400",
+            "--flood-preload",
+            "3000",
+            "--max-candidates",
+            "50",
+            "--json",
+        ],
         env=clean_env(),
         capture_output=True,
         text=True,
@@ -183,4 +196,9 @@ def test_near_storm_benchmark_cuts_the_flood_at_the_budget_on_both_read_paths() 
         assert rows["flood"]["events"] == 2400 and rows["flood"]["incomplete_alerts_kept"] > 0
         assert rows["distinct"]["incomplete_alerts_kept"] == 0
         assert rows["throughput_ratio"] > 0
+        preloaded = rows["flood_preloaded"]
+        assert preloaded["preloaded"] == 3000 and preloaded["events"] == 2000
+        assert preloaded["incomplete_alerts_kept"] > 0
     assert results["primary"]["flood"]["candidates_max"] <= 50
+    assert results["primary"]["flood_preloaded"]["candidates_max"] <= 50
+    assert results["flood_preload"] == 3000

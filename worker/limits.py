@@ -30,10 +30,12 @@ ALERT_FIELDS = frozenset(
 """The fields an alert defines (formats.Alert checks at import that these are its fields); ALERT_EVENT_FIELDS may
 name none of them (a copied field would hide one)."""
 
-DEFAULT_MAX_CANDIDATES = 5000
+DEFAULT_MAX_CANDIDATES = 3000
 """The per-event budget's default: most candidates one event's search verifies (docs/contract.md: about 10 ms of
-Redis time an event). Chosen by measurement on Redis 7.0 (docs/contract.md, "The per-event budget"): a candidate
-costs the primary's thread about 2 us, so 5,000 of them about 10 ms."""
+Redis time an event). Chosen by measurement on Redis 7.0 (docs/contract.md, "The per-event budget";
+benchmarks/journal/near-storms.md): a candidate costs the primary about 2.8 us of CPU in a near-duplicate storm of
+12,000 (nearly every candidate a match) and about 3.2 us in a crafted flood of 200,000 (a larger hash and set), so
+3,000 of them stay within about 10 ms."""
 
 
 class EventLimits(BaseModel):

@@ -73,6 +73,7 @@ def _bench(args: argparse.Namespace) -> int:
                     seed=args.seed,
                     log=log,
                     budget=args.max_candidates,
+                    flood_preload=args.flood_preload,
                 )
                 print(json.dumps(found, indent=2) if args.json else near_storm_markdown(found))
                 return EXIT_OK
@@ -165,6 +166,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=20_000,
         metavar="M",
         help="with --near-storm: M crafted bags sharing one band value (0 = none; default 20000)",
+    )
+    parser.add_argument(
+        "--flood-preload",
+        type=int,
+        default=0,
+        metavar="P",
+        help="with --near-storm: also P flood incidents pre-loaded (bulk load), then 2,000 flood events timed "
+        "(0 = none)",
     )
     parser.add_argument(
         "--max-candidates",

@@ -11,6 +11,10 @@ worker process (the code of `incident-worker run`, default settings, so the defa
   two tokens found by search fix band 0's bits by majority, a third of each bag's own sets the others), the attack
   on the posting sets that the per-event budget bounds: every event's search meets every earlier incident.
 
+With `--flood-preload P`, a fourth: P flood incidents pre-loaded with `FingerprintIndex.bulk_load` (no events, no
+alerts), then FLOOD_TAIL more flood events through the worker, the "crafted flood at 200,000" of issue 23 without
+sending 200,000 events.
+
 Each backlog is sent in three parts, its first 2,000 events, the middle, its last 2,000, each drained before the
 next is sent, so that Redis time per event (INFO commandstats of FCALL) is measured over the first and the last
 2,000 events apart. Events/s is over the whole backlog. Targets (issue 23): the storm at no less than 0.5x the
@@ -25,7 +29,7 @@ from typing import Any
 import redis
 
 from ..bands import DEFAULT_BANDS, BandLayout
-from ..fingerprint import token_hash
+from ..fingerprint import fingerprint, token_hash
 from ..index import FingerprintIndex
 from ..keys import IndexKeys
 from ..limits import DEFAULT_MAX_CANDIDATES
@@ -46,6 +50,8 @@ __all__ = ["flood_bags", "near_storm_bags", "near_storm_markdown", "run_near_sto
 
 NAMESPACE = "nearstorm"
 EDGE = 2000
+FLOOD_TAIL = 2000
+"""Flood events timed after a pre-loaded flood (--flood-preload)."""
 """Events at each end of a backlog over which Redis time per event is measured."""
 
 
@@ -75,13 +81,24 @@ def near_storm_bags(count: int) -> list[dict[str, int]]:
 
 
 def _phases(
-    bench: Bench, items: list[tuple[str, dict[str, int]]], read_path: str, cap_s: float, budget: int | None
+    bench: Bench,
+    items: list[tuple[str, dict[str, int]]],
+    read_path: str,
+    cap_s: float,
+    budget: int | None,
+    preload: list[tuple[str, dict[str, int]]] | None = None,
 ) -> dict[str, Any]:
-    """One worker on `items`, sent as first EDGE, middle, last EDGE; events/s and Redis time per event of each."""
+    """One worker on `items`, sent as first EDGE, middle, last EDGE; events/s and Redis time per event of each.
+
+    `preload`: incidents indexed first with `FingerprintIndex.bulk_load` (no events, no alerts), before the worker
+    starts, so that `items` meet an index of that size."""
     client = bench.client
     keys = IndexKeys(NAMESPACE)
     bench.fresh(NAMESPACE)
-    FingerprintIndex(client, NAMESPACE, bands=DEFAULT_BANDS).open()
+    index = FingerprintIndex(client, NAMESPACE, bands=DEFAULT_BANDS)
+    index.open()
+    if preload:
+        index.bulk_load((incident_id, fingerprint(bag)) for incident_id, bag in preload)
     settings = {} if budget is None else {"max_candidates": budget}
     run = _Run(bench.url, NAMESPACE, DEFAULT_BANDS, 1, read_path=read_path, settings=settings)
     bench._wait_for_workers(keys, 1)
@@ -122,7 +139,11 @@ def _phases(
         "events": events,
         "offered": len(items),
         "capped": not done_all,
+        "preloaded": len(preload or ()),
         "events_per_s": round(events / max(total_s, 1e-9), 1),
+        "fcall_usec_per_event": round(
+            sum(p["fcall_usec_per_event"] * p["events"] for p in measured) / max(events, 1), 1
+        ),
         "first_fcall_usec_per_event": first["fcall_usec_per_event"],
         "last_fcall_usec_per_event": last["fcall_usec_per_event"],
         "first_redis_cpu_usec_per_event": first["redis_cpu_usec_per_event"],
@@ -141,9 +162,20 @@ def _incomplete_alerts(client: redis.Redis, stream: str) -> int:
 
 
 def run_near_storm(
-    *, url: str, count: int, flood: int, cap_s: float, seed: int, log: Any, budget: int | None = None
+    *,
+    url: str,
+    count: int,
+    flood: int,
+    cap_s: float,
+    seed: int,
+    log: Any,
+    budget: int | None = None,
+    flood_preload: int = 0,
 ) -> dict[str, Any]:
-    """Distinct, near storm and crafted flood backlogs on both read paths; see the module's docstring."""
+    """Distinct, near storm and crafted flood backlogs on both read paths; see the module's docstring.
+
+    `flood_preload` > 0: also a flood of that many incidents pre-loaded (bulk_load), then FLOOD_TAIL more flood
+    events through the worker ("the crafted flood stays within the budget at 200,000")."""
     client = redis.Redis.from_url(url, socket_timeout=300)
     bench = Bench(client, url, _Events(seed, None), count, cap_s, 0.0, log)
     distinct = Workload(seed=seed, near_duplicates=0.0).take(count)
@@ -156,11 +188,22 @@ def run_near_storm(
     results["count"] = count
     results["flood"] = flood
     results["max_candidates"] = DEFAULT_MAX_CANDIDATES if budget is None else budget
+    results["flood_preload"] = flood_preload
+    preloaded: list[tuple[str, dict[str, int]]] = []
+    tail: list[tuple[str, dict[str, int]]] = []
+    if flood_preload:
+        log(f"crafting {flood_preload + FLOOD_TAIL:,} flood bags for the pre-loaded flood ...")
+        bags = flood_bags(flood_preload + FLOOD_TAIL)
+        preloaded = [(f"flood-{k}", bag) for k, bag in enumerate(bags[:flood_preload])]
+        tail = [(f"flood-{k}", bag) for k, bag in enumerate(bags[flood_preload:], start=flood_preload)]
     for read_path in ("primary", "snapshot"):
         rows = {}
         for name, items in backlogs.items():
             log(f"{name} on the {read_path} path: {len(items):,} events into an empty index ...")
             rows[name] = _phases(bench, items, read_path, cap_s, budget)
+        if flood_preload:
+            log(f"flood on the {read_path} path: {FLOOD_TAIL:,} events after {flood_preload:,} pre-loaded ...")
+            rows["flood_preloaded"] = _phases(bench, tail, read_path, cap_s, budget, preload=preloaded)
         rows["throughput_ratio"] = round(
             rows["near_storm"]["events_per_s"] / max(rows["distinct"]["events_per_s"], 1e-9), 2
         )
@@ -182,6 +225,8 @@ def near_storm_markdown(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     labels = {"distinct": "distinct", "near_storm": "near storm (one token each)", "flood": "crafted flood"}
+    if results.get("flood_preload"):
+        labels["flood_preloaded"] = f"crafted flood after {results['flood_preload']:,} pre-loaded"
     for read_path in ("primary", "snapshot"):
         rows = results[read_path]
         for name, label in labels.items():
