@@ -13,13 +13,69 @@ local MAX_VALIDATED_CHANGES = 4000
 -- the incidents in the order of their first change, and `count`, the changes. One view serves every call of a batch
 -- (apply_batch): the log is read once, and each call's own change is noted in it as it is written, so a later call
 -- of the batch is validated against the earlier ones too, without reading the log again.
+--
+-- `bands` indexes every fingerprint noted (each `prev` that became a first_prev, each `fp`) by its 8 bytes: key
+-- k * 65536 + (its digits 2k - 1 and 2k, lower-cased, as bytes) -> the incident, or a list of them. Two fingerprints
+-- within 7 bits agree exactly on one of 8 disjoint 8-bit bands (otherwise each band differs in a bit at least: 8
+-- bits), so the incidents a query can be within 7 of, or equal to, are among those its own 8 keys name (near_ids):
+-- validate_snapshot reads those instead of every change (a change costs one lookup per key, whatever the window).
+local function note_bands(bands, id, h)
+  if #h ~= 16 then return end  -- '' (deleted, or none): within no distance, equal to no query
+  local c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 = string.byte(string.lower(h), 1, 16)
+  local keys = {65536 + c1 * 256 + c2, 131072 + c3 * 256 + c4, 196608 + c5 * 256 + c6, 262144 + c7 * 256 + c8,
+                327680 + c9 * 256 + c10, 393216 + c11 * 256 + c12, 458752 + c13 * 256 + c14,
+                524288 + c15 * 256 + c16}
+  for k = 1, 8 do
+    local key = keys[k]
+    local v = bands[key]
+    if v == nil then
+      bands[key] = id
+    elseif v ~= id then
+      if type(v) == 'table' then v[#v + 1] = id else bands[key] = {v, id} end
+    end
+  end
+end
+
 local function note_change(view, id, fp, prev)
   view.count = view.count + 1
   if view.first_prev[id] == nil then
     view.first_prev[id] = prev
     view.order[#view.order + 1] = id
+    note_bands(view.bands, id, prev)
   end
   view.latest[id] = fp
+  note_bands(view.bands, id, fp)
+end
+
+-- The incidents of `bands` (see note_change) that share one of its 8 bands with `query` (16 lowercase hex digits),
+-- each once: a list and its length.
+local function near_ids(bands, query)
+  local q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, q16 = string.byte(query, 1, 16)
+  local keys = {65536 + q1 * 256 + q2, 131072 + q3 * 256 + q4, 196608 + q5 * 256 + q6, 262144 + q7 * 256 + q8,
+                327680 + q9 * 256 + q10, 393216 + q11 * 256 + q12, 458752 + q13 * 256 + q14,
+                524288 + q15 * 256 + q16}
+  local ids, n, seen = nil, 0, nil
+  for k = 1, 8 do
+    local v = bands[keys[k]]
+    if v ~= nil then
+      if not seen then ids, seen = {}, {} end
+      if type(v) == 'table' then
+        for i = 1, #v do
+          local id = v[i]
+          if not seen[id] then
+            seen[id] = true
+            n = n + 1
+            ids[n] = id
+          end
+        end
+      elseif not seen[v] then
+        seen[v] = true
+        n = n + 1
+        ids[n] = v
+      end
+    end
+  end
+  return ids, n
 end
 
 -- `context` is what the calls of one FCALL share: the view of the changes after `context.position` in
@@ -46,7 +102,7 @@ local function changes_after(context, meta_key, changes_key, position)
       first = nil
     end
     if first and #changes - first + 1 <= MAX_VALIDATED_CHANGES then
-      view = {count = 0, first_prev = {}, latest = {}, order = {}}
+      view = {count = 0, first_prev = {}, latest = {}, order = {}, bands = {}}
       for i = first, #changes do
         local f = changes[i][2]
         -- <op> <id> fp <new hex or ''> prev <old hex or ''>
@@ -125,10 +181,18 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
   -- (a query that is not 16 hex digits has rows missing: then every digit is read, and the sum fails as it always did)
   local halves = T9 and T10 and T11 and T12 and T13 and T14 and T15 and T16 and true
 
+  -- Within 7 bits, every incident that can count, be listed or hold `query` shares a band with it (note_change):
+  -- only those are read. Past 7 (a layout of a wider distance), or a query with a digit that is not lowercase hex,
+  -- every change is, as the sums below always did.
+  local ids, n_ids = order, #order
+  if limit <= 7 and T1 and T2 and T3 and T4 and T5 and T6 and T7 and T8 and halves then
+    ids, n_ids = near_ids(view.bands, query)
+  end
+
   local held = false
   local additions, n_additions = nil, 0
-  for j = 1, #order do
-    local id = order[j]
+  for j = 1, n_ids do
+    local id = ids[j]
     if id ~= self_id then
       local was, now = first_prev[id], latest[id]
       -- the distances of `was` and `now` ('' for none: 64), one sum written once (no function call a change)
