@@ -332,11 +332,19 @@ class Processor:
         return claims
 
     def _send_batched(self, commands: list[Command]) -> list[Any]:
-        """Send the apply calls among `commands` as one apply_batch call (the others as they are); one reply each."""
+        """Send the apply calls among `commands` as one apply_batch call (the others as they are); one reply each.
+
+        The copy's next read of the change log goes in the same round trip, after them (follow_commands): the next
+        send's refresh then needs none of its own."""
+        assert self.snapshot is not None
         applies = [k for k, command in enumerate(commands) if command[1] == FN_APPLY]
         others = [k for k, command in enumerate(commands) if command[1] != FN_APPLY]
         sent = [apply_batch([commands[k] for k in applies])] if applies else []
-        answers = self.index.execute(sent + [commands[k] for k in others])
+        follow = self.snapshot.follow_commands()
+        answers = self.index.execute(sent + [commands[k] for k in others] + follow)
+        if follow:
+            self.snapshot.followed(answers[len(answers) - len(follow) :])
+            answers = answers[: len(answers) - len(follow)]
         replies: list[Any] = [None] * len(commands)
         if applies:
             batch = answers[0]
