@@ -81,6 +81,17 @@ assert worker.snapshot is not None
 print("ready", flush=True)
 sys.stdin.readline()
 profile = cProfile.Profile() if sys.argv[3] else None
+if profile:  # the read-ahead thread too, in a profile of its own (merged)
+    from worker import processing
+    ahead_profile = cProfile.Profile()
+    inner_read_ahead = processing.Processor._read_ahead
+    def read_ahead(self):
+        ahead_profile.enable()
+        try:
+            return inner_read_ahead(self)
+        finally:
+            ahead_profile.disable()
+    processing.Processor._read_ahead = read_ahead
 started, cpu = time.perf_counter(), time.process_time()
 if profile:
     profile.enable()
@@ -88,6 +99,7 @@ worker.run(until_idle=True)
 if profile:
     profile.disable()
     profile.dump_stats(sys.argv[3])
+    ahead_profile.dump_stats(sys.argv[3] + ".ahead")
 print(json.dumps({"seconds": time.perf_counter() - started, "cpu": time.process_time() - cpu,
                   "fallbacks": worker.snapshot.fallbacks, **{"t_" + k: v for k, v in TIMES.items()}}), flush=True)
 """
@@ -164,6 +176,10 @@ def main() -> None:
             started = time.perf_counter()
             index.bulk_load([(i, fingerprint(bag)) for i, bag in workload.take(args.size)])
             print(f"pre-loaded {args.size:,} in {time.perf_counter() - started:.1f} s", flush=True)
+            for code in {str(code).partition("@")[0] for code in args.code}:  # each checkout's own library
+                loader = "import sys, redis; sys.path.insert(0, sys.argv[1]); from worker import library; "
+                loader += "library.load(redis.Redis.from_url(sys.argv[2]))"
+                subprocess.run([sys.executable, "-c", loader, code, server.url], check=True)
             rates: dict[str, list[dict[str, float]]] = {str(code): [] for code in args.code}
             for round_ in range(args.rounds):
                 for k, code in enumerate(args.code):

@@ -14,26 +14,33 @@ local MAX_VALIDATED_CHANGES = 4000
 -- (apply_batch): the log is read once, and each call's own change is noted in it as it is written, so a later call
 -- of the batch is validated against the earlier ones too, without reading the log again.
 --
--- `bands` indexes every fingerprint noted (each `prev` that became a first_prev, each `fp`) by its 8 bytes: key
--- k * 65536 + (its digits 2k - 1 and 2k, lower-cased, as bytes) -> the incident, or a list of them. Two fingerprints
--- within 7 bits agree exactly on one of 8 disjoint 8-bit bands (otherwise each band differs in a bit at least: 8
--- bits), so the incidents a query can be within 7 of, or equal to, are among those its own 8 keys name (near_ids):
--- validate_snapshot reads those instead of every change (a change costs one lookup per key, whatever the window).
+-- `bands` indexes every fingerprint noted (each `prev` that became a first_prev, each `fp`) by its 8 bytes: bands[k]
+-- maps digits 2k - 1 and 2k (lower-cased, as two bytes: c * 256 + c') to the incident, or to a list of them. Two
+-- fingerprints within 7 bits agree exactly on one of 8 disjoint 8-bit bands (otherwise each band differs in a bit at
+-- least: 8 bits), so the incidents a query can be within 7 of, or equal to, are among those its own 8 bands name
+-- (near_ids): validate_snapshot reads those instead of every change (about 1 in 32 of them, whatever the window).
+local function band_add(band, key, id)
+  local v = band[key]
+  if v == nil then
+    band[key] = id
+  elseif v ~= id then
+    if type(v) == 'table' then v[#v + 1] = id else band[key] = {v, id} end
+  end
+end
+
 local function note_bands(bands, id, h)
   if #h ~= 16 then return end  -- '' (deleted, or none): within no distance, equal to no query
   local c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 = string.byte(string.lower(h), 1, 16)
-  local keys = {65536 + c1 * 256 + c2, 131072 + c3 * 256 + c4, 196608 + c5 * 256 + c6, 262144 + c7 * 256 + c8,
-                327680 + c9 * 256 + c10, 393216 + c11 * 256 + c12, 458752 + c13 * 256 + c14,
-                524288 + c15 * 256 + c16}
-  for k = 1, 8 do
-    local key = keys[k]
-    local v = bands[key]
-    if v == nil then
-      bands[key] = id
-    elseif v ~= id then
-      if type(v) == 'table' then v[#v + 1] = id else bands[key] = {v, id} end
-    end
-  end
+  local b1, b2, b3, b4, b5, b6, b7, b8 = bands[1], bands[2], bands[3], bands[4], bands[5], bands[6], bands[7], bands[8]
+  local k
+  k = c1 * 256 + c2; if b1[k] == nil then b1[k] = id else band_add(b1, k, id) end
+  k = c3 * 256 + c4; if b2[k] == nil then b2[k] = id else band_add(b2, k, id) end
+  k = c5 * 256 + c6; if b3[k] == nil then b3[k] = id else band_add(b3, k, id) end
+  k = c7 * 256 + c8; if b4[k] == nil then b4[k] = id else band_add(b4, k, id) end
+  k = c9 * 256 + c10; if b5[k] == nil then b5[k] = id else band_add(b5, k, id) end
+  k = c11 * 256 + c12; if b6[k] == nil then b6[k] = id else band_add(b6, k, id) end
+  k = c13 * 256 + c14; if b7[k] == nil then b7[k] = id else band_add(b7, k, id) end
+  k = c15 * 256 + c16; if b8[k] == nil then b8[k] = id else band_add(b8, k, id) end
 end
 
 local function note_change(view, id, fp, prev)
@@ -47,16 +54,13 @@ local function note_change(view, id, fp, prev)
   note_bands(view.bands, id, fp)
 end
 
--- The incidents of `bands` (see note_change) that share one of its 8 bands with `query` (16 lowercase hex digits),
+-- The incidents of `bands` (see note_bands) that share one of its 8 bands with `query` (16 lowercase hex digits),
 -- each once: a list and its length.
 local function near_ids(bands, query)
-  local q1, q2, q3, q4, q5, q6, q7, q8, q9, q10, q11, q12, q13, q14, q15, q16 = string.byte(query, 1, 16)
-  local keys = {65536 + q1 * 256 + q2, 131072 + q3 * 256 + q4, 196608 + q5 * 256 + q6, 262144 + q7 * 256 + q8,
-                327680 + q9 * 256 + q10, 393216 + q11 * 256 + q12, 458752 + q13 * 256 + q14,
-                524288 + q15 * 256 + q16}
+  local q = {string.byte(query, 1, 16)}
   local ids, n, seen = nil, 0, nil
   for k = 1, 8 do
-    local v = bands[keys[k]]
+    local v = bands[k][q[2 * k - 1] * 256 + q[2 * k]]
     if v ~= nil then
       if not seen then ids, seen = {}, {} end
       if type(v) == 'table' then
@@ -102,7 +106,7 @@ local function changes_after(context, meta_key, changes_key, position)
       first = nil
     end
     if first and #changes - first + 1 <= MAX_VALIDATED_CHANGES then
-      view = {count = 0, first_prev = {}, latest = {}, order = {}, bands = {}}
+      view = {count = 0, first_prev = {}, latest = {}, order = {}, bands = {{}, {}, {}, {}, {}, {}, {}, {}}}
       for i = first, #changes do
         local f = changes[i][2]
         -- <op> <id> fp <new hex or ''> prev <old hex or ''>
