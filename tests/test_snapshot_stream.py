@@ -84,7 +84,8 @@ def test_a_send_reads_the_change_log_for_the_next_in_its_own_round_trip(
     w = worker(client, batch_size=100)
     w.run(until_idle=True)
     assert w.snapshot is not None and w.snapshot.fallbacks == 0
-    assert sum(reads) >= 10 and sum(reads) >= len(reads) - 3, reads  # all but the first refreshes of a run
+    # every send of a batch but its first (of 7, in sends of 16) refreshes from the read of the send before
+    assert sum(reads) >= 10 and sum(reads) >= len(reads) * 0.75, reads
     assert_pairs_reported_once(fingerprints(events), alerts(client))
     assert client.hlen(FP) == 600
     assert pending_count(client) == 0

@@ -226,12 +226,13 @@ READ_PATHS = ("auto", "primary", "snapshot")
 """`primary`: every search runs inside the atomic step on the primary. `snapshot`: searches run on the worker's own
 copy and the atomic step validates them. `auto`: the snapshot once the index holds `snapshot_min_incidents`."""
 
-SNAPSHOT_SEND = 48
+SNAPSHOT_SEND = 16
 """Calls sent at once on the snapshot path. The copy is refreshed before each send (from the log read in the previous
-send's round trip), and every call validates the changes after the copy's position, the earlier calls of its send
-included: ~24 changes an event here, each costing the primary about a quarter of a microsecond (the validation reads
-only those within a byte band of the query, worker/lua/snapshot.lua; benchmarks/validation_cost.py). Larger sends
-cost fewer round trips and searches an event; 16 was the size while each change cost about 0.5 us a call."""
+send's round trip, within a batch), and every call validates the changes after the copy's position, the earlier calls
+of its send included: ~8 changes an event with one worker, each costing the primary about a quarter of a microsecond
+an event (the validation reads only those that share a byte band with the query, worker/lua/snapshot.lua;
+benchmarks/validation_cost.py). Longer sends make longer windows with several workers (their cycles are longer):
+48 validated 2 to 5 times more changes an event with 2 and 4 workers, for no gain (benchmarks/journal/pipeline.md)."""
 
 COMPACT_FROM = 50_000
 """Empty rows (fingerprints that went: upserts and deletes) the copy holds before it numbers its rows anew to give
