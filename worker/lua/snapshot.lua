@@ -171,7 +171,11 @@ end
 -- cannot be validated (its changes were trimmed, are too many, or lack fingerprints, or what it listed no longer
 -- covers the cap): the caller then answers `unvalidated` and the worker sends the full search.
 --
--- Each change costs table reads and additions only: the distance is summed from the per-digit rows of `query`
+-- Within a limit of 7 (the default), only the changes that share one of its 8 byte bands with `query` are read
+-- (near_ids: about 1 in 32 of a window of random changes); every other one can neither count, nor be listed, nor
+-- hold `query`, so leaving it out changes no answer. A change is indexed once per FCALL as it is noted (note_bands,
+-- about 1 us), not compared once per call: a window's cost no longer grows with the calls that read it. Each change
+-- read costs table reads and additions only: the distance is summed from the per-digit rows of `query`
 -- (find_matches's), and only within the limit after the first 8 digits are the other 8 read (the sum only grows,
 -- so one past the limit there is past it in the end; its exact value is never used).
 local function validate_snapshot(context, meta_key, changes_key, query, limit, self_id, cap, position, count, listed,
