@@ -130,9 +130,21 @@ def run_one(url: str, code: Path, client: redis.Redis, events: int, profile: str
     spy = None
     if profile.endswith(".txt"):  # py-spy, every thread, sampled from outside (cProfile sees one thread only)
         spy = subprocess.Popen(
-            [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(process.pid), "-f", "raw", "-r", "400",
-             "-o", profile, "--nonblocking"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                str(Path(sys.executable).parent / "py-spy"),
+                "record",
+                "-p",
+                str(process.pid),
+                "-f",
+                "raw",
+                "-r",
+                "400",
+                "-o",
+                profile,
+                "--nonblocking",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         time.sleep(1.0)
         profile = ""
@@ -191,8 +203,10 @@ def main() -> None:
                     last = round_ == args.rounds - 1 and k == len(args.code) - 1
                     result = run_one(server.url, code, client, args.events, args.profile if last else "")
                     rates[str(code)].append(result)
-                    print(f"round {round_ + 1} {code}: " + json.dumps({k: round(v, 1) for k, v in result.items()}),
-                          flush=True)
+                    print(
+                        f"round {round_ + 1} {code}: " + json.dumps({k: round(v, 1) for k, v in result.items()}),
+                        flush=True,
+                    )
             print(f"load average at the end: {os.getloadavg()}")
             for code, results in rates.items():
                 keep = results[:-1] if args.profile and code == str(args.code[-1]) and len(results) > 1 else results

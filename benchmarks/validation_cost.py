@@ -3,9 +3,9 @@
 Starts a redis-server of its own, loads the Functions library of the checkout given (`--code`, default this one),
 bulk-loads N incidents of the benchmark's seeded Zipf workload, and for each window K, batch after batch: brings a
 copy (a `ChangeFollower`) to the end of the change log, adds K incidents after it (library-mode apply calls), then
-sends 16 new incidents as apply_batch calls whose claims were searched on that copy, so that each call
-validates the K changes (and its batch's earlier calls). Prints the apply_batch call's time an event (INFO commandstats) by K;
-the slope is the cost of one change in the window, an event. Run it on two checkouts to compare.
+sends 16 new incidents as apply_batch calls whose claims were searched on that copy, so that each call validates the
+K changes (and its batch's earlier calls). Prints the apply_batch call's time an event (INFO commandstats) by K; the
+slope is the cost of one change in the window, an event. Run it on two checkouts to compare.
 
 Usage: python benchmarks/validation_cost.py [--code DIR] [--size N] [--windows 0,100,400,1600] [--batches B]
 """
