@@ -64,33 +64,6 @@ def test_snapshot_path_reports_every_pair_once_on_the_synthetic_workload(client:
     assert w.snapshot.index.position != "0-0"
 
 
-def test_a_send_reads_the_change_log_for_the_next_in_its_own_round_trip(
-    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The copy's refresh before a send uses the log read after the previous send's calls, in their round trip
-    (SnapshotReader.follow_commands): one round trip a send, not two; and the answers stay exact."""
-    from worker.readpath import ChangeFollower
-
-    reads: list[bool] = []
-    catch_up = ChangeFollower.catch_up
-
-    def counted(self: ChangeFollower, **kwargs: Any) -> int:
-        reads.append(kwargs.get("read") is not None)
-        return catch_up(self, **kwargs)
-
-    monkeypatch.setattr(ChangeFollower, "catch_up", counted)
-    events = [{"incident_id": i, "features": bag} for i, bag in Workload(seed=3).take(600)]
-    publish(client, events)
-    w = worker(client, batch_size=100)
-    w.run(until_idle=True)
-    assert w.snapshot is not None and w.snapshot.fallbacks == 0
-    # every send of a batch but its first (of 7, in sends of 16) refreshes from the read of the send before
-    assert sum(reads) >= 10 and sum(reads) >= len(reads) * 0.75, reads
-    assert_pairs_reported_once(fingerprints(events), alerts(client))
-    assert client.hlen(FP) == 600
-    assert pending_count(client) == 0
-
-
 def test_two_workers_with_stale_copies_miss_no_pair_and_report_none_twice(client: redis.Redis, seal_at: int) -> None:
     """Two consumers take turns; one never refreshes its copy after loading it, so every claim it makes is stale."""
     events = [{"incident_id": i, "features": bag} for i, bag in Workload(seed=11, near_duplicates=0.5).take(400)]

@@ -306,8 +306,7 @@ class Processor:
             send = items[start : start + SNAPSHOT_SEND]
             claims = self._claims(send)
             replies += self._send_batched(
-                [self._command(item, expected, claim) for item, claim in zip(send, claims, strict=True)],
-                follow=start + SNAPSHOT_SEND < len(items),
+                [self._command(item, expected, claim) for item, claim in zip(send, claims, strict=True)]
             )
         return replies
 
@@ -332,22 +331,12 @@ class Processor:
             claims[k] = claim
         return claims
 
-    def _send_batched(self, commands: list[Command], *, follow: bool = False) -> list[Any]:
-        """Send the apply calls among `commands` as one apply_batch call (the others as they are); one reply each.
-
-        With `follow` (another send of the batch comes next, at once), the copy's next read of the change log goes in
-        the same round trip, after them (follow_commands): that send's refresh then needs none of its own. Not
-        after a batch's last send: the next batch may come later, and a read kept meanwhile would widen its window
-        (the changes every call validates)."""
-        assert self.snapshot is not None
+    def _send_batched(self, commands: list[Command]) -> list[Any]:
+        """Send the apply calls among `commands` as one apply_batch call (the others as they are); one reply each."""
         applies = [k for k, command in enumerate(commands) if command[1] == FN_APPLY]
         others = [k for k, command in enumerate(commands) if command[1] != FN_APPLY]
         sent = [apply_batch([commands[k] for k in applies])] if applies else []
-        follow_reads = self.snapshot.follow_commands() if follow else []
-        answers = self.index.execute(sent + [commands[k] for k in others] + follow_reads)
-        if follow_reads:
-            self.snapshot.followed(answers[len(answers) - len(follow_reads) :])
-            answers = answers[: len(answers) - len(follow_reads)]
+        answers = self.index.execute(sent + [commands[k] for k in others])
         replies: list[Any] = [None] * len(commands)
         if applies:
             batch = answers[0]

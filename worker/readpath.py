@@ -116,19 +116,8 @@ class ChangeFollower:
     def _floor(self) -> str | None:
         return changes_floor(self.client, self.keys, self.client.hget(self.keys.meta, CHANGES_FLOOR_FIELD))
 
-    def read_commands(self) -> list[tuple[Any, ...]]:
-        """The commands of catch_up's first read, for a pipeline of the caller's (see `catch_up`'s `read`)."""
-        position = self.index.position
-        return [
-            ("XRANGE", self.keys.changes, position, "+", "COUNT", self.batch + 1),
-            ("HGET", self.keys.meta, CHANGES_FLOOR_FIELD),
-        ]
-
-    def catch_up(self, *, limit: int | None = None, read: tuple[str, list[Any]] | None = None) -> int:
+    def catch_up(self, *, limit: int | None = None) -> int:
         """Apply the changes after the copy's position (at most `limit`); returns how many it applied.
-
-        `read`: (the position they were read at, the replies of `read_commands`), read in a pipeline of the
-        caller's; used for the first read when the copy is still at that position, instead of a round trip.
 
         Raises `SnapshotLostError` when some of them were trimmed away or are of a format without fingerprints.
         """
@@ -145,15 +134,10 @@ class ChangeFollower:
             # The position's own entry comes first (the XRANGE starts at it): the proof that the log is still the
             # one this copy followed (see _check_position).
             position = index.position
-            if read is not None and read[0] == position and limit is None:
-                entries, floor = _entries(read[1][0]), read[1][1]
-                count = self.batch
-            else:
-                pipe = self.client.pipeline(transaction=False)
-                pipe.xrange(self.keys.changes, position, "+", count=count + 1)
-                pipe.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
-                entries, floor = pipe.execute()
-            read = None
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xrange(self.keys.changes, position, "+", count=count + 1)
+            pipe.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
+            entries, floor = pipe.execute()
             floor = changes_floor(self.client, self.keys, floor)
             if floor is not None and entry_id_tuple(position) < entry_id_tuple(floor):
                 raise SnapshotLostError(
@@ -213,26 +197,13 @@ class ChangeFollower:
             self.index.delete(_text(incident_id))
 
 
-def _entries(reply: Any) -> list[Any]:
-    """XRANGE's reply as redis-py's xrange gives it, (ID, {field: value}), from a raw one ([ID, [field, value, ...]],
-    a transport's) or a parsed one."""
-    return [
-        (entry_id, dict(zip(fields[::2], fields[1::2], strict=True)) if isinstance(fields, list) else fields)
-        for entry_id, fields in reply
-    ]
-
-
 READ_PATHS = ("auto", "primary", "snapshot")
 """`primary`: every search runs inside the atomic step on the primary. `snapshot`: searches run on the worker's own
 copy and the atomic step validates them. `auto`: the snapshot once the index holds `snapshot_min_incidents`."""
 
 SNAPSHOT_SEND = 16
-"""Calls sent at once on the snapshot path. The copy is refreshed before each send (from the log read in the previous
-send's round trip, within a batch), and every call validates the changes after the copy's position, the earlier calls
-of its send included: ~8 changes an event with one worker, each costing the primary about a quarter of a microsecond
-an event (the validation reads only those that share a byte band with the query, worker/lua/snapshot.lua;
-benchmarks/validation_cost.py). Longer sends make longer windows with several workers (their cycles are longer):
-48 validated 2 to 5 times more changes an event with 2 and 4 workers, for no gain (benchmarks/journal/pipeline.md)."""
+"""Calls sent at once on the snapshot path. The copy is refreshed before each send, and every call validates the
+changes after the copy's position, the earlier calls of its send included: ~8 changes an event on average here."""
 
 COMPACT_FROM = 50_000
 """Empty rows (fingerprints that went: upserts and deletes) the copy holds before it numbers its rows anew to give
@@ -288,8 +259,6 @@ class SnapshotReader:
         self._retry_replica_at = 0.0
         self._lag_check_at = 0.0
         self._primary_last: str | None = None  # the primary's last change at the previous comparison
-        self._read: tuple[str, list[Any]] | None = None  # the change log read after a send (follow_commands)
-        self._read_at = ""
 
     @property
     def source(self) -> str:
@@ -333,30 +302,13 @@ class SnapshotReader:
         self._tidy()
 
     def _follow(self) -> None:
-        read, self._read = self._read, None
         if not self.follower.loaded:
             self._load("first use")
             return
         try:
-            self.follower.catch_up(read=read if self.follower.client is self.primary else None)
+            self.follower.catch_up()
         except SnapshotLostError as lost:
             self._load(str(lost))
-
-    def follow_commands(self) -> list[tuple[Any, ...]]:
-        """The next refresh's read of the change log, as commands to send after a send's apply call, in its pipeline
-        (the same connection: the log as it stands after that call); their replies go to `followed`. Only while
-        the copy follows the primary and is loaded (else none): the next refresh then costs no round trip."""
-        if self.source != "primary" or not self.follower.loaded:
-            return []
-        self._read_at = self.follower.index.position
-        return self.follower.read_commands()
-
-    def followed(self, replies: Sequence[Any]) -> None:
-        """The replies of `follow_commands`, for the next refresh (dropped when one is an error: it reads again)."""
-        if any(isinstance(reply, Exception) for reply in replies):
-            self._read = None
-            return
-        self._read = (self._read_at, list(replies))
 
     def _choose_source(self) -> None:
         """Leave the replica when the primary refused the copy's claims since the last refresh; go back to it when it
