@@ -6,8 +6,11 @@ one worker process whose `worker` package is imported from that checkout (`Strea
 `incident-worker run`, `READ_PATH=snapshot`, the benchmark's settings), lets it load its copy, and times it from its
 first read until the group is idle: events/s, and the primary's CPU and FCALL time an event. Each checkout loads its
 own Functions library (their names carry their hash), so both run against the same index. With `--profile FILE`
-the worker of the last checkout given runs under cProfile in the last round, its stats written to FILE (cProfile
-slows it: its rate is not comparable).
+the worker of the last checkout given runs under cProfile in the last round, its stats written to FILE and its
+read-ahead thread's to FILE.ahead (cProfile slows it: its rate is not comparable); a FILE ending in .txt samples both
+threads with py-spy instead (`pip install py-spy` into the venv; raw collapsed stacks). `AB_PHASES=1` adds the main
+thread's wall time an event per phase (refresh, search, build, execute, settle) to each round's line; a checkout
+given as DIR@SECONDS runs with sys.setswitchinterval(SECONDS).
 
 Usage: python benchmarks/pipeline_ab.py --code /work/main --code . [--size N] [--events M] [--rounds R]
            [--seed S] [--profile FILE]
