@@ -656,6 +656,47 @@ def test_a_validated_stale_snapshot_finds_exactly_what_a_full_search_finds(
     assert follower.index.get(new_id) == fp
 
 
+def _near_through_one_byte(rng: random.Random, fp: int, byte: int, distance: int) -> int:
+    """`fp` with `distance` bits flipped (7 or 8), one in each byte but `byte` (0 = the most significant) while it
+    can: at 7, the fingerprint agrees with `fp` on that byte alone; at 8, one bit more in `byte` too."""
+    flipped = fp
+    for j in range(8):
+        if j != byte:
+            flipped ^= 1 << (56 - 8 * j + rng.randrange(8))
+    if distance == 8:
+        flipped ^= 1 << (56 - 8 * byte + rng.randrange(8))
+    return flipped
+
+
+@pytest.mark.parametrize("byte", range(8))
+@pytest.mark.parametrize("role", ["added", "moved away", "moved near"])
+def test_validation_finds_a_change_that_agrees_with_the_query_on_one_byte_only(redis_client, byte, role) -> None:
+    """The validation reads only the changes that share one of 8 byte bands with the query (worker/lua/snapshot.lua,
+    note_bands): a change within 7 bits shares one, whichever it is, as what it was or as what it is now."""
+    redis_client.flushall()
+    rng = random.Random(byte * 10 + len(role))
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.open()
+    oracle = Oracle(7)
+    query = rng.getrandbits(64)
+    near, far = _near_through_one_byte(rng, query, byte, 7), _near_through_one_byte(rng, query, byte, 8)
+    for incident_id, fp in [("base", rng.getrandbits(64)), ("x", near if role == "moved away" else far)]:
+        index.add_fingerprint(incident_id, fp)
+        oracle.add(incident_id, fp)
+    follower = ChangeFollower(redis_client, index.keys, index.layout)
+    follower.load()
+    later = {"added": [("y", near), ("z", far)], "moved away": [("x", far)], "moved near": [("x", near)]}[role]
+    for incident_id, fp in later:
+        index.upsert_fingerprint(incident_id, fp)
+        oracle.upsert(incident_id, fp)
+    claim = _claim(follower, query, "new", 0, 0)
+    result = parse_apply(redis_client.execute_command(*index.apply_command("add", "new", query, snapshot=claim)))
+    assert result.status == "indexed"
+    expected = oracle.matches(query, exclude="new")
+    assert (result.match_count, result.matches) == (len(expected), expected)
+    assert len(expected) == (0 if role == "moved away" else 1)
+
+
 def test_a_snapshot_behind_a_trimmed_log_is_not_validated(redis_client) -> None:
     index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
     index.add_fingerprint("a", 1)
