@@ -17,6 +17,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import redis
 
+try:
+    import hiredis
+except ImportError:  # pragma: no cover - redis-py's own parser then
+    hiredis = None
+
 from .fingerprint import format_fingerprint
 from .replies import text
 
@@ -102,6 +107,8 @@ class _RawLoad:
     def run(self, parts: Iterable[list[tuple[str, int]]]) -> int:
         client = self.index.redis
         connection = client.connection_pool.get_connection()
+        connection.connect()
+        self._reader = hiredis.Reader() if hiredis is not None and getattr(connection, "_sock", None) else None
         total = 0
         owed = 0
         try:
@@ -123,10 +130,28 @@ class _RawLoad:
             client.connection_pool.release(connection)
         return total
 
-    @staticmethod
-    def _read(connection: Any, count: int) -> None:
-        for _ in range(count):
-            connection.read_response()  # an error reply raises (the first one: the load stops there)
+    def _read(self, connection: Any, count: int) -> None:
+        """Read `count` replies; the first error reply raises (the load stops there).
+
+        With hiredis, straight from the socket into a reader of its own: redis-py's `read_response` costs about 6 us
+        a reply, as much as building the commands. Nothing else reads this connection while the load holds it."""
+        reader = self._reader
+        if reader is None:
+            for _ in range(count):
+                connection.read_response()
+            return
+        sock = connection._sock
+        while count:
+            reply = reader.gets()
+            if reply is False:
+                data = sock.recv(1 << 20)
+                if not data:
+                    raise redis.ConnectionError("Redis closed the connection during a bulk load")
+                reader.feed(data)
+                continue
+            if isinstance(reply, hiredis.ReplyError):
+                raise redis.ResponseError(str(reply))
+            count -= 1
 
     def _batch(self, part: list[tuple[str, int]]) -> tuple[bytes, int, list[str]]:
         """One batch's RESP buffer: HSET of the fingerprints, SADD per posting key, ZADD per twin group, XADD per
@@ -166,10 +191,11 @@ class _RawLoad:
                 ordered = values[order]
                 starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
                 ends = np.append(starts[1:], len(ordered))
+                members = [new_ids[k] for k in order.tolist()]
                 for value, start, end in zip(ordered[starts].tolist(), starts.tolist(), ends.tolist(), strict=True):
                     out.append(b"*%d\r\n$4\r\nSADD\r\n" % (2 + end - start))
                     out.append(_bulk(band.key(value).encode()))
-                    out.extend(new_ids[k] for k in order[start:end].tolist())
+                    out += members[start:end]
                 commands += len(starts)
         for fp, members in groups.items():
             key = index.keys.twins(format_fingerprint(fp)).encode()
