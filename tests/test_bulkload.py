@@ -91,7 +91,7 @@ def test_an_error_reply_stops_the_load_and_leaves_the_client_usable(real_redis: 
     assert real_redis.hget("{incidents}:fp", "a") == b"0123456789abcdef"
 
 
-def test_the_general_way_serves_a_namespace_that_holds_fingerprints(monkeypatch: pytest.MonkeyPatch, real_redis) -> None:
+def test_the_general_way_serves_a_namespace_holding_fingerprints(monkeypatch: pytest.MonkeyPatch, real_redis) -> None:
     index = FingerprintIndex(real_redis)
     index.add_fingerprint("first", POOL[0])
     monkeypatch.setattr(worker.bulkload, "_RawLoad", None)  # would fail if used

@@ -15,12 +15,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import hiredis
 import redis
-
-try:
-    import hiredis
-except ImportError:  # pragma: no cover - redis-py's own parser then
-    hiredis = None
 
 from .fingerprint import format_fingerprint
 from .replies import text
@@ -106,9 +102,10 @@ class _RawLoad:
 
     def run(self, parts: Iterable[list[tuple[str, int]]]) -> int:
         client = self.index.redis
+        assert isinstance(client, redis.Redis)
         connection = client.connection_pool.get_connection()
         connection.connect()
-        self._reader = hiredis.Reader() if hiredis is not None and getattr(connection, "_sock", None) else None
+        self._reader = hiredis.Reader() if getattr(connection, "_sock", None) else None
         total = 0
         owed = 0
         try:

@@ -333,7 +333,7 @@ class MemoryIndex:
         self._base = base
         self._base_rows = self._base_live_rows = base.rows
         self._base_live = len(base) - base.dropped
-        self._gone = base.row_of < 0  # the dropped repeats of an ID count as gone from the start
+        self._gone = np.less(base.row_of, 0)  # the dropped repeats of an ID count as gone from the start
         self._dead = np.zeros(base.rows, dtype=bool)
         self._fps = np.zeros(1024, dtype=np.uint64)
         self._arena = np.zeros(0, dtype=np.uint64)
