@@ -14,8 +14,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import hiredis
+import numpy as np
 import redis
 
 from .fingerprint import format_fingerprint
