@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -249,13 +249,16 @@ class _Events:
             self.real = bags
         self.workload = Workload(seed=seed)
 
-    def preload(self, count: int) -> list[tuple[str, int]]:
-        """The next `count` incidents as (ID, fingerprint): synthetic ones made in numpy (`Workload.fingerprints`,
-        about a million a second, where bags as dicts would take minutes and gigabytes at ten million)."""
+    def preload(self, count: int) -> tuple[list[str], list[int]]:
+        """The next `count` incidents as IDs and fingerprints: synthetic ones made in numpy (`Workload.fingerprints`,
+        about a million a second, where bags as dicts would take minutes and gigabytes at ten million). Two lists,
+        not a list of pairs: ten million tuples would be objects the garbage collector walks (a second's pause of
+        the benchmark's publisher, measured as a latency tail)."""
         if self.real is None:
             ids, fps = self.workload.fingerprints(count)
-            return list(zip(ids, fps.tolist(), strict=True))
-        return [(incident_id, fingerprint(bag)) for incident_id, bag in self.take(count)]
+            return ids, fps.tolist()
+        items = self.take(count)
+        return [incident_id for incident_id, _ in items], [fingerprint(bag) for _, bag in items]
 
     def take(self, count: int) -> list[tuple[str, dict[str, int]]]:
         if self.real is None:
@@ -462,7 +465,7 @@ class _Baseline:
         self.bands: list[dict[int, set[str]]] = [defaultdict(set) for _ in range(CLASSIC_BANDS)]
         self.fps: dict[str, int] = {}
 
-    def load(self, items: list[tuple[str, int]]) -> None:
+    def load(self, items: Iterable[tuple[str, int]]) -> None:
         for incident_id, fp in items:
             self.fps[incident_id] = fp
             for band, value in zip(self.bands, self.layout.values(fp), strict=True):
@@ -493,7 +496,7 @@ class _Baseline:
         }
 
 
-def _copy_search(fps: list[tuple[str, int]], items: list[tuple[str, dict[str, int]]]) -> dict[str, Any]:
+def _copy_search(fps: Iterable[tuple[str, int]], items: list[tuple[str, dict[str, int]]]) -> dict[str, Any]:
     """The snapshot path's search alone, in process: the worker's copy of `fps` (`MemoryIndex`, numpy), searched for
     each of `items` the way a worker searches a send (SNAPSHOT_SEND at a time), nothing indexed. The bare search a
     pipeline is measured against: no Redis, no stream, no fingerprinting (`items` are fingerprinted first)."""
@@ -613,8 +616,9 @@ def run_benchmark(
     for size in sizes:
         log(f"N={size:,}: making the pre-load ...")
         started = time.perf_counter()
-        fps = events.preload(size)
+        ids, fp_list = events.preload(size)
         made = time.perf_counter() - started
+
         follow = events.take(measure * 5)
         row: dict[str, Any] = {"indexed": size, "layouts": {}}
         for name, bands in _layouts(size):
@@ -628,7 +632,7 @@ def run_benchmark(
             before = int(client.info("memory")["used_memory"])
             index = FingerprintIndex(client, "bench", bands=bands)
             started = time.perf_counter()
-            index.bulk_load(fps, chunk=PRELOAD_CHUNK)
+            index.bulk_load(zip(ids, fp_list, strict=True), chunk=PRELOAD_CHUNK)
             loaded = time.perf_counter() - started
             result: dict[str, Any] = {
                 "bands": bands,
@@ -660,11 +664,11 @@ def run_benchmark(
         if size <= LARGEST_ALL_LAYOUTS:  # a dict of sets an incident: gigabytes and minutes at ten million
             log(f"N={size:,}: in-process baseline ...")
             baseline = _Baseline()
-            baseline.load(fps)
+            baseline.load(zip(ids, fp_list, strict=True))
             row["baseline"] = baseline.throughput(follow[:measure], cap_s)
             del baseline
-        row["copy_search"] = _copy_search(fps, follow[:measure])
-        del fps
+        row["copy_search"] = _copy_search(zip(ids, fp_list, strict=True), follow[:measure])
+        del ids, fp_list
         results["sizes"].append(row)
     results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     client.close()
