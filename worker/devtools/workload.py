@@ -85,8 +85,8 @@ class Workload:
     def fingerprints(self, count: int, *, chunk: int = 200_000) -> tuple[list[str], np.ndarray]:
         """The next `count` incidents as IDs and fingerprints (uint64), for a pre-load: about a million a second.
 
-        The bags follow this workload's distribution, generated in numpy from its seed: 8 to 30 tokens from the
-        Zipf vocabulary (a token drawn twice holds the sum of its weights), weights 1 to 5, and a share
+        The bags follow this workload's distribution, generated in numpy from its seed: 8 to 30 distinct tokens from
+        the Zipf vocabulary, weights 1 to 5, and a share
         `near_duplicates` of 1 or 2 edits (a weight changed, a token dropped or added) of a fresh bag among the
         `memory` before it. Each fingerprint is exactly `fingerprint` of its bag (the same token hashes, 64 counters
         per bag in 8-bit lanes). The last `memory` bags become the ones `next` may copy from.
@@ -148,21 +148,36 @@ class Workload:
     def _fresh_arrays(
         self, rng: np.random.Generator, table: np.ndarray, n: int, width: int
     ) -> tuple[np.ndarray, np.ndarray]:
+        """Each bag: the first `count` distinct tokens of a row of draws (as `_fresh` draws until it has `count`
+        distinct ones), each with its own weight; the slots after them empty."""
         counts = rng.integers(self.min_tokens, self.max_tokens + 1, size=n)
-        tokens = table[rng.integers(0, len(table), size=(n, width))]
-        weights = rng.integers(1, self.max_weight + 1, size=(n, width))
-        weights[np.arange(width)[None, :] >= counts[:, None]] = 0
+        draws = table[rng.integers(0, len(table), size=(n, 2 * width))]
+        # the first occurrence of each token in its row: sort each row, mark where a value starts, map back
+        order = np.argsort(draws, axis=1, kind="stable")
+        ordered = np.take_along_axis(draws, order, axis=1)
+        starts = np.ones_like(ordered, dtype=bool)
+        starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+        first = np.zeros_like(starts)
+        np.put_along_axis(first, order, starts, axis=1)
+        rank = np.cumsum(first, axis=1) - 1
+        keep = first & (rank < counts[:, None])
+        rows, columns = np.nonzero(keep)
+        tokens = np.zeros((n, width), dtype=draws.dtype)
+        weights = np.zeros((n, width), dtype=np.int64)
+        tokens[rows, rank[rows, columns]] = draws[rows, columns]
+        weights[rows, rank[rows, columns]] = rng.integers(1, self.max_weight + 1, size=len(rows))
         return tokens, weights
 
     def _edit_arrays(
         self, rng: np.random.Generator, table: np.ndarray, tokens: np.ndarray, weights: np.ndarray, near: np.ndarray
     ) -> None:
-        """One or two edits of each bag of `near`: a weight changed (half), a token dropped or one added."""
+        """One or two edits of each bag of `near`, as `_edit`: a held token's weight changed (half), the token
+        dropped (a quarter) or a token drawn and given a weight."""
         for edit in range(2):
             rows = near if edit == 0 else near[rng.random(len(near)) < 0.5]
             if not len(rows):
                 continue
-            held = weights[rows, : self.max_tokens] > 0
+            held = weights[rows] > 0
             # a random held slot of each row: the k-th held one, k uniform below the row's count
             k = (rng.random(len(rows)) * held.sum(axis=1)).astype(np.int64)
             slot = np.argmax(np.cumsum(held, axis=1) > k[:, None], axis=1)
@@ -171,10 +186,13 @@ class Workload:
             weights[rows[change], slot[change]] = rng.integers(1, self.max_weight + 1, size=int(change.sum()))
             drop = (action >= 0.5) & (action < 0.75) & (held.sum(axis=1) > 1)
             weights[rows[drop], slot[drop]] = 0
-            add = action >= 0.75
-            spare = self.max_tokens + edit
-            tokens[rows[add], spare] = table[rng.integers(0, len(table), size=int(add.sum()))]
-            weights[rows[add], spare] = rng.integers(1, self.max_weight + 1, size=int(add.sum()))
+            add = np.flatnonzero(action >= 0.75)
+            extra = table[rng.integers(0, len(table), size=len(add))]
+            # a token the bag holds already gets the new weight (as a dict's key would); another takes a spare slot
+            held_at = (tokens[rows[add]] == extra[:, None]) & (weights[rows[add]] > 0)
+            slot = np.where(held_at.any(axis=1), np.argmax(held_at, axis=1), self.max_tokens + edit)
+            tokens[rows[add], slot] = extra
+            weights[rows[add], slot] = rng.integers(1, self.max_weight + 1, size=len(add))
 
     def take(self, count: int) -> list[tuple[str, dict[str, int]]]:
         """The next `count` incidents."""
