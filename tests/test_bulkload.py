@@ -111,6 +111,11 @@ def test_a_workload_s_preload_fingerprints_are_those_of_its_bags() -> None:
         1 for k in range(1, 1000) if any(len(set(bags[k].items()) ^ set(bags[j].items())) <= 4 for j in range(k))
     )
     assert 120 < near < 320
+    # bags as `take` draws them: distinct tokens, each weight 1 to 5, as many tokens on average
+    assert max(weight for bag in bags for weight in bag.values()) == workload.max_weight
+    dict_bags = [bag for _, bag in Workload(seed=9).take(4000)]
+    sizes = [sum(len(bag) for bag in group) / len(group) for group in (bags, dict_bags)]
+    assert abs(sizes[0] - sizes[1]) < 0.03 * sizes[1]
     assert _bag(["t0", "t1"], [0, 1, 0], [2, 3, 0]) == {"t0": 2, "t1": 3}
     assert len(np.unique(fps)) > 0.95 * len(fps)
 
