@@ -202,14 +202,13 @@ def _assert_tiers_hold_their_shape(index: MemoryIndex) -> None:
     fingerprints of its rows live when it was built, in its own part of the arena; `stale` of those went since, and
     never as many as would have it built anew."""
     tiers = index._tiers
-    members = index._members
     for t in tiers:
-        live = {index._fp_list[row] for row in range(t.first, t.end) if members[row] is not None}
+        live = {index._fp_at(row) for row in range(t.first, t.end) if index._held(row) is not None}
         assert t.size - t.stale == len(live)
         assert t.length == t.size * index.layout.bands
         run = index._arena[t.at : t.at + t.size].tolist()  # the first band's: each fingerprint once
         assert len(set(run)) == t.size
-        assert {fp for fp in run if t.first <= index._row_of.get(fp, -1) < t.end} == live
+        assert {fp for fp in run if t.first <= (index._row(fp) if index._row(fp) is not None else -1) < t.end} == live
         assert not (t.stale >= worker.snapshot._SEAL_AT and t.stale * worker.snapshot._STALE_SHARE >= t.size)
     assert all(a.at + a.length <= b.at for a, b in itertools.pairwise(tiers))
     assert [t.first for t in tiers] == [0, *[t.end for t in tiers]][: len(tiers)]
@@ -217,7 +216,7 @@ def _assert_tiers_hold_their_shape(index: MemoryIndex) -> None:
     assert all(a.end - a.first > b.end - b.first for a, b in itertools.pairwise(tiers))
     assert all(t.size <= t.end - t.first for t in tiers)
     assert len(tiers) <= max(1, index.base_rows).bit_length()
-    assert index.empty_rows == sum(1 for row in range(index.base_rows) if index._members[row] is None)
+    assert index.empty_rows == sum(1 for row in range(index.base_rows) if index._held(row) is None)
     assert index.overlay_rows < worker.snapshot._SEAL_AT
 
 

@@ -9,17 +9,16 @@ through worker/transport.py; key names come from worker/keys.py.
 from __future__ import annotations
 
 import warnings
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from itertools import islice
 from typing import Any, Literal, TypeVar
 
 from redis.exceptions import ResponseError
 
 from . import library
 from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, BandLayout
+from .bulkload import batched, bulk_load
 from .connection import RedisClient
 from .errors import (
     DuplicateIncidentError,
@@ -102,13 +101,6 @@ class Posting:
 
 def _matches(result: ApplyResult) -> Matches:  # an apply step's matches, with the group it put the incident in
     return Matches(result.matches, Group(result.group_id, result.group_size) if result.group_id is not None else None)
-
-
-def batched(items: Iterable[Any], size: int) -> Iterable[list[Any]]:
-    """Lists of `size` items (the last one shorter); itertools.batched arrives only with Python 3.12."""
-    iterator = iter(items)
-    while part := list(islice(iterator, size)):
-        yield part
 
 
 class FingerprintIndex(GroupReads):
@@ -535,47 +527,7 @@ class FingerprintIndex(GroupReads):
         for IDs the index does not hold yet and while no worker writes to the namespace. Exact twins go to their
         fingerprint's group, as `add` would put them; with a retention window on, each one's window starts now.
         """
-        self._ensure_open()
-        total = 0
-        representatives: dict[int, str] = {}  # of the fingerprints this load has met
-        retention = int(text(self.redis.hget(self.keys.meta, "retention_ms") or b"0") or 0) > 0
-        for part in batched(items, chunk):
-            fingerprints: dict[Any, str] = {}
-            for incident_id, fp in part:
-                fingerprints[incident_id] = format_fingerprint(self._check_fp(fp))
-            unknown = list({fp for _, fp in part if fp not in representatives})
-            # a fingerprint indexed before this load: its representative is the one ID in all of its posting sets
-            pipe = self.redis.pipeline(transaction=False)
-            for fp in unknown:
-                pipe.sinter(self.posting_keys(fp))
-            for fp, found in zip(unknown, pipe.execute(), strict=True):
-                if found:
-                    representatives[fp] = text(min(found))
-            postings: dict[str, list[str]] = defaultdict(list)
-            groups: dict[int, list[str]] = defaultdict(list)
-            for incident_id, fp in part:
-                representative = representatives.get(fp)
-                if representative is None:
-                    representatives[fp] = incident_id
-                    for key in self.posting_keys(fp) + (self.building.posting_keys(fp) if self.building else []):
-                        postings[key].append(incident_id)
-                elif representative != incident_id:
-                    groups[fp].append(incident_id)
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.hset(self.keys.fingerprints, mapping=fingerprints)
-            for key, members in postings.items():
-                pipe.sadd(key, *members)
-            for fp, members in groups.items():
-                pipe.zadd(self.keys.twins(format_fingerprint(fp)), dict.fromkeys([representatives[fp], *members], 0))
-            for incident_id, hex_fp in fingerprints.items():
-                pipe.xadd(self.keys.changes, {"add": incident_id, "fp": hex_fp, "prev": ""})
-            if retention:  # the retention window of a loaded incident starts with its load
-                seconds, micros = self.redis.time()
-                now_ms = int(seconds) * 1000 + int(micros) // 1000
-                pipe.zadd(self.keys.expiry, dict.fromkeys(fingerprints, now_ms), nx=True)
-            pipe.execute()
-            total += len(fingerprints)
-        return total
+        return bulk_load(self, items, chunk)
 
     # -- the library API --------------------------------------------------------------------------------------
 

@@ -18,12 +18,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import redis
 
 from .bands import BandLayout
 from .fingerprint import stored_fingerprint
 from .keys import IndexKeys
 from .library import SnapshotClaim
+from .loadedrows import RowsBuilder, parse_stored_fingerprints
 from .logs import error_message
 from .metafields import changes_floor, floor_ahead
 from .replies import text as _text
@@ -96,18 +98,16 @@ class ChangeFollower:
             if ahead is not None:
                 raise ahead
             index.position, at_position = floor, None
+        # HSCAN may return an incident twice (the copy keeps its last); each batch goes into arrays at once
         cursor = 0
-        pairs: dict[str, int] = {}  # HSCAN may return an incident twice
+        rows = RowsBuilder()
         while True:
             cursor, chunk = self.client.hscan(self.keys.fingerprints, cursor, count=self.batch)
-            for incident_id, value in chunk.items():
-                fp = stored_fingerprint(value)  # a value the search does not read (mangled by hand) is left out
-                if fp is not None:
-                    pairs[_text(incident_id)] = fp
+            _add_scanned(rows, chunk)
             if int(cursor) == 0:
                 break
-        index.load(pairs)  # taken over, not copied
-        del pairs
+        index.load_rows(rows)
+        del rows
         self.index = index
         self._at_position = at_position
         self.loaded = True
@@ -195,6 +195,21 @@ class ChangeFollower:
             self.index.set(_text(incident_id), value)
         else:
             self.index.delete(_text(incident_id))
+
+
+def _add_scanned(rows: RowsBuilder, chunk: Mapping[Any, Any]) -> None:
+    """One HSCAN batch of `{N}:fp` into `rows`: IDs as UTF-8 bytes; a value the search does not read (mangled by
+    hand, not 16 hex digits) is left out."""
+    ids = list(chunk)
+    values = list(chunk.values())
+    fps = parse_stored_fingerprints(values)
+    if fps is None:  # some value is not 16 hex digits: one by one
+        read = [(incident_id, stored_fingerprint(value)) for incident_id, value in zip(ids, values, strict=True)]
+        ids = [incident_id for incident_id, fp in read if fp is not None]
+        fps = np.array([fp for _, fp in read if fp is not None], dtype=np.uint64)
+    if ids and not isinstance(ids[0], bytes):  # a decoding client
+        ids = [incident_id.encode("utf-8", "surrogateescape") for incident_id in ids]
+    rows.add(ids, fps)
 
 
 READ_PATHS = ("auto", "primary", "snapshot")

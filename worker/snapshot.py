@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .bands import BandLayout
+from .loadedrows import LoadedRows, RowsBuilder
 
 __all__ = ["MemoryIndex", "SearchResult"]
 
@@ -132,11 +133,24 @@ class MemoryIndex:
     def __init__(self, layout: BandLayout) -> None:
         self.layout = layout
         self.position = "0-0"
+        # What `load` read: rows 0.._base_rows-1 and their incidents, in arrays (worker/loadedrows.py), with what
+        # went from them since: incidents `_gone` (deleted, or set to another fingerprint), rows given other members
+        # (`_over`, None for a row no incident holds any more, also marked in `_dead`).
+        self._base: LoadedRows | None = None
+        self._base_rows = 0
+        self._base_live = 0  # incidents of the base not gone
+        self._base_live_rows = 0
+        self._gone = np.zeros(0, dtype=bool)
+        self._dead = np.zeros(0, dtype=bool)
+        self._over: dict[int, str | list[str] | None] = {}
+        # What changed since the load, in Python: the incidents set since (not the base's), the rows made since
+        # (row _base_rows + k at [k]) and their fingerprints (`_row_of`)
         self._fp_of: dict[str, int] = {}
         self._row_of: dict[int, int] = {}
-        # row -> the IDs sharing that fingerprint: one str, or a sorted list once there are twins
+        # a row made since -> the IDs sharing that fingerprint: one str, or a sorted list once there are twins
         self._members: list[str | list[str] | None] = []
-        # each row's fingerprint twice: a list for Python's fast path, an array for numpy's
+        # each such row's fingerprint twice: a list for Python's fast path, an array for numpy's (row _base_rows + k
+        # at [k] in both; the base's rows have theirs in the base)
         self._fp_list: list[int] = []
         self._fps = np.zeros(1024, dtype=np.uint64)
         self._free: list[int] = []  # rows of the tail whose fingerprint went, to be used again
@@ -159,18 +173,120 @@ class MemoryIndex:
         self._slots: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def __len__(self) -> int:
-        return len(self._fp_of)
+        return len(self._fp_of) + self._base_live
 
     @property
     def distinct(self) -> int:
         """Distinct fingerprints held (rows in use)."""
-        return len(self._row_of)
+        return len(self._row_of) + self._base_live_rows
 
     def get(self, incident_id: str) -> int | None:
-        return self._fp_of.get(incident_id)
+        fp = self._fp_of.get(incident_id)
+        if fp is None and self._base is not None:
+            incident = self._base.find(incident_id)
+            if incident >= 0 and not self._gone[incident]:
+                return self._base.fp_of(incident)
+        return fp
 
     def items(self) -> Iterable[tuple[str, int]]:
-        return self._fp_of.items()
+        base = self._base
+        if base is not None:
+            for incident in np.flatnonzero(~self._gone).tolist():
+                yield base.incident_id(incident), base.fp_of(incident)
+        yield from self._fp_of.items()
+
+    def nbytes(self) -> int:
+        """Bytes the copy holds: its arrays, and an estimate of its Python objects (the changes since the load)."""
+        arrays = sum(a.nbytes for a in (self._fps, self._arena, self._gone, self._dead, *self._tier_arrays()))
+        objects = 0
+        if self._fp_of or self._members or self._over:
+            # a dict entry, its key and value; a list slot and its members (measured with tracemalloc: about these)
+            objects = 150 * len(self._fp_of) + 100 * len(self._row_of) + 100 * len(self._over)
+        return arrays + (self._base.nbytes() if self._base is not None else 0) + objects
+
+    def _tier_arrays(self) -> Iterable[np.ndarray]:
+        for tier in self._tiers:
+            if tier.starts is not None:
+                yield tier.starts
+            if tier.keys is not None:
+                yield tier.keys
+
+    # -- rows: the base's (loaded) and those made since -------------------------------------------------------
+
+    def _row_count(self) -> int:
+        return self._base_rows + len(self._members)
+
+    def _held(self, row: int) -> str | list[str] | None:
+        """The IDs of a row: one str, a sorted list of twins, or None (no incident holds it)."""
+        if row >= self._base_rows:
+            return self._members[row - self._base_rows]
+        if row in self._over:
+            return self._over[row]
+        assert self._base is not None
+        base = self._base
+        incidents = base.row_members(row)
+        if len(incidents) == 1:
+            return base.incident_id(incidents[0])
+        return [base.incident_id(incident) for incident in incidents]
+
+    def _hold(self, row: int, members: str | list[str] | None) -> None:
+        if row >= self._base_rows:
+            self._members[row - self._base_rows] = members
+            return
+        self._over[row] = members
+        if members is None:
+            self._dead[row] = True
+            self._base_live_rows -= 1
+
+    def _fp_at(self, row: int) -> int:
+        if row >= self._base_rows:
+            return self._fp_list[row - self._base_rows]
+        assert self._base is not None
+        return int(self._base.fps[row])
+
+    def _row(self, fp: int) -> int | None:
+        """The row of a fingerprint some incident holds, or None."""
+        row = self._row_of.get(fp)
+        if row is None and self._base_rows:
+            fps = self._base.fps  # type: ignore[union-attr]
+            at = int(np.searchsorted(fps, np.uint64(fp)))
+            if at < self._base_rows and fps[at] == fp and not self._dead[at]:
+                return at
+        return row
+
+    def _rows_of(self, fps: np.ndarray) -> np.ndarray:
+        """`_row` of each of `fps` (uint64), -1 for none."""
+        rows = np.full(len(fps), -1, dtype=np.int64)
+        if self._base_rows:
+            base_fps = self._base.fps  # type: ignore[union-attr]
+            at = np.minimum(np.searchsorted(base_fps, fps), self._base_rows - 1)
+            found = (base_fps[at] == fps) & ~self._dead[at]
+            rows[found] = at[found]
+        if self._row_of:
+            row_of = self._row_of
+            missing = np.flatnonzero(rows < 0)
+            for k, fp in zip(missing.tolist(), fps[missing].tolist(), strict=True):
+                rows[k] = row_of.get(fp, -1)
+        return rows
+
+    def _row_fps(self, first: int, end: int) -> np.ndarray:
+        """The fingerprints of rows first..end (a view where they are all the base's or all made since)."""
+        split = min(max(first, self._base_rows), end)
+        made = self._fps[split - self._base_rows : end - self._base_rows]
+        if first >= split:
+            return made
+        assert self._base is not None
+        loaded = self._base.fps[first:split]
+        return loaded if split == end else np.concatenate([loaded, made])
+
+    def _live(self, first: int, end: int) -> np.ndarray:
+        """Whether each row of first..end is held by some incident."""
+        split = min(max(first, self._base_rows), end)
+        parts = [~self._dead[first:split]] if first < split else []
+        if split < end:
+            tail = self._members[split - self._base_rows : end - self._base_rows]
+            parts.append(np.fromiter((held is not None for held in tail), dtype=bool, count=end - split))
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=bool)
 
     @property
     def base_rows(self) -> int:
@@ -180,7 +296,7 @@ class MemoryIndex:
     @property
     def overlay_rows(self) -> int:
         """Rows in the tail: made after the last tier, compared one by one with each query."""
-        return len(self._members) - self._sealed
+        return self._row_count() - self._sealed
 
     @property
     def tiers(self) -> int:
@@ -198,60 +314,58 @@ class MemoryIndex:
         return self._empty
 
     def load(self, pairs: Iterable[tuple[str, int]] | dict[str, int]) -> None:
-        """Set every (incident ID, fingerprint) of `pairs` into an empty copy, its rows in one numpy tier.
+        """Set every (incident ID, fingerprint) of `pairs` into an empty copy, its rows in one numpy tier (an ID given
+        twice: its last fingerprint)."""
+        builder = RowsBuilder()
+        left = builder.add_pairs(pairs.items() if isinstance(pairs, dict) else pairs)
+        self.load_rows(builder)
+        for incident_id, fp in left:
+            self.set(incident_id, fp)
 
-        A dict is taken over as the copy's own (not copied: the caller lets go of it). The rows are made in numpy
-        (one row per distinct fingerprint, `np.unique`), not one incident at a time: a million in about a second.
-        """
-        if self._members:  # not only no incident: no row either (a copy emptied by deletes keeps rows and free ones)
+    def load_rows(self, builder: RowsBuilder) -> None:
+        """Fill an empty copy with what `builder` collected, in arrays (no Python object an incident): ten million
+        in a few seconds."""
+        if self._row_count() or self._fp_of:
+            # not only no incident: no row either (a copy emptied by deletes keeps rows and free ones)
             raise ValueError("load fills a new copy; use set for changes")
-        fp_of = pairs if isinstance(pairs, dict) else dict(pairs)  # an ID given twice: its last fingerprint
-        if not fp_of:
+        base = builder.build()
+        if base is None:
             return
-        ids = list(fp_of)
-        fps = np.fromiter(fp_of.values(), dtype=np.uint64, count=len(ids))
-        unique, first, inverse, counts = np.unique(fps, return_index=True, return_inverse=True, return_counts=True)
-        members: list[str | list[str] | None] = [ids[k] for k in first.tolist()]
-        if len(unique) < len(ids):  # twins: the IDs of a shared fingerprint, sorted, in its row
-            inverse = inverse.reshape(-1)
-            groups: dict[int, list[str]] = {}
-            for k in np.flatnonzero(counts[inverse] > 1).tolist():
-                groups.setdefault(int(inverse[k]), []).append(ids[k])
-            for row, group in groups.items():
-                members[row] = sorted(group)
-        fp_list = unique.tolist()
-        self._fp_of = fp_of
-        self._members = members
-        self._fp_list = fp_list
-        self._row_of = dict(zip(fp_list, range(len(fp_list)), strict=True))
-        self._fps = unique
+        self._base = base
+        self._base_rows = self._base_live_rows = base.rows
+        self._base_live = len(base) - base.dropped
+        self._gone = np.less(base.row_of, 0)  # the dropped repeats of an ID count as gone from the start
+        self._dead = np.zeros(base.rows, dtype=bool)
+        self._fps = np.zeros(1024, dtype=np.uint64)
         self._arena = np.zeros(0, dtype=np.uint64)
-        self._tiers = [self._build_tier(0, len(fp_list), at=0, every_row_live=True)]
-        self._sealed = len(fp_list)
+        self._tiers = [self._build_tier(0, base.rows, at=0, every_row_live=True)]
+        self._sealed = base.rows
 
     def compact(self) -> None:
         """Number the rows anew without the empty ones, in one tier (gives back the memory of rows that went)."""
-        live = [row for row, held in enumerate(self._members) if held is not None]
-        members = [self._members[row] for row in live]
-        fp_list = [self._fp_list[row] for row in live]
-        self._members = members
-        self._fp_list = fp_list
-        self._row_of = {fp: row for row, fp in enumerate(fp_list)}
-        self._free = []
-        self._empty = 0
-        self._fps = np.array(fp_list, dtype=np.uint64) if fp_list else np.zeros(1024, dtype=np.uint64)
-        self._arena = np.zeros(0, dtype=np.uint64)
-        self._tiers = [self._build_tier(0, len(fp_list), at=0, every_row_live=True)] if fp_list else []
-        self._sealed = len(fp_list)
+        builder = RowsBuilder()
+        base = self._base
+        if base is not None:
+            kept = np.flatnonzero(~self._gone)
+            starts, ends = base.offsets[kept], base.offsets[kept + 1]
+            blob = np.frombuffer(base.blob, dtype=np.uint8)[_ranges(starts, ends)].tobytes()
+            ids = [blob[start:end] for start, end in zip(*_bounds(ends - starts), strict=True)]
+            builder.add(ids, base.fps[base.row_of[kept]])
+            del blob, ids
+        left = builder.add_pairs(self._fp_of.items())
+        position, rebuilds = self.position, self._rebuilds
+        self.__init__(self.layout)  # type: ignore[misc]
+        self.position, self._rebuilds = position, rebuilds
+        self.load_rows(builder)
+        for incident_id, fp in left:
+            self.set(incident_id, fp)
 
     def _build_tier(self, first: int, end: int, *, at: int, every_row_live: bool = False) -> _Tier:
         """A tier of the rows first..end that an incident holds, its fingerprints written to the arena from `at` on
         (over the tiers it replaces, if any: merges replace the newest tiers, which are the arena's end)."""
-        if every_row_live:
-            fps = self._fps[first:end]
-        else:
-            live = np.fromiter((held is not None for held in self._members[first:end]), dtype=bool, count=end - first)
-            fps = self._fps[np.flatnonzero(live) + first]
+        fps = self._row_fps(first, end)
+        if not every_row_live:
+            fps = fps[self._live(first, end)]
         return self._tier_of(first, end, fps, at=at)
 
     def _tier_of(self, first: int, end: int, fps: np.ndarray, *, at: int) -> _Tier:
@@ -263,8 +377,8 @@ class MemoryIndex:
         # contiguous run of memory, not gathered row by row across the whole copy (about 0.6 of the search's time at a
         # million); the few within the distance find their row through `_row_of`.
         length = len(fps) * self.layout.bands
-        if len(self._arena) < at + length:  # grown by a quarter at least: a copy's growth copies it a few times
-            grown = np.zeros(max(at + length, len(self._arena) * 5 // 4), dtype=np.uint64)
+        if len(self._arena) < at + length:  # grown by a sixteenth at least: a copy's growth copies it a few times
+            grown = np.zeros(max(at + length, len(self._arena) * 17 // 16), dtype=np.uint64)
             grown[:at] = self._arena[:at]
             self._arena = grown
         starts, keys = [], []
@@ -288,7 +402,7 @@ class MemoryIndex:
     def _seal(self) -> None:
         """Make the tail a tier, and merge every tier no larger than the one after it with that one."""
         assert not self._free
-        end = len(self._members)
+        end = self._row_count()
         last = self._tiers[-1] if self._tiers else None
         self._tiers.append(self._build_tier(self._sealed, end, at=last.at + last.length if last else 0))
         self._sealed = end
@@ -308,10 +422,11 @@ class MemoryIndex:
         once, and those still held by one of its rows stay. O(its size), not of its span (which may hold many rows
         that went before an earlier rebuild)."""
         tier = self._tiers[k]
-        first, end, row_of = tier.first, tier.end, self._row_of
-        run = self._arena[tier.at : tier.at + tier.size].tolist()
+        first, end = tier.first, tier.end
+        run = self._arena[tier.at : tier.at + tier.size]
         # a fingerprint held again after its row here went has a row after this tier's: it is not this tier's
-        fps = np.array([fp for fp in run if first <= row_of.get(fp, -1) < end], dtype=np.uint64)
+        rows = self._rows_of(run)
+        fps = run[(first <= rows) & (rows < end)].copy()
         assert len(fps) == tier.size - tier.stale
         self._tiers[k] = self._tier_of(first, end, fps, at=tier.at)  # shorter than the old: no other tier is touched
         self._rebuilds += 1
@@ -343,30 +458,43 @@ class MemoryIndex:
 
     def set(self, incident_id: str, fp: int) -> None:
         """Index `incident_id` under `fp`, replacing whatever it had."""
-        old = self._fp_of.get(incident_id)
+        old = self.get(incident_id)
         if old == fp:
             return
-        row = self._row_of.get(fp)  # unlinking `old` (another fingerprint) does not change it
+        row = self._row(fp)  # unlinking `old` (another fingerprint) does not change it
         # a new row's fingerprint as numpy holds it: one outside 64 bits raises OverflowError here, before any change
         value = np.uint64(fp) if row is None else None
         if old is not None:
+            self._forget(incident_id)
             self._unlink(incident_id, old)
         self._fp_of[incident_id] = fp
         if value is not None:
             self._new_row(incident_id, fp, value)
             return
         assert row is not None
-        members = self._members[row]
+        members = self._held(row)
         if isinstance(members, str):
-            self._members[row] = sorted((members, incident_id))
+            self._hold(row, sorted((members, incident_id)))
         else:
             assert members is not None
             bisect.insort(members, incident_id)
+            self._hold(row, members)
 
     def delete(self, incident_id: str) -> None:
-        old = self._fp_of.pop(incident_id, None)
+        old = self._forget(incident_id)
         if old is not None:
             self._unlink(incident_id, old)
+
+    def _forget(self, incident_id: str) -> int | None:
+        """Take `incident_id` out of the ID -> fingerprint records; its fingerprint, None when it had none."""
+        old = self._fp_of.pop(incident_id, None)
+        if old is None and self._base is not None:
+            incident = self._base.find(incident_id)
+            if incident >= 0 and not self._gone[incident]:
+                self._gone[incident] = True
+                self._base_live -= 1
+                return self._base.fp_of(incident)
+        return old
 
     def _new_row(self, incident_id: str, fp: int, value: np.uint64) -> None:
         """A row for `fp`, held by `incident_id` alone; `value` is `fp` as numpy's (converted first by the caller, so
@@ -374,29 +502,31 @@ class MemoryIndex:
         if self._free:
             row = self._free.pop()
         else:
-            row = len(self._members)
-            if row == len(self._fps):
-                self._fps = np.concatenate([self._fps, np.zeros(max(len(self._fps), 1024), dtype=np.uint64)])
+            row = self._row_count()
+            if row - self._base_rows == len(self._fps):
+                self._fps = np.concatenate([self._fps, np.zeros(len(self._fps), dtype=np.uint64)])
             self._members.append(None)
             self._fp_list.append(0)
-        self._members[row] = incident_id
-        self._fps[row] = value
-        self._fp_list[row] = fp
+        k = row - self._base_rows
+        self._members[k] = incident_id
+        self._fps[k] = value
+        self._fp_list[k] = fp
         self._row_of[fp] = row
-        if len(self._members) - self._sealed >= _SEAL_AT:
+        if self._row_count() - self._sealed >= _SEAL_AT:
             self._seal()
 
     def _unlink(self, incident_id: str, fp: int) -> None:
-        row = self._row_of[fp]
-        members = self._members[row]
+        row = self._row(fp)
+        assert row is not None
+        members = self._held(row)
         if isinstance(members, list):
             del members[bisect.bisect_left(members, incident_id)]
-            if len(members) == 1:
-                self._members[row] = members[0]
+            self._hold(row, members[0] if len(members) == 1 else members)
             return
         # the last incident of this fingerprint: the row goes (a tier's stays in it, empty: searches skip it)
-        self._members[row] = None
-        del self._row_of[fp]
+        self._hold(row, None)
+        if row >= self._base_rows:
+            del self._row_of[fp]
         if row >= self._sealed:
             self._free.append(row)
             return
@@ -451,7 +581,7 @@ class MemoryIndex:
             tiers = [tier for tier in self._tiers if tier.size]
             if tiers:
                 self._tier_hits(tiers, queries_array, r, hits, verified, budget, cut)
-            if len(self._members) > self._sealed:
+            if self._row_count() > self._sealed:
                 self._tail_hits(queries_array, r, hits, verified)
         results = []
         for found, count, stopped, (_, exclude) in zip(hits, verified, cut, queries, strict=True):
@@ -520,17 +650,15 @@ class MemoryIndex:
         near = np.flatnonzero(distances <= r)
         # A fingerprint no incident holds any more has no row (its row in the tier is empty, and skipped anyway).
         # No np.unique: sorting costs more than verifying the few rows that several bands reach twice.
-        row_of = self._row_of
         wasted = []
-        for k, fp, distance, position in zip(
+        for k, row, distance, position in zip(
             query_of[near].tolist(),
-            candidates[near].tolist(),
+            self._rows_of(candidates[near]).tolist(),
             distances[near].tolist(),
             positions[near].tolist(),
             strict=True,
         ):
-            row = row_of.get(fp)
-            if row is not None:
+            if row >= 0:
                 hits[k][row] = distance
             else:
                 wasted.append(position)
@@ -565,8 +693,8 @@ class MemoryIndex:
 
         Exact whatever `r` (no bands involved). Rows freed since hold a stale fingerprint; `_result` skips them.
         """
-        first, end = self._sealed, len(self._members)
-        distances = np.bitwise_count(self._fps[first:end][None, :] ^ queries[:, None])
+        first, end = self._sealed, self._row_count()
+        distances = np.bitwise_count(self._row_fps(first, end)[None, :] ^ queries[:, None])
         which, rows = np.nonzero(distances <= r)
         for k, row, distance in zip(
             which.tolist(), (rows + first).tolist(), distances[which, rows].tolist(), strict=True
@@ -585,9 +713,8 @@ class MemoryIndex:
             return SearchResult(0, [], verified)
         count = 0
         by_distance: dict[int, list[str]] = {}
-        members_of = self._members
         for row, distance in hits.items():
-            members = members_of[row]
+            members = self._held(row)
             if members is None:
                 continue  # a base row whose fingerprint went, or a freed row the scan compared
             bucket = by_distance.get(distance)
@@ -599,7 +726,7 @@ class MemoryIndex:
                     bucket.append(members)
                 continue
             ids = members
-            if exclude is not None and self._fp_of.get(exclude) == self._fp_list[row]:
+            if exclude is not None and self.get(exclude) == self._fp_at(row):
                 ids = (
                     [m for m in members[: limit + 1] if m != exclude] if limit else [m for m in members if m != exclude]
                 )
@@ -619,3 +746,9 @@ class MemoryIndex:
                 chosen = heapq.nsmallest(need, ids) if need < len(ids) else sorted(ids)
             listed.extend((incident_id, distance) for incident_id in chosen)
         return SearchResult(count, listed, verified)
+
+
+def _bounds(lengths: np.ndarray) -> tuple[list[int], list[int]]:
+    """Where each of consecutive pieces of `lengths` starts and ends."""
+    ends = np.cumsum(lengths)
+    return (ends - lengths).tolist(), ends.tolist()

@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,6 +55,13 @@ from .workload import Workload
 __all__ = ["code_version", "markdown", "page_blocks", "run_benchmark", "update_page"]
 
 CLASSIC_BANDS = 8
+
+LARGEST_ALL_LAYOUTS = 1_000_000
+"""Above this N the benchmark measures the default layout alone unless --layouts names others (the classic layout
+verifies about 4% of the index an event on the primary: hours at ten million), and skips the in-process baseline."""
+
+PRELOAD_CHUNK = 200_000
+"""Incidents a pre-load writes in one pipelined batch (worker/bulkload.py): fewer, larger posting-set commands."""
 
 
 # -- the worker processes -------------------------------------------------------------------------------------
@@ -97,8 +104,13 @@ def _worker_process(url: str, options: dict[str, Any], stop: Any, results: Any) 
 
     threading.Thread(target=stop_when_told, daemon=True).start()
     worker.run()
+    snapshot = worker.processor.snapshot
+    copy = snapshot.index if snapshot is not None else None
     results.put(
         {
+            "copy_incidents": len(copy) if copy is not None else 0,
+            "copy_bytes": copy.nbytes() if copy is not None else 0,
+            "copy_load_s": round(snapshot.follower.load_seconds, 2) if snapshot is not None else 0.0,
             "consumer": settings.consumer,
             "count": len(latency.values),
             "first": latency.first,
@@ -237,6 +249,17 @@ class _Events:
             self.real = bags
         self.workload = Workload(seed=seed)
 
+    def preload(self, count: int) -> tuple[list[str], list[int]]:
+        """The next `count` incidents as IDs and fingerprints: synthetic ones made in numpy (`Workload.fingerprints`,
+        about a million a second, where bags as dicts would take minutes and gigabytes at ten million). Two lists,
+        not a list of pairs: ten million tuples would be objects the garbage collector walks (a second's pause of
+        the benchmark's publisher, measured as a latency tail)."""
+        if self.real is None:
+            ids, fps = self.workload.fingerprints(count)
+            return ids, fps.tolist()
+        items = self.take(count)
+        return [incident_id for incident_id, _ in items], [fingerprint(bag) for _, bag in items]
+
     def take(self, count: int) -> list[tuple[str, dict[str, int]]]:
         if self.real is None:
             return self.workload.take(count)
@@ -309,6 +332,7 @@ class Bench:
             "redis_cpu_usec_per_event": round((cpu1 - cpu0) * 1e6 / max(done, 1), 1),
             "startup_s": startup,
             "worker_max_rss_mb": round(max(r.get("max_rss_kb", 0) for r in reports) / 1024, 1),
+            **_copy_figures(reports),
         }
 
     def _wait_for_workers(self, keys: IndexKeys, workers: int) -> float:
@@ -355,6 +379,24 @@ class Bench:
     def memory_per_incident(self, before: int, count: int) -> float:
         return round((int(self.client.info("memory")["used_memory"]) - before) / max(count, 1), 1)
 
+    def memory_breakdown(self, keys: IndexKeys, count: int, before: int) -> dict[str, Any]:
+        """Where Redis's memory an incident goes: `{N}:fp` (MEMORY USAGE, sampled), the posting sets (a sample of
+        200 of them, scaled to their number), and without the change log (which trimming empties down to the last
+        `changes_keep` of changes: the index's own share, the figure that grows with N)."""
+        used = int(self.client.info("memory")["used_memory"])
+        fp_hash = int(self.client.memory_usage(keys.fingerprints, samples=1000) or 0)
+        changes = int(self.client.memory_usage(keys.changes, samples=0) or 0)
+        postings = [key for key in self.client.scan_iter(match=f"{keys.tag}:band:*", count=5000)]
+        sample = postings[:: max(1, len(postings) // 200)][:200]
+        sampled = sum(int(self.client.memory_usage(key, samples=0) or 0) for key in sample)
+        posting_bytes = sampled / max(len(sample), 1) * len(postings)
+        return {
+            "fp_hash_per_incident": round(fp_hash / max(count, 1), 1),
+            "postings_per_incident": round(posting_bytes / max(count, 1), 1),
+            "posting_sets": len(postings),
+            "memory_per_incident_without_change_log": round((used - before - changes) / max(count, 1), 1),
+        }
+
     def change_log_share(self, keys: IndexKeys, count: int) -> dict[str, float]:
         """What the bulk load's entries in `{N}:changes` take of the memory per incident, and per entry.
 
@@ -367,6 +409,19 @@ class Bench:
             "change_log_per_incident": round(used / max(count, 1), 1),
             "change_log_bytes_per_entry": round(used / max(entries, 1), 1),
         }
+
+
+def _copy_figures(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """On the snapshot path: the first worker's copy, its load (HSCAN and arrays) and its bytes an incident
+    (`MemoryIndex.nbytes`: its arrays, and its Python objects estimated)."""
+    copies = [r for r in reports if r.get("copy_incidents")]
+    if not copies:
+        return {}
+    first = copies[0]
+    return {
+        "copy_load_s": first["copy_load_s"],
+        "copy_bytes_per_incident": round(first["copy_bytes"] / first["copy_incidents"], 1),
+    }
 
 
 def _fingerprint_speed(events: _Events, bags: int = 2000, repeats: int = 5) -> dict[str, Any]:
@@ -410,7 +465,7 @@ class _Baseline:
         self.bands: list[dict[int, set[str]]] = [defaultdict(set) for _ in range(CLASSIC_BANDS)]
         self.fps: dict[str, int] = {}
 
-    def load(self, items: list[tuple[str, int]]) -> None:
+    def load(self, items: Iterable[tuple[str, int]]) -> None:
         for incident_id, fp in items:
             self.fps[incident_id] = fp
             for band, value in zip(self.bands, self.layout.values(fp), strict=True):
@@ -441,12 +496,14 @@ class _Baseline:
         }
 
 
-def _copy_search(fps: list[tuple[str, int]], items: list[tuple[str, dict[str, int]]]) -> dict[str, Any]:
+def _copy_search(fps: Iterable[tuple[str, int]], items: list[tuple[str, dict[str, int]]]) -> dict[str, Any]:
     """The snapshot path's search alone, in process: the worker's copy of `fps` (`MemoryIndex`, numpy), searched for
     each of `items` the way a worker searches a send (SNAPSHOT_SEND at a time), nothing indexed. The bare search a
     pipeline is measured against: no Redis, no stream, no fingerprinting (`items` are fingerprinted first)."""
     copy = MemoryIndex(BandLayout(DEFAULT_BANDS, 7))
+    started = time.perf_counter()
     copy.load(fps)
+    load_s = time.perf_counter() - started
     queries = [(fingerprint(bag), incident_id) for incident_id, bag in items]
     best = float("inf")
     found = 0
@@ -461,6 +518,8 @@ def _copy_search(fps: list[tuple[str, int]], items: list[tuple[str, dict[str, in
         "queries_per_s": round(len(queries) / max(best, 1e-9), 1),
         "us_per_query": round(best * 1e6 / max(len(queries), 1), 1),
         "matches_mean": round(found / max(len(queries), 1), 2),
+        "load_s": round(load_s, 2),
+        "bytes_per_incident": round(copy.nbytes() / max(len(copy), 1), 1),
     }
 
 
@@ -555,12 +614,17 @@ def run_benchmark(
 
     results["sizes"] = []
     for size in sizes:
-        preload = events.take(size)
-        fps = [(incident_id, fingerprint(bag)) for incident_id, bag in preload]
+        log(f"N={size:,}: making the pre-load ...")
+        started = time.perf_counter()
+        ids, fp_list = events.preload(size)
+        made = time.perf_counter() - started
+
         follow = events.take(measure * 5)
         row: dict[str, Any] = {"indexed": size, "layouts": {}}
         for name, bands in _layouts(size):
-            if layouts is not None and name not in layouts:
+            if (layouts is None and size > LARGEST_ALL_LAYOUTS and name != "default") or (
+                layouts is not None and name not in layouts
+            ):
                 continue
             layout = BandLayout(bands, 7)
             log(f"N={size:,}: {name} layout, {layout.description} ...")
@@ -568,15 +632,18 @@ def run_benchmark(
             before = int(client.info("memory")["used_memory"])
             index = FingerprintIndex(client, "bench", bands=bands)
             started = time.perf_counter()
-            index.bulk_load(fps)
+            index.bulk_load(zip(ids, fp_list, strict=True), chunk=PRELOAD_CHUNK)
             loaded = time.perf_counter() - started
             result: dict[str, Any] = {
                 "bands": bands,
                 "layout": layout.description,
                 "probes": layout.probes,
+                "preload_made_s": round(made, 1),
                 "preload_s": round(loaded, 1),
+                "preload_per_s": round(size / max(loaded, 1e-9)),
                 "memory_per_incident": bench.memory_per_incident(before, size),
                 **bench.change_log_share(IndexKeys("bench"), size),
+                **bench.memory_breakdown(IndexKeys("bench"), size, before),
             }
             one = bench.throughput("bench", bands, follow[:measure], 1)
             two = bench.throughput("bench", bands, follow[measure : 2 * measure], 2)
@@ -594,12 +661,14 @@ def run_benchmark(
                     ),
                 }
             row["layouts"][name] = result
-        log(f"N={size:,}: in-process baseline ...")
-        baseline = _Baseline()
-        baseline.load(fps)
-        row["baseline"] = baseline.throughput(follow[:measure], cap_s)
-        del baseline
-        row["copy_search"] = _copy_search(fps, follow[:measure])
+        if size <= LARGEST_ALL_LAYOUTS:  # a dict of sets an incident: gigabytes and minutes at ten million
+            log(f"N={size:,}: in-process baseline ...")
+            baseline = _Baseline()
+            baseline.load(zip(ids, fp_list, strict=True))
+            row["baseline"] = baseline.throughput(follow[:measure], cap_s)
+            del baseline
+        row["copy_search"] = _copy_search(zip(ids, fp_list, strict=True), follow[:measure])
+        del ids, fp_list
         results["sizes"].append(row)
     results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     client.close()

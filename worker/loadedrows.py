@@ -1,0 +1,200 @@
+"""The incidents a worker's copy was loaded with (`MemoryIndex`'s base), in numpy arrays and one bytes blob.
+
+A copy of ten million incidents held as Python objects (a dict of str -> int, a list of members) costs over 200
+bytes an incident; here it is a few arrays: the IDs' UTF-8 bytes one after the other (and where each starts), a
+table of their 64-bit hashes sorted (and whose each is), each incident's row, and each row's fingerprint and members
+(a CSR), about 40 bytes an incident besides the fingerprints' bands. Lookups stay exact: an ID's hash only says where
+to look, the bytes themselves are compared, so IDs that hash alike are told apart.
+
+Nothing here changes after it is built: the copy keeps its own record of what changed since (which incidents went,
+which rows were given other members) in front of it (worker/snapshot.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+__all__ = ["LoadedRows", "RowsBuilder", "parse_stored_fingerprints"]
+
+_id_hash = hash
+"""The hash of an ID's UTF-8 bytes (Python's, salted per process: the table never leaves it). Tests put a poor one
+here to make IDs collide."""
+
+
+def parse_stored_fingerprints(values: Sequence[bytes | str]) -> np.ndarray | None:
+    """The fingerprints of `values` (16 hex digits each, as `{N}:fp` holds them) in one numpy step, or None when some
+    value is not 16 hex digits (the caller then reads them one by one, `stored_fingerprint`)."""
+    if not values:
+        return np.zeros(0, dtype=np.uint64)
+    text = not isinstance(values[0], bytes)
+    joined = "".join(values).encode("utf-8", "replace") if text else b"".join(values)  # type: ignore[arg-type]
+    if len(joined) != 16 * len(values):
+        return None
+    try:
+        raw = bytes.fromhex(joined.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if len(raw) != 8 * len(values):  # whitespace, which fromhex skips, took the place of digits somewhere
+        return None
+    return np.frombuffer(raw, dtype=">u8").astype(np.uint64)
+
+
+class RowsBuilder:
+    """Collects (IDs, fingerprints) in chunks, then builds the `LoadedRows` of them; an ID given again: its last."""
+
+    def __init__(self) -> None:
+        self._blobs: list[bytes] = []
+        self._lengths: list[np.ndarray] = []
+        self._hashes: list[np.ndarray] = []
+        self._fps: list[np.ndarray] = []
+
+    def add(self, ids: Sequence[bytes], fps: np.ndarray) -> None:
+        """`ids` as UTF-8 bytes, `fps` as uint64, in the same order."""
+        if len(ids) != len(fps):
+            raise ValueError(f"{len(ids)} IDs and {len(fps)} fingerprints")
+        self._blobs.append(b"".join(ids))
+        self._lengths.append(np.fromiter(map(len, ids), dtype=np.int64, count=len(ids)))
+        self._hashes.append(np.fromiter(map(_id_hash, ids), dtype=np.int64, count=len(ids)))
+        self._fps.append(np.asarray(fps, dtype=np.uint64))
+
+    def add_pairs(self, pairs: Iterable[tuple[str, int]], chunk: int = 100_000) -> list[tuple[str, int]]:
+        """Adds `pairs`; returns those whose ID has no bytes (a lone surrogate Redis could not have sent), in order,
+        for the caller to hold elsewhere."""
+        ids: list[bytes] = []
+        fps: list[int] = []
+        left: list[tuple[str, int]] = []
+        for incident_id, fp in pairs:
+            try:
+                ids.append(incident_id.encode("utf-8", "surrogateescape"))
+            except UnicodeEncodeError:
+                left.append((incident_id, fp))
+                continue
+            fps.append(fp)
+            if len(ids) >= chunk:
+                self.add(ids, np.array(fps, dtype=np.uint64))
+                ids, fps = [], []
+        if ids:
+            self.add(ids, np.array(fps, dtype=np.uint64))
+        return left
+
+    def build(self) -> LoadedRows | None:
+        """The rows, or None when nothing was added."""
+        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, dtype=np.int64)
+        if not len(lengths):
+            return None
+        blob = b"".join(self._blobs)
+        self._blobs = []
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        del lengths
+        hashes = np.concatenate(self._hashes)
+        fps = np.concatenate(self._fps)
+        self._lengths, self._hashes, self._fps = [], [], []
+        return LoadedRows(blob, offsets, hashes, fps)
+
+
+class LoadedRows:
+    """Incidents 0..n-1 (their IDs in `blob`), each in a row of a distinct fingerprint; rows sorted by fingerprint.
+
+    An incident given twice (the same ID bytes) keeps its last fingerprint; the earlier one is `dropped` from the
+    start, as if it had gone (in no row, not found by its ID).
+    """
+
+    def __init__(self, blob: bytes, offsets: np.ndarray, hashes: np.ndarray, fps: np.ndarray) -> None:
+        count = len(hashes)
+        self.blob = blob
+        self.offsets = offsets
+        by_hash = np.argsort(hashes)  # not stable (a third faster): `_drop_repeats` orders what shares a hash
+        sorted_hashes = hashes[by_hash]
+        keep = np.ones(count, dtype=bool)
+        same = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1])
+        if len(same):
+            self._drop_repeats(by_hash, same, keep)
+        kept_in_table = keep[by_hash]
+        self.hashes = sorted_hashes[kept_in_table]
+        self.by_hash = by_hash[kept_in_table].astype(np.int32 if count < 2**31 else np.int64)
+        del sorted_hashes, by_hash, kept_in_table
+        kept = np.flatnonzero(keep)
+        self.dropped = count - len(kept)
+        index_type = np.int32 if count < 2**31 else np.int64
+        # the rows: distinct fingerprints, sorted; one sort gives them and their members, row after row
+        kept_fps = fps[kept]
+        order = np.argsort(kept_fps)
+        ordered = kept_fps[order]
+        del kept_fps
+        first = np.empty(len(ordered), dtype=bool)
+        first[:1] = True
+        np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
+        self.fps = ordered[first]
+        starts = np.flatnonzero(first)
+        del ordered
+        self.row_start = np.append(starts, len(order)).astype(np.int64)
+        self.members = kept[order].astype(index_type)  # incidents, row after row
+        self.row_of = np.full(count, -1, dtype=index_type)  # each incident's row (-1: dropped)
+        self.row_of[self.members] = (np.cumsum(first) - 1).astype(index_type)
+        counts = np.diff(self.row_start)
+        del first, starts, order, kept
+        for row in np.flatnonzero(counts > 1).tolist():  # twins: a row's IDs in code point (UTF-8 byte) order
+            start, end = int(self.row_start[row]), int(self.row_start[row + 1])
+            group = self.members[start:end].tolist()
+            group.sort(key=self.id_bytes)
+            self.members[start:end] = group
+
+    def _drop_repeats(self, by_hash: np.ndarray, same: np.ndarray, keep: np.ndarray) -> None:
+        """Among incidents of one hash (`same`: positions p of the sorted table where p and p + 1 share it), every
+        occurrence of an ID but its last is dropped; IDs that only hash alike are all kept."""
+        run: list[int] = []
+        for p in [*same.tolist(), -2]:
+            if run and p == run[-1]:
+                run.append(p + 1)
+                continue
+            if run:
+                seen: set[bytes] = set()
+                for incident in sorted(by_hash[run].tolist(), reverse=True):  # the last occurrence first
+                    key = self.id_bytes(incident)
+                    if key in seen:
+                        keep[incident] = False
+                    seen.add(key)
+            run = [p, p + 1]
+
+    def __len__(self) -> int:
+        return len(self.row_of)
+
+    @property
+    def rows(self) -> int:
+        return len(self.fps)
+
+    def id_bytes(self, incident: int) -> bytes:
+        return self.blob[self.offsets[incident] : self.offsets[incident + 1]]
+
+    def incident_id(self, incident: int) -> str:
+        return self.blob[self.offsets[incident] : self.offsets[incident + 1]].decode("utf-8", "surrogateescape")
+
+    def find(self, incident_id: str) -> int:
+        """The incident of this ID, or -1 (dropped ones are never found)."""
+        try:
+            key = incident_id.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            return -1  # not an ID the rows can hold (`RowsBuilder.add_pairs`)
+        wanted = _id_hash(key)
+        hashes = self.hashes
+        at = int(np.searchsorted(hashes, wanted))
+        while at < len(hashes) and hashes[at] == wanted:
+            incident = int(self.by_hash[at])
+            if self.id_bytes(incident) == key:
+                return incident
+            at += 1
+        return -1
+
+    def fp_of(self, incident: int) -> int:
+        return int(self.fps[self.row_of[incident]])
+
+    def row_members(self, row: int) -> list[int]:
+        """The incidents of a row, in ID order."""
+        return self.members[self.row_start[row] : self.row_start[row + 1]].tolist()
+
+    def nbytes(self) -> int:
+        arrays = (self.offsets, self.hashes, self.by_hash, self.fps, self.row_of, self.row_start, self.members)
+        return len(self.blob) + sum(a.nbytes for a in arrays)
