@@ -22,6 +22,16 @@ local function slice(list, first, last)
   return out
 end
 
+-- A verify step's findings for one subject: its number, then each (kind, field, value) triple of `out`, onto `reply`.
+local function add_findings(reply, number, out)
+  for j = 1, #out, 3 do
+    reply[#reply + 1] = number
+    reply[#reply + 1] = out[j]
+    reply[#reply + 1] = out[j + 1]
+    reply[#reply + 1] = out[j + 2]
+  end
+end
+
 -- Matches are sorted by distance, then ID in byte order, as Python sorts str. Lua compares strings with
 -- strcoll, which is byte order only under the C locale; under any other, compare bytes by hand.
 local function bytes_less(a, b)

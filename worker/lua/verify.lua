@@ -243,12 +243,7 @@ local function verify(keys, args, repair)
         if repair then redis.call('ZREM', expiry_key, f1) end
       end
     end
-    for j = 1, #out, 3 do
-      reply[#reply + 1] = (a - 3) / 5 + 1
-      reply[#reply + 1] = out[j]
-      reply[#reply + 1] = out[j + 1]
-      reply[#reply + 1] = out[j + 2]
-    end
+    add_findings(reply, (a - 3) / 5 + 1, out)
   end
   return reply
 end

@@ -136,12 +136,7 @@ local function verify_groups(keys, args)
         if repair then redis.call('ZREM', gk.active, f1) end
       end
     end
-    for j = 1, #out, 3 do
-      reply[#reply + 1] = (a - 4) / 3 + 1
-      reply[#reply + 1] = out[j]
-      reply[#reply + 1] = out[j + 1]
-      reply[#reply + 1] = out[j + 2]
-    end
+    add_findings(reply, (a - 4) / 3 + 1, out)
   end
   return reply
 end
