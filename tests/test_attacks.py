@@ -703,3 +703,21 @@ def test_a_meta_deleted_during_a_migration_stops_its_switch(acl_redis: RedisServ
             key=lambda pair: (pair[1], pair[0]),
         )
         assert moved.matches_of(fp) == expected, incident_id
+
+
+def test_a_worker_puts_back_an_inbox_entry_the_full_stream_refused_and_processes_the_stream(
+    acl_redis: RedisServer, tmp_path: Path
+) -> None:
+    """A user that may XADD (an older producer user, or the worker's) can still append the largest ID, after which
+    every XADD * fails. The shipped worker user then moves nothing out of the inbox for nowhere: the entry goes back
+    to the inbox's head (its user may LPUSH), the stream's own entry is processed, and the log names the repair."""
+    admin = admin_of(acl_redis)
+    worker_user = user_of(acl_redis, WORKER_USER)
+    worker_user.xadd(EVENTS, {"incident_id": "x", "features": json.dumps({"dock": 3})}, id=MAX_ID)
+    element = inbox.encode({"incident_id": "y", "features": json.dumps({"dock": 3})})
+    user_of(acl_redis, PRODUCER_USER).rpush(INBOX, element)
+    log = tmp_path / "w.log"
+    worker = start_worker(worker_url(acl_redis), "--until-idle", log=log, **FAST)
+    assert worker.wait(timeout=60) == 0, log.read_text()[-3000:]
+    assert admin.hkeys(FP) == [b"x"] and admin.lrange(INBOX, 0, -1) == [element]
+    assert "inbox not moved" in log.read_text() and "XSETID" in log.read_text()
