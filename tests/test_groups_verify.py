@@ -228,3 +228,46 @@ def test_a_change_between_the_count_and_the_step_that_judges_a_size_is_not_taken
     found = _verify(redis_client)
     assert found.counts == {"group_sizes_unchecked": 1}
     assert _s(redis_client.hget(index.keys.group_sizes, label)) == "70"
+
+
+@pytest.mark.parametrize("after", ["_walk_merged", "_read_merged"])
+def test_a_merge_just_after_the_merged_labels_are_read_is_not_repaired_away(redis_client, monkeypatch, after) -> None:
+    """The change marker must be taken before the merged labels the count uses are read: a merge landing between the
+    two moved the marker already, so nothing would make the walk count again, and the repair would rewrite the sizes
+    from the count without the merge (the merged group's size split back, the folded label given a size again)."""
+    import worker.groupcheck as groupcheck
+
+    index, oracle = _built(redis_client, seed=11)
+    redis_client.hset(index.keys.group_sizes, "ended", 4)  # some damage, so that the walk counts again once
+    a, b = _groups_of(oracle, 2)[:2]
+    real = getattr(groupcheck.GroupStateChecks, after)
+    # after the first read (the walk's), or after the second (the retry's, once the first count was overtaken)
+    reads = iter([None, (a, b)] if after == "_read_merged" else [(a, b)])
+
+    def merged_then_a_merge(self: Any, *args: Any) -> Any:
+        found = real(self, *args)
+        merge = next(reads, None)
+        if merge:
+            assert oracle.merge(*merge)
+            index.merge_groups(*merge)
+        return found
+
+    monkeypatch.setattr(groupcheck.GroupStateChecks, after, merged_then_a_merge)
+    if after == "_read_merged":
+        # the retry's read: make the first count overtaken, so that the walk reads the merged labels again
+        calls = iter(range(10_000))
+        real_count = groupcheck.GroupStateChecks._count_members
+
+        def overtaken_once(self: Any, merged: dict[str, str]) -> Any:
+            found = real_count(self, merged)
+            if next(calls) == 0:
+                index.add_fingerprint("late", 0x0123_4567_89AB_CDEF)
+                oracle.upsert("late", 0x0123_4567_89AB_CDEF)
+            return found
+
+        monkeypatch.setattr(groupcheck.GroupStateChecks, "_count_members", overtaken_once)
+    _verify(redis_client, repair=True)
+    monkeypatch.undo()
+    again = _verify(redis_client)
+    assert again.clean, again.counts
+    _assert_groups(index, oracle)
