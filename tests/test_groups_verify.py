@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from tests.oracle import GroupOracle, clustered, flip
 from tests.test_groups import _assert_groups
+from worker import library
 from worker.index import FingerprintIndex
 from worker.integrity import KINDS, Verifier
 
@@ -270,4 +271,27 @@ def test_a_merge_just_after_the_merged_labels_are_read_is_not_repaired_away(redi
     monkeypatch.undo()
     again = _verify(redis_client)
     assert again.clean, again.counts
+    _assert_groups(index, oracle)
+
+
+def test_a_chain_longer_than_the_hops_followed_keeps_its_end(redis_client) -> None:
+    """A chain of merged labels is followed MAX_HOPS (1,000) hops at a time: where it is cut, the label reached is
+    merged further, and the repair must point the labels before it there without taking that label's own entry away
+    (which would make it a group of its own and lose where the chain ends). Repaired until clean, every label of the
+    chain names the group it ends at."""
+    index, oracle = _built(redis_client, seed=11)
+    end = _groups_of(oracle, 1)[0]
+    labels = [f"chain{i:04}" for i in range(1100)]
+    redis_client.hset(index.keys.group_merged, mapping=dict(zip(labels, [*labels[1:], end], strict=True)))
+    # the chain's first label judged first (the walk's order is the hash's): its path is cut at chain1000
+    keys = [index.keys.meta, index.keys.fingerprints, index.keys.changes]
+    tag = redis_client.hget(index.keys.meta, "layout")
+    redis_client.fcall(library.FN_VERIFY_GROUPS_REPAIR, len(keys), *keys, tag, "1", "", "m", labels[0], "")
+    assert _s(redis_client.hget(index.keys.group_merged, labels[1000])) == labels[1001]
+    for _ in range(3):
+        if _verify(redis_client, repair=True).clean:
+            break
+    assert _verify(redis_client).clean
+    merged = {_s(k): _s(v) for k, v in redis_client.hgetall(index.keys.group_merged).items()}
+    assert {merged.get(label) for label in labels} == {end}
     _assert_groups(index, oracle)
