@@ -573,7 +573,9 @@ def test_a_producer_appends_to_the_inbox_and_can_do_nothing_else(acl_redis: Redi
     assert upkeep.warnings(user_of(acl_redis, WORKER_USER), Settings(), memory=False) == []
 
 
-@pytest.mark.parametrize("taken", [["lpop", "llen"], ["lpop"]], ids=["older acl", "without lpop only"])
+@pytest.mark.parametrize(
+    "taken", [["lpop", "llen", "lpush"], ["lpop"], ["lpush"]], ids=["older acl", "without lpop only", "without lpush"]
+)
 def test_a_worker_user_from_an_older_acl_processes_the_stream_and_names_the_inbox_grant(
     acl_redis: RedisServer, tmp_path: Path, taken: list[str]
 ) -> None:

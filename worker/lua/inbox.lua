@@ -120,6 +120,12 @@ local function intake(keys, args)
         '; nothing was moved')
     end
   end
+  -- and an entry a stream refuses goes back with LPUSH: a user that may not is stopped here too (Redis 7; fakeredis
+  -- has no ACL), having moved nothing, rather than lose that entry
+  if redis.acl_check_cmd and not redis.acl_check_cmd('LPUSH', keys[1], 'x') then
+    return redis.error_reply('NOPERM this user may not LPUSH to ' .. keys[1] .. ' (to put back an entry a stream ' ..
+      'refuses); nothing was moved')
+  end
   local moved, large, bad = 0, 0, 0
   while moved + large + bad < count and budget > 0 do
     local raw = redis.call('LPOP', keys[1])
