@@ -406,6 +406,28 @@ def test_a_text_that_nfkc_expands_many_times_over_is_dead_lettered_within_bounde
     assert features_from_text(f"payment failed {_EXPANDING} {_EXPANDING} retry")
 
 
+def test_a_text_of_combining_marks_is_dead_lettered_in_time_linear_in_its_size() -> None:
+    """NFKC puts a run of combining marks in order by insertion, in time that grows with the run's square: 1 MiB of
+    marks of alternating classes took minutes. A run longer than a slice with no place to cut is `bad_text`; runs of
+    marks as long as real texts hold, even a "zalgo" text's hundreds, are tokenized."""
+    from pydantic import ValidationError
+
+    from worker.errors import TextTooLargeError
+    from worker.formats import EventLimits, IncidentEvent, event_error
+    from worker.text import features_from_text
+
+    attack = "a" + "\u0301\u0316" * (1_048_576 // 4 - 100)  # classes 230, 220, ...: each 220 sorts back past all
+    started = time.process_time()
+    with pytest.raises(TextTooLargeError, match="none of which NFKC can be cut before"):
+        features_from_text(attack)
+    assert time.process_time() - started < 5, "about 190 s of CPU before the bound"
+    with pytest.raises(ValidationError) as refused:
+        IncidentEvent.from_fields({b"incident_id": b"7", b"text": attack.encode()}, EventLimits())
+    assert event_error(refused.value)[0] == "bad_text"
+    zalgo = ("disk full " + "e" + "\u0301\u0316" * 150 + " ") * 400  # runs of 300 marks, 250 KB
+    assert "disk" in features_from_text(zalgo)
+
+
 _ALPHABET = st.sampled_from(
     [
         "a",

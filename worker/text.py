@@ -161,6 +161,10 @@ def _nfkc(text: str) -> str:
         end = min(start + _NFKC_SLICE, len(text))
         while end < len(text) and not _nfkc_boundary(text, end):
             end += 1
+            if end - start > 2 * _NFKC_SLICE:
+                # NFKC orders a run of combining marks by insertion: its time grows with the run's square (minutes
+                # for 1 MiB of marks), so a slice may not grow past twice its size looking for a place to cut
+                raise _no_cut(text, start + _NFKC_SLICE)
         part = normalize("NFKC", text[start:end])
         size += len(part)
         if size > bound:
@@ -202,6 +206,13 @@ def _too_large(text: str) -> TextTooLargeError:
     return TextTooLargeError(
         f"the text of {len(text):,} characters grows more than {NFKC_GROWTH} times over in Unicode's NFKC form (a "
         "run of characters that each stand for several, such as U+FDFA): it is not tokenized"
+    )
+
+
+def _no_cut(text: str, at: int) -> TextTooLargeError:
+    return TextTooLargeError(
+        f"the text of {len(text):,} characters holds, from character {at:,}, a run of more than {_NFKC_SLICE:,} "
+        "characters none of which NFKC can be cut before (combining marks, mostly): it is not tokenized"
     )
 
 
