@@ -406,6 +406,28 @@ def test_a_text_that_nfkc_expands_many_times_over_is_dead_lettered_within_bounde
     assert features_from_text(f"payment failed {_EXPANDING} {_EXPANDING} retry")
 
 
+def test_a_text_of_combining_marks_is_dead_lettered_in_time_linear_in_its_size() -> None:
+    """NFKC puts a run of combining marks in order by insertion, in time that grows with the run's square: 1 MiB of
+    marks of alternating classes took minutes. A run longer than a slice with no place to cut is `bad_text`; runs of
+    marks as long as real texts hold, even a "zalgo" text's hundreds, are tokenized."""
+    from pydantic import ValidationError
+
+    from worker.errors import TextTooLargeError
+    from worker.formats import EventLimits, IncidentEvent, event_error
+    from worker.text import features_from_text
+
+    attack = "a" + "\u0301\u0316" * (1_048_576 // 4 - 100)  # classes 230, 220, ...: each 220 sorts back past all
+    started = time.process_time()
+    with pytest.raises(TextTooLargeError, match="none of which NFKC can be cut before"):
+        features_from_text(attack)
+    assert time.process_time() - started < 5, "about 190 s of CPU before the bound"
+    with pytest.raises(ValidationError) as refused:
+        IncidentEvent.from_fields({b"incident_id": b"7", b"text": attack.encode()}, EventLimits())
+    assert event_error(refused.value)[0] == "bad_text"
+    zalgo = ("disk full " + "e" + "\u0301\u0316" * 150 + " ") * 400  # runs of 300 marks, 250 KB
+    assert "disk" in features_from_text(zalgo)
+
+
 _ALPHABET = st.sampled_from(
     [
         "a",
@@ -573,7 +595,9 @@ def test_a_producer_appends_to_the_inbox_and_can_do_nothing_else(acl_redis: Redi
     assert upkeep.warnings(user_of(acl_redis, WORKER_USER), Settings(), memory=False) == []
 
 
-@pytest.mark.parametrize("taken", [["lpop", "llen"], ["lpop"]], ids=["older acl", "without lpop only"])
+@pytest.mark.parametrize(
+    "taken", [["lpop", "llen", "lpush"], ["lpop"], ["lpush"]], ids=["older acl", "without lpop only", "without lpush"]
+)
 def test_a_worker_user_from_an_older_acl_processes_the_stream_and_names_the_inbox_grant(
     acl_redis: RedisServer, tmp_path: Path, taken: list[str]
 ) -> None:
@@ -703,3 +727,21 @@ def test_a_meta_deleted_during_a_migration_stops_its_switch(acl_redis: RedisServ
             key=lambda pair: (pair[1], pair[0]),
         )
         assert moved.matches_of(fp) == expected, incident_id
+
+
+def test_a_worker_puts_back_an_inbox_entry_the_full_stream_refused_and_processes_the_stream(
+    acl_redis: RedisServer, tmp_path: Path
+) -> None:
+    """A user that may XADD (an older producer user, or the worker's) can still append the largest ID, after which
+    every XADD * fails. The shipped worker user then moves nothing out of the inbox for nowhere: the entry goes back
+    to the inbox's head (its user may LPUSH), the stream's own entry is processed, and the log names the repair."""
+    admin = admin_of(acl_redis)
+    worker_user = user_of(acl_redis, WORKER_USER)
+    worker_user.xadd(EVENTS, {"incident_id": "x", "features": json.dumps({"dock": 3})}, id=MAX_ID)
+    element = inbox.encode({"incident_id": "y", "features": json.dumps({"dock": 3})})
+    user_of(acl_redis, PRODUCER_USER).rpush(INBOX, element)
+    log = tmp_path / "w.log"
+    worker = start_worker(worker_url(acl_redis), "--until-idle", log=log, **FAST)
+    assert worker.wait(timeout=60) == 0, log.read_text()[-3000:]
+    assert admin.hkeys(FP) == [b"x"] and admin.lrange(INBOX, 0, -1) == [element]
+    assert "inbox not moved" in log.read_text() and "XSETID" in log.read_text()

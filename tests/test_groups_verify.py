@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from tests.oracle import GroupOracle, clustered, flip
 from tests.test_groups import _assert_groups
+from worker import library
 from worker.index import FingerprintIndex
 from worker.integrity import KINDS, Verifier
 
@@ -228,3 +229,69 @@ def test_a_change_between_the_count_and_the_step_that_judges_a_size_is_not_taken
     found = _verify(redis_client)
     assert found.counts == {"group_sizes_unchecked": 1}
     assert _s(redis_client.hget(index.keys.group_sizes, label)) == "70"
+
+
+@pytest.mark.parametrize("after", ["_walk_merged", "_read_merged"])
+def test_a_merge_just_after_the_merged_labels_are_read_is_not_repaired_away(redis_client, monkeypatch, after) -> None:
+    """The change marker must be taken before the merged labels the count uses are read: a merge landing between the
+    two moved the marker already, so nothing would make the walk count again, and the repair would rewrite the sizes
+    from the count without the merge (the merged group's size split back, the folded label given a size again)."""
+    import worker.groupcheck as groupcheck
+
+    index, oracle = _built(redis_client, seed=11)
+    redis_client.hset(index.keys.group_sizes, "ended", 4)  # some damage, so that the walk counts again once
+    a, b = _groups_of(oracle, 2)[:2]
+    real = getattr(groupcheck.GroupStateChecks, after)
+    # after the first read (the walk's), or after the second (the retry's, once the first count was overtaken)
+    reads = iter([None, (a, b)] if after == "_read_merged" else [(a, b)])
+
+    def merged_then_a_merge(self: Any, *args: Any) -> Any:
+        found = real(self, *args)
+        merge = next(reads, None)
+        if merge:
+            assert oracle.merge(*merge)
+            index.merge_groups(*merge)
+        return found
+
+    monkeypatch.setattr(groupcheck.GroupStateChecks, after, merged_then_a_merge)
+    if after == "_read_merged":
+        # the retry's read: make the first count overtaken, so that the walk reads the merged labels again
+        calls = iter(range(10_000))
+        real_count = groupcheck.GroupStateChecks._count_members
+
+        def overtaken_once(self: Any, merged: dict[str, str]) -> Any:
+            found = real_count(self, merged)
+            if next(calls) == 0:
+                index.add_fingerprint("late", 0x0123_4567_89AB_CDEF)
+                oracle.upsert("late", 0x0123_4567_89AB_CDEF)
+            return found
+
+        monkeypatch.setattr(groupcheck.GroupStateChecks, "_count_members", overtaken_once)
+    _verify(redis_client, repair=True)
+    monkeypatch.undo()
+    again = _verify(redis_client)
+    assert again.clean, again.counts
+    _assert_groups(index, oracle)
+
+
+def test_a_chain_longer_than_the_hops_followed_keeps_its_end(redis_client) -> None:
+    """A chain of merged labels is followed MAX_HOPS (1,000) hops at a time: where it is cut, the label reached is
+    merged further, and the repair must point the labels before it there without taking that label's own entry away
+    (which would make it a group of its own and lose where the chain ends). Repaired until clean, every label of the
+    chain names the group it ends at."""
+    index, oracle = _built(redis_client, seed=11)
+    end = _groups_of(oracle, 1)[0]
+    labels = [f"chain{i:04}" for i in range(1100)]
+    redis_client.hset(index.keys.group_merged, mapping=dict(zip(labels, [*labels[1:], end], strict=True)))
+    # the chain's first label judged first (the walk's order is the hash's): its path is cut at chain1000
+    keys = [index.keys.meta, index.keys.fingerprints, index.keys.changes]
+    tag = redis_client.hget(index.keys.meta, "layout")
+    redis_client.fcall(library.FN_VERIFY_GROUPS_REPAIR, len(keys), *keys, tag, "1", "", "m", labels[0], "")
+    assert _s(redis_client.hget(index.keys.group_merged, labels[1000])) == labels[1001]
+    for _ in range(3):
+        if _verify(redis_client, repair=True).clean:
+            break
+    assert _verify(redis_client).clean
+    merged = {_s(k): _s(v) for k, v in redis_client.hgetall(index.keys.group_merged).items()}
+    assert {merged.get(label) for label in labels} == {end}
+    _assert_groups(index, oracle)

@@ -304,3 +304,33 @@ def test_a_worker_is_not_idle_while_the_inbox_holds_events(redis_client: redis.R
     assert not worker._idle()
     worker.run(until_idle=True)
     assert redis_client.hlen(FP) == 1 and worker._idle()
+
+
+# -- a move that cannot append keeps the entry in the inbox ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("full", ["events", "dead"])
+def test_a_stream_that_takes_no_more_ids_loses_no_inbox_entry(redis_client: redis.Redis, full: str) -> None:
+    """A stream whose last ID is the largest (what the inbox keeps producers from doing, done before it, or by an
+    older user) refuses every `XADD *`: the entry that could not be appended stays at the head of the inbox, in its
+    order, and the call says why, instead of the entry leaving the inbox for nowhere at each read round."""
+    stream, element = (EVENTS, inbox.encode({"incident_id": "a", "n": "1"})) if full == "events" else (DEAD, b"junk")
+    redis_client.xadd(stream, {"x": "1"}, id="18446744073709551615-18446744073709551615")
+    redis_client.rpush(INBOX, element, inbox.encode({"incident_id": "b", "n": "2"}))
+    for _ in range(3):
+        with pytest.raises(redis.exceptions.ResponseError, match="last possible ID"):
+            inbox.intake(redis_client, INBOX, TARGET, fast_settings(), "w1")
+        assert [bytes(e) if isinstance(e, bytes) else e.encode() for e in redis_client.lrange(INBOX, 0, -1)] == [
+            element,
+            inbox.encode({"incident_id": "b", "n": "2"}),
+        ]
+
+
+def test_until_idle_ends_on_a_stream_delivered_up_to_the_largest_id(redis_client: redis.Redis) -> None:
+    """`run --until-idle` asks for the entries after the group's last delivered one: after the largest ID (XADDed by
+    hand) there are none, and Redis refuses the interval; the worker ends instead of failing on it."""
+    redis_client.xadd(
+        EVENTS, {"incident_id": "x", "features": '{"dock": 3}'}, id="18446744073709551615-18446744073709551615"
+    )
+    StreamWorker(redis_client, fast_settings()).run(until_idle=True)
+    assert redis_client.hlen(FP) == 1

@@ -504,6 +504,11 @@ def test_stream_names_may_not_be_index_keys() -> None:
         "{incidents}:changes",
         "{incidents}:band:0:0000",
         "{incidents}:heartbeat:w1",
+        "{incidents}:inbox",
+        "{incidents}:group",
+        "{incidents}:groupsize",
+        "{incidents}:groupmerged",
+        "{incidents}:groupactive",
     ):
         with pytest.raises(ValueError, match="a key the index itself uses"):
             settings(alerts_stream=name)

@@ -86,7 +86,8 @@ REASONS = {
     "missing_field": "incident_id is missing, or an add or upsert carries neither features nor text",
     "features_and_text": "the entry carries both features and text (send exactly one of them)",
     "bad_type": "a field has the wrong type",
-    "bad_text": "text is not valid Unicode (a lone surrogate), or grows more than 4 times over in NFKC form",
+    "bad_text": "text is not valid Unicode (a lone surrogate), or grows more than 4 times over in NFKC form, or holds "
+    "a run of more than 4,096 characters NFKC cannot be cut between",
     "bad_incident_id": "incident_id is empty, longer than 256 characters, or holds a lone surrogate (no UTF-8 form)",
     "bad_op": "op is not add, upsert or delete",
     "not_utf8": "a field is not valid UTF-8",

@@ -89,16 +89,18 @@ class GroupStateChecks:
         raise NotImplementedError
 
     def _walk_group_state(self) -> None:
-        merged = self._walk_merged()
+        self._walk_merged()
         for _ in range(COUNT_TRIES):
             marker = self._group_call([], "")
+            # the merged labels the count uses are read after the marker: a merge landing before this read is in
+            # it, one landing after moves the marker (read before it, a merge in between went unnoticed)
+            merged = self._read_merged()
             counted, own_entries = self._count_members(merged)
             sizes = self._read_sizes()
             # judged only when no change overtook the count, up to the step that judges each size (a call that
             # found the marker moved judged none of its sizes: count again)
             if self._group_call([], "") == marker and self._judge_sizes(counted, own_entries, merged, sizes, marker):
                 break
-            merged = self._read_merged()  # a merge may have moved under the count
         else:
             self._found("group_sizes_unchecked", self.keys.group_sizes, f"{COUNT_TRIES} counts overtaken", False)
         self._walk_active()
@@ -133,16 +135,13 @@ class GroupStateChecks:
     def _read_merged(self) -> dict[str, str]:
         return {text(k): text(v) for k, v in self.client.hscan_iter(self.keys.group_merged, count=self.batch)}
 
-    def _walk_merged(self) -> dict[str, str]:
+    def _walk_merged(self) -> None:
         merged = self._read_merged()
         self._scanned()["group_merged"] += len(merged)
         suspects: list[Subject] = [("m", _raw(label), "") for label, into in merged.items() if into in merged]
         if suspects:
             self._group_call(suspects, "")
-            if self.repair:
-                merged = self._read_merged()
         self._pace(len(merged))
-        return merged
 
     def _count_members(self, merged: dict[str, str]) -> tuple[Counter[str], set[str]]:
         """Each group's members with an entry in {N}:group, by the label they read as; judges the entries on the way.

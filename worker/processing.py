@@ -93,8 +93,9 @@ loads in a row that lost their position to a trim."""
 
 
 _INBOX_OFF_S = 60.0
-"""How long a worker leaves the inbox alone after it could not move it (its user lacks LPOP, or the inbox holds
-another type): the error is logged once a period, and the stream's own entries are read on meanwhile."""
+"""How long a worker leaves the inbox alone after it could not move it (its user lacks LPOP, the inbox holds
+another type, or a stream refused an entry): the error is logged once a period, and the stream's own entries are
+read on meanwhile."""
 
 
 @dataclass
@@ -265,7 +266,8 @@ class Processor:
         """Move what producers appended to the inbox into the events stream; returns whether the inbox holds more.
 
         At maxmemory the call is refused whole (the inbox keeps its entries) and the stream is read on; a user that
-        may not move the inbox (made from an older users.acl) is told what to grant, once a minute."""
+        may not move the inbox (made from an older users.acl) is told what to grant, once a minute, and a stream that
+        refused an entry (NOTMOVED: the entry is back at the inbox's head) is named once a minute too."""
         if self.inbox_paused:
             return False
         inbox = self.index.keys.inbox
@@ -279,13 +281,24 @@ class Processor:
                 self._inbox_off_until = time.monotonic() + _INBOX_OFF_S
                 self.log.error("inbox not moved", error=str(diagnose(self.redis, self.index.keys, only=[inbox])))
                 return False
+            if str(error).startswith("NOTMOVED"):
+                # a stream refused an entry's XADD (its last ID the largest, XADDed by hand): the entry went back to
+                # the inbox's head, the stream's own entries go on
+                self._inbox_off_until = time.monotonic() + _INBOX_OFF_S
+                self.log.error(
+                    "inbox not moved",
+                    error=str(error),
+                    hint="a stream whose last ID is the largest takes no XADD *: delete that entry and set the "
+                    "stream's ID back (XDEL, XSETID; then XGROUP SETID, as `check` says)",
+                )
+                return False
             if not _refused(error):
                 raise
             self._inbox_off_until = time.monotonic() + _INBOX_OFF_S
             self.log.error(
                 "inbox not moved: the worker's user may not",
                 error=str(error),
-                hint=f"grant +lpop +llen on {inbox} (deploy/redis/users.acl); events XADDed to the stream go on",
+                hint=f"grant +lpop +llen +lpush on {inbox} (deploy/redis/users.acl); events XADDed to the stream go on",
             )
             return False
         for reason, count in (("too_large", done.too_large), ("bad_inbox_entry", done.bad)):

@@ -438,7 +438,8 @@ class Settings(BaseSettings):
         names = [self.events_stream, self.alerts_stream, self.dead_stream]
         if len(set(names)) != 3:
             raise ValueError(f"the events, alerts and dead-letter streams must differ, got {names}")
-        taken = {keys.meta, keys.fingerprints, keys.changes, keys.workers, keys.expiry, keys.migration}
+        taken = {keys.meta, keys.fingerprints, keys.changes, keys.workers, keys.expiry, keys.migration, keys.inbox}
+        taken |= {keys.groups, keys.group_sizes, keys.group_merged, keys.group_active}
         prefixes = (keys.postings_prefix(), keys.twin_prefix, keys.heartbeat(""), keys.lease(""))
         for stream in names:
             if stream in taken or stream.startswith(prefixes):

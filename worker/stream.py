@@ -46,6 +46,9 @@ from .watchdog import Watchdog
 
 __all__ = ["StreamWorker", "WorkerStats"]
 
+_LAST_ID = f"{2**64 - 1}-{2**64 - 1}"
+"""The largest entry ID a stream can hold: no entry can follow it."""
+
 
 def tls_unverified(error: BaseException) -> bool:
     """Whether a connection failed because a server's TLS certificate could not be verified (redis-py wraps the
@@ -244,7 +247,9 @@ class StreamWorker:
             return True
         if int(group.get("pending", 0)) != 0:
             return False
-        later = self.redis.xrange(self.target.events_stream, min=f"({group['last-delivered-id']}", count=1)
+        last = str(group["last-delivered-id"])
+        # nothing can follow the largest ID (XADDed by hand), and Redis refuses an interval that starts past it
+        later = [] if last == _LAST_ID else self.redis.xrange(self.target.events_stream, min=f"({last}", count=1)
         return not later and not self._inbox_waiting()
 
     def _inbox_waiting(self) -> bool:

@@ -139,6 +139,8 @@ while one character can give 18 (U+FDFA), and 1 MiB of it would cost the tokeniz
 
 _NFKC_SLACK = 4096
 _NFKC_SLICE = 4096
+_NFKC_RUN = 4096
+"""The most characters a slice grows by past `_NFKC_SLICE` looking for a place to cut; a longer run is `bad_text`."""
 
 
 def _nfkc(text: str) -> str:
@@ -161,6 +163,10 @@ def _nfkc(text: str) -> str:
         end = min(start + _NFKC_SLICE, len(text))
         while end < len(text) and not _nfkc_boundary(text, end):
             end += 1
+            if end - start > _NFKC_SLICE + _NFKC_RUN:
+                # NFKC orders a run of combining marks by insertion: its time grows with the run's square (minutes
+                # for 1 MiB of marks), so a slice may grow by _NFKC_RUN at most looking for a place to cut
+                raise _no_cut(text, start + _NFKC_SLICE)
         part = normalize("NFKC", text[start:end])
         size += len(part)
         if size > bound:
@@ -202,6 +208,13 @@ def _too_large(text: str) -> TextTooLargeError:
     return TextTooLargeError(
         f"the text of {len(text):,} characters grows more than {NFKC_GROWTH} times over in Unicode's NFKC form (a "
         "run of characters that each stand for several, such as U+FDFA): it is not tokenized"
+    )
+
+
+def _no_cut(text: str, at: int) -> TextTooLargeError:
+    return TextTooLargeError(
+        f"the text of {len(text):,} characters holds, from character {at:,}, a run of more than {_NFKC_RUN:,} "
+        "characters none of which NFKC can be cut before (combining marks, mostly): it is not tokenized"
     )
 
 

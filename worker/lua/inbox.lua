@@ -97,8 +97,9 @@ end
 
 -- Move the oldest entries of the inbox into the events stream, each with a server-assigned ID, in one atomic step:
 -- an entry is either still in the inbox or in the stream (or, too large or not an event, in the dead letters),
--- never both and never neither, however many workers call it at once. Entries leave the inbox one at a time, so
--- the call holds one element, however large, at a time; it stops after `count` entries or `budget` bytes.
+-- never both and never neither, however many workers call it at once (a stream that refuses an entry's XADD gives
+-- it back to the inbox's head: the error NOTMOVED). Entries leave the inbox one at a time, so the call holds one
+-- element, however large, at a time; it stops after `count` entries or `budget` bytes.
 --
 -- keys[1] = {N}:inbox   keys[2] = events stream   keys[3] = dead-letter stream
 -- args[1] = most entries   args[2] = byte budget   args[3] = max_entry_bytes   args[4] = prefix bytes of a dead
@@ -119,6 +120,12 @@ local function intake(keys, args)
         '; nothing was moved')
     end
   end
+  -- and an entry a stream refuses goes back with LPUSH: a user that may not is stopped here too (Redis 7; fakeredis
+  -- has no ACL), having moved nothing, rather than lose that entry
+  if redis.acl_check_cmd and not redis.acl_check_cmd('LPUSH', keys[1], 'x') then
+    return redis.error_reply('NOPERM this user may not LPUSH to ' .. keys[1] .. ' (to put back an entry a stream ' ..
+      'refuses); nothing was moved')
+  end
   local moved, large, bad = 0, 0, 0
   while moved + large + bad < count and budget > 0 do
     local raw = redis.call('LPOP', keys[1])
@@ -129,17 +136,27 @@ local function intake(keys, args)
     if fields then
       for i = 1, #fields do total = total + #fields[i] end
     end
+    local into, added
     if fields and total <= limit then
-      redis.call('XADD', keys[2], '*', unpack(fields))
+      into, added = keys[2], redis.pcall('XADD', keys[2], '*', unpack(fields))
       moved = moved + 1
     else
       local letter = inbox_letter(keys[1], consumer, raw, fields, total, limit, prefix, problem)
+      into = keys[3]
       if maxlen > 0 then
-        redis.call('XADD', keys[3], 'MAXLEN', '~', maxlen, '*', unpack(letter))
+        added = redis.pcall('XADD', keys[3], 'MAXLEN', '~', maxlen, '*', unpack(letter))
       else
-        redis.call('XADD', keys[3], '*', unpack(letter))
+        added = redis.pcall('XADD', keys[3], '*', unpack(letter))
       end
       if fields then large = large + 1 else bad = bad + 1 end
+    end
+    -- A stream can refuse XADD * after the LPOP: one whose last ID is the largest (XADDed by hand) refuses every
+    -- one. A function's writes stay when it fails, so the element goes back to the head of the inbox, in its place.
+    if type(added) == 'table' and added.err then
+      redis.call('LPUSH', keys[1], raw)
+      return redis.error_reply('NOTMOVED ' .. into .. ' refused the inbox entry (' .. tostring(added.err) .. '); it was put ' ..
+        'back at the head of ' .. keys[1] .. ', and the ' .. (moved + large + bad - 1) .. ' before it in this call ' ..
+        'stay moved')
     end
   end
   return {moved, large, bad, redis.call('LLEN', keys[1])}

@@ -65,11 +65,12 @@ local function judge_merged(gk, label, repair, out)
   end
   if repair then
     for i = 1, #path do
-      if path[i] == target then
-        redis.call('HDEL', gk.merged, target)
-      else
+      if path[i] ~= target then
         redis.call('HSET', gk.merged, path[i], target)
+      elseif again then
+        redis.call('HDEL', gk.merged, target)
       end
+      -- (a chain's end keeps its entry: it has none, or, where MAX_HOPS cut the chain, it names the rest of it)
     end
   end
 end
