@@ -48,21 +48,21 @@ __all__ = ["MemoryIndex", "SearchResult"]
 
 _DIRECT_WIDTH = 20
 """Bands at most this wide get, in each tier, a table of every value's first position (2^width + 1 entries a band):
-16-bit bands, the default's, cost 0.5 MB a band and tier (2^16 + 1 positions, int32 while the arena is under 2^31).
+16-bit bands, the default's, cost 0.25 MB a band and tier (int32 positions while the arena is under 2^31 entries).
 Wider bands get one in a tier large enough (`_DIRECT_SHARE`); other tiers are searched with two binary searches a
 band."""
 
 _WIDE_WIDTH = 24
-"""The widest bands that may get a table (2^24 + 1 positions: 64 MB a band)."""
+"""The widest bands that may get a table (2^24 + 1 positions: 64 MB a band and tier)."""
 
 _DIRECT_SHARE = 8
 """A tier of bands wider than _DIRECT_WIDTH (and at most _WIDE_WIDTH) gets tables once it holds at least
-2^(widest band) / _DIRECT_SHARE rows. A table replaces the tier's sorted band keys (8 bytes a row and band) with 4 bytes
-a value, so it costs at most 4x the keys at that size, and less than them from 2^width / 2 rows on: 3 bands of
-22/21/21 bits (the layout `stats` advises at 10M) take 34 MB a tier from 524,288 rows on, against the keys' 240 MB at
-10M. Two gathers a probe instead of two binary searches over millions of keys: 7.8x the queries a second at 1M
-(benchmarks/journal/ten-million.md). Smaller tiers (the newest, made from the tail) keep binary searches: a table
-there would cost more to build and hold than searching their few keys."""
+2^(widest band) / _DIRECT_SHARE rows. A table replaces the tier's sorted band keys (8 bytes a row and band) with 4
+bytes a value: at that size it costs 4x the keys, from 2^width / 2 rows on less than them. 3 bands of 22/21/21 bits
+(the layout `stats` advises for the primary path at 10M) take 34 MB a tier from 524,288 rows on, where the keys of
+10M rows took 240 MB. Two gathers a probe instead of two binary searches over millions of keys: 537 -> 62 us a
+query at 10M, 5 to 8x fewer at 1M and 3M (benchmarks/journal/ten-million.md). Smaller tiers (the newest, made from
+the tail) keep binary searches: a table there costs more to build and hold than searching their few keys."""
 
 _SEAL_AT = 2048
 """Rows in the tail (made after the last tier, compared one by one with each query) at which they become a tier."""
