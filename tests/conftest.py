@@ -254,6 +254,21 @@ def seal_at(request: pytest.FixtureRequest) -> Iterator[int]:
     worker.snapshot._SEAL_AT = saved
 
 
+@pytest.fixture(params=["as-set", "tables-from-3-rows", "binary-searches"])
+def direct_tables(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How a snapshot copy's tiers find a probe's postings: as configured (tables of every band value for bands up
+    to 20 bits, and for wider ones in large tiers only), or with tables in every tier of 3 rows or more whatever
+    the bands' width up to 24 bits (so that 22-bit bands meet tables, and one search meets tiers of both kinds), or
+    with binary searches in every tier; in this process's copies."""
+    import worker.snapshot
+
+    if request.param == "tables-from-3-rows":
+        monkeypatch.setattr(worker.snapshot.MemoryIndex, "_direct", lambda self, rows: self._widest <= 24 and rows >= 3)
+    elif request.param == "binary-searches":
+        monkeypatch.setattr(worker.snapshot.MemoryIndex, "_direct", lambda self, rows: False)
+    return str(request.param)
+
+
 # -- the commands in this process, against a real server and fakeredis's TCP server --------------------------------
 
 

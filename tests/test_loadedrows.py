@@ -60,7 +60,7 @@ def _check(index: MemoryIndex, oracle: Oracle, pool: list[int], rng: random.Rand
     ),
 )
 def test_a_loaded_copy_answers_as_the_oracle_through_changes(
-    layout, seed, loaded, ops, id_hash: str, seal_at: int
+    layout, seed, loaded, ops, id_hash: str, seal_at: int, direct_tables: str
 ) -> None:
     bands, max_distance = layout
     rng = random.Random(seed)

@@ -7,6 +7,7 @@ import math
 import random
 import time
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -34,7 +35,9 @@ def _expected(oracle: Oracle, fp: int, exclude: str | None, limit: int) -> tuple
     ),
     limit=st.sampled_from([0, 1, 3, 100]),
 )
-def test_search_equals_a_linear_scan_through_sets_deletes_and_twins(layout, seed, ops, limit, seal_at) -> None:
+def test_search_equals_a_linear_scan_through_sets_deletes_and_twins(
+    layout, seed, ops, limit, seal_at, direct_tables
+) -> None:
     bands, max_distance = layout
     rng = random.Random(seed)
     # few distinct fingerprints, so that twins (storms) and near pairs are common
@@ -96,7 +99,7 @@ def _loaded_then_changed(
     max_distance=st.sampled_from([None, 0, 2]),
 )
 def test_the_numpy_base_and_the_rows_made_after_it_search_like_a_linear_scan(
-    layout, seed, loaded, ops, limit, max_distance, seal_at
+    layout, seed, loaded, ops, limit, max_distance, seal_at, direct_tables
 ) -> None:
     """A copy loaded in one go (one numpy tier), then changed (rows in the tail and in tiers, rows emptied) and
     compacted."""
@@ -124,7 +127,7 @@ def test_the_numpy_base_and_the_rows_made_after_it_search_like_a_linear_scan(
     max_distance=st.sampled_from([None, 1]),
 )
 def test_a_batch_of_searches_answers_each_as_a_linear_scan(
-    layout, seed, loaded, changed, limit, max_distance, seal_at
+    layout, seed, loaded, changed, limit, max_distance, seal_at, direct_tables
 ) -> None:
     """search_many (one numpy pass over the base for a send's events) against the oracle, query by query; each the
     same as its own search, but for the candidates, fewer once a search built a tier anew without rows that went."""
@@ -235,7 +238,7 @@ def _assert_tiers_hold_their_shape(index: MemoryIndex) -> None:
     seal=st.sampled_from([1, 2, 5]),
 )
 def test_tiers_sealed_and_merged_while_the_copy_changes_search_like_a_linear_scan(
-    layout, seed, loaded, rounds, seal
+    layout, seed, loaded, rounds, seal, direct_tables
 ) -> None:
     """Rows sealed into tiers every few changes and merged as they come (upserts and deletes emptying rows of older
     tiers, fingerprints held again after their row went): after each round every query answers as the oracle, and
@@ -337,8 +340,32 @@ def _loaded_with_storm(
     return rng, index, oracle, center, storm
 
 
+def test_wide_bands_get_tables_in_large_tiers_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bands of 22 bits (3 bands, the layout `stats` advises at 10M): a tier of at least 2^22 / _DIRECT_SHARE rows
+    finds its postings in tables of int32 positions, a smaller one (made from the tail) by binary searches, and a
+    search across both answers as the oracle."""
+    monkeypatch.setattr(worker.snapshot, "_DIRECT_SHARE", (1 << 22) // 500)  # tables from 500 rows, not 524,288
+    monkeypatch.setattr(worker.snapshot, "_SEAL_AT", 64)
+    rng = random.Random(7)
+    pool = clustered(rng, 900, 7, centers=30)
+    index, oracle = MemoryIndex(BandLayout(3, 7)), Oracle(7)
+    loaded = [(f"i{k}", fp) for k, fp in enumerate(pool[:600])]
+    index.load(loaded)
+    oracle.fps.update(loaded)
+    for k, fp in enumerate(pool[600:]):
+        index.set(f"n{k}", fp)
+        oracle.fps[f"n{k}"] = fp
+    tiers = index._tiers
+    assert tiers[0].starts is not None and tiers[0].keys is None and tiers[0].starts.dtype == np.int32
+    assert len(tiers[0].starts) == (1 << 22) + 2 * (1 << 21) + 3
+    assert any(t.keys is not None and t.starts is None for t in tiers[1:])
+    queries = [*pool[::7], *(flip(fp, 7, rng) for fp in pool[::11])]
+    for fp, result in zip(queries, index.search_many([(fp, None) for fp in queries]), strict=True):
+        assert (result.match_count, result.matches) == _expected(oracle, fp, None, 0)
+
+
 @pytest.mark.parametrize("bands", [4, 3])
-def test_a_tier_mostly_deleted_is_built_anew_without_its_rows_that_went(bands: int) -> None:
+def test_a_tier_mostly_deleted_is_built_anew_without_its_rows_that_went(bands: int, direct_tables: str) -> None:
     """Most rows of the loaded tier deleted (and the copy mostly live overall, so `compact` is far off): once the
     rows that went reach half of the tier's, the tier is built anew without them, and searches no longer read
     them. Deletes of the rows of a later tier count against that tier."""

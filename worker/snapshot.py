@@ -48,7 +48,21 @@ __all__ = ["MemoryIndex", "SearchResult"]
 
 _DIRECT_WIDTH = 20
 """Bands at most this wide get, in each tier, a table of every value's first position (2^width + 1 entries a band):
-16-bit bands, the default's, cost 0.5 MB a band and tier. Wider bands are searched with two binary searches a band."""
+16-bit bands, the default's, cost 0.25 MB a band and tier (int32 positions while the arena is under 2^31 entries).
+Wider bands get one in a tier large enough (`_DIRECT_SHARE`); other tiers are searched with two binary searches a
+band."""
+
+_WIDE_WIDTH = 24
+"""The widest bands that may get a table (2^24 + 1 positions: 64 MB a band and tier)."""
+
+_DIRECT_SHARE = 8
+"""A tier of bands wider than _DIRECT_WIDTH (and at most _WIDE_WIDTH) gets tables once it holds at least
+2^(widest band) / _DIRECT_SHARE rows. A table replaces the tier's sorted band keys (8 bytes a row and band) with 4
+bytes a value: at that size it costs 4x the keys, from 2^width / 2 rows on less than them. 3 bands of 22/21/21 bits
+(the layout `stats` advises for the primary path at 10M) take 34 MB a tier from 524,288 rows on, where the keys of
+10M rows took 240 MB. Two gathers a probe instead of two binary searches over millions of keys: 537 -> 62 us a
+query at 10M, 5 to 8x fewer at 1M and 3M (benchmarks/journal/ten-million.md). Smaller tiers (the newest, made from
+the tail) keep binary searches: a table there costs more to build and hold than searching their few keys."""
 
 _SEAL_AT = 2048
 """Rows in the tail (made after the last tier, compared one by one with each query) at which they become a tier."""
@@ -84,9 +98,10 @@ class _Tier:
 
     The copy's arena holds, from `at` on (`length` long), the tier's fingerprints themselves, band after band, per
     band in the order of their band value; a hit finds its row through the copy's `_row_of`. Where a value's
-    fingerprints start there: with bands at most _DIRECT_WIDTH wide, `starts`, a table of every band's every value's
-    first position; with wider bands, `keys`, each of those fingerprints' band key (the band's base + its value), in
-    the same order, for binary searches.
+    fingerprints start there: with bands at most _DIRECT_WIDTH wide, or wider in a tier large enough
+    (`MemoryIndex._direct`), `starts`, a table of every band's every value's first position (int32 while the arena is
+    shorter than 2^31); otherwise `keys`, each of those fingerprints' band key (the band's base + its value), in the
+    same order, for binary searches. A search may meet tiers of both kinds.
 
     `stale`: its rows that went since it was built (their fingerprints still in its postings, read and verified by
     the searches that reach them); `wasted`: the candidates searches found within their distance among those and
@@ -158,7 +173,7 @@ class MemoryIndex:
         self._rebuilds = 0  # tiers built anew for the rows that went from them (`_rebuild`)
         self._offsets = np.array(layout.offsets, dtype=np.uint64)
         self._width_masks = np.array([(1 << width) - 1 for width in layout.widths], dtype=np.uint64)
-        self._direct = max(layout.widths) <= _DIRECT_WIDTH
+        self._widest = max(layout.widths)
         # without it, a band's keys are its base | its value: the bands' keys sorted one after the other
         shift = max(layout.widths) if layout.bands > 1 else 0
         assert (layout.bands - 1) << shift < 1 << 64
@@ -170,7 +185,7 @@ class MemoryIndex:
         self._arena = np.zeros(0, dtype=np.uint64)
         self._sealed = 0  # rows below are in the tiers; rows from here on are the tail
         self._mask_arrays: dict[int, list[np.ndarray]] = {}
-        self._slots: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._slots: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def __len__(self) -> int:
         return len(self._fp_of) + self._base_live
@@ -383,21 +398,32 @@ class MemoryIndex:
             self._arena = grown
         starts, keys = [], []
         place = at
+        direct = self._direct(len(fps))
+        position_type = np.int32 if at + length < 2**31 else np.int64
         for offset, width_mask, width, base in zip(
             self.layout.offsets, self._width_masks.tolist(), self.layout.widths, self._band_base.tolist(), strict=True
         ):
             values = ((fps >> np.uint64(offset)) & np.uint64(width_mask)).astype(_value_dtype(width))
             order = np.argsort(values, kind="stable")
-            if self._direct:
-                counts = np.bincount(values, minlength=1 << width)
-                starts.append(np.concatenate(([0], np.cumsum(counts))) + place)
+            if direct:
+                table: np.ndarray = np.empty((1 << width) + 1, dtype=position_type)
+                table[0] = place
+                np.cumsum(np.bincount(values, minlength=1 << width), out=table[1:])
+                table[1:] += place
+                starts.append(table)
             else:
                 keys.append(values[order].astype(np.uint64) | np.uint64(base))
             self._arena[place : place + len(fps)] = fps[order]
             place += len(fps)
-        if self._direct:
+        if direct:
             return _Tier(first, end, len(fps), at, length, np.concatenate(starts), None)
         return _Tier(first, end, len(fps), at, length, None, np.concatenate(keys))
+
+    def _direct(self, rows: int) -> bool:
+        """Whether a tier of `rows` rows gets tables of its bands' values (or sorted keys, binary searched)."""
+        if self._widest <= _DIRECT_WIDTH:
+            return True
+        return self._widest <= _WIDE_WIDTH and rows > 0 and rows * _DIRECT_SHARE >= 1 << self._widest
 
     def _seal(self) -> None:
         """Make the tail a tier, and merge every tier no larger than the one after it with that one."""
@@ -439,18 +465,15 @@ class MemoryIndex:
             self._mask_arrays[r] = arrays
         return arrays
 
-    def _probes(self, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Each probe's band, its mask, and where its band starts: the first slot of its band's table (direct), or
-        the base of its band's keys."""
+    def _probes(self, r: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Each probe's band and its mask, with where its band starts: the first slot of its band's table (for the
+        tiers with tables), and the base of its band's keys (for the others)."""
         cached = self._slots.get(r)
         if cached is None:
             masks = self._masks_for(r)
             band_of = np.concatenate([np.full(len(m), b, dtype=np.intp) for b, m in enumerate(masks)])
             mask = np.concatenate(masks)
-            if self._direct:
-                cached = (band_of, mask.astype(np.int64), self._first_slot[band_of])
-            else:
-                cached = (band_of, mask, self._band_base[band_of])
+            cached = (band_of, mask, self._first_slot[band_of], self._band_base[band_of])
             self._slots[r] = cached
         return cached
 
@@ -605,26 +628,33 @@ class MemoryIndex:
         under its new row. With `budget` (> 0), each query's candidate ranges are shortened so that it reads at most
         that many, before any is gathered (a flood sharing one band value then costs the budget, not the flood);
         `cut[k]` is set for each query that lost some."""
-        band_of, masks, band_start = self._probes(r)
+        band_of, masks, first_slot, band_base = self._probes(r)
         if not len(band_of):
             return
         values = (queries[:, None] >> self._offsets) & self._width_masks  # query x band
-        if self._direct:
-            slots = (band_start + (values.astype(np.int64)[:, band_of] ^ masks)).ravel()  # a query's probes together
-            probe_query = np.repeat(np.arange(len(queries)), len(band_of))
+        direct = [tier.starts for tier in tiers if tier.starts is not None]
+        where = [(tier.keys, tier.at) for tier in tiers if tier.keys is not None]
+        starts_of, ends_of, query_of_ranges = [], [], []
+        if direct:
+            # a query's probes together
+            slots = (first_slot + (values[:, band_of] ^ masks).astype(np.int64)).ravel()
             after = slots + 1
-            starts = np.concatenate([tier.starts[slots] for tier in tiers if tier.starts is not None])
-            ends = np.concatenate([tier.starts[after] for tier in tiers if tier.starts is not None])
-        else:
+            starts_of += [table[slots] for table in direct]
+            ends_of += [table[after] for table in direct]
+            query_of_ranges.append(np.tile(np.repeat(np.arange(len(queries)), len(band_of)), len(direct)))
+        if where:
             # binary searches of sorted probes: 2.6x faster than of the same probes in query order (measured)
-            probes = ((values[:, band_of] ^ masks) | band_start).ravel()
+            probes = ((values[:, band_of] ^ masks) | band_base).ravel()
             order = np.argsort(probes)
-            probes, probe_query = probes[order], order // len(band_of)
-            where = [(tier.keys, tier.at) for tier in tiers if tier.keys is not None]
-            starts = np.concatenate([np.searchsorted(keys, probes, side="left") + at for keys, at in where])
-            ends = np.concatenate([np.searchsorted(keys, probes, side="right") + at for keys, at in where])
-        lengths = ends - starts  # tier x probe
-        range_query = np.tile(probe_query, len(tiers))
+            probes = probes[order]
+            starts_of += [np.searchsorted(keys, probes, side="left") + at for keys, at in where]
+            ends_of += [np.searchsorted(keys, probes, side="right") + at for keys, at in where]
+            query_of_ranges.append(np.tile(order // len(band_of), len(where)))
+        # positions in the arena (int64 whatever a table's type), tier x probe
+        starts = np.concatenate(starts_of).astype(np.int64, copy=False)
+        ends = np.concatenate(ends_of).astype(np.int64, copy=False)
+        range_query = np.concatenate(query_of_ranges)
+        lengths = ends - starts
         if budget > 0:
             # each query's ranges in order, and what comes before each within its query: what is left of the budget
             order = np.argsort(range_query, kind="stable")

@@ -135,10 +135,12 @@ def recommendation(count: int, bands: int, max_distance: int, on_copies: bool = 
     """The band count that would cost least at this size, and why, for people.
 
     `on_copies`: the workers search their own copies (the snapshot read path). The primary then only validates,
-    at a cost the layout does not change, and a copy searches bands of at most 20 bits through direct tables: the
-    default's 16-bit bands took 20 us a query at 1,000,000, 3 bands of 21 and 22 bits 163 us, with 2.2x the Redis
-    memory (benchmarks/snapshot_overlay.py --bands, benchmarks/journal/pipeline.md). So the default stays the advice
-    there.
+    at a cost the layout does not change, and a copy searches the default's 16-bit bands through direct tables: 20 us
+    a query at 1,000,000 against 163 us for 3 bands of 21 and 22 bits, with 2.2x the Redis memory
+    (benchmarks/snapshot_overlay.py --bands, benchmarks/journal/pipeline.md). So the default stays the advice there.
+    Since, a copy's large tiers have direct tables for 22-bit bands too (3 bands: about 1.4x the 4 bands' time a
+    query at 1M, 8x faster than before at 10M, where 4 bands meet 17,000 candidates a query:
+    benchmarks/journal/ten-million.md); the advice has not been revisited.
     """
     if on_copies and probe_count(DEFAULT_BANDS, max_distance) <= MAX_PROBES:
         if bands == DEFAULT_BANDS:
