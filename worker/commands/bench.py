@@ -123,7 +123,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=_sizes,
         default=[10_000, 100_000],
         help="index sizes N, comma-separated (default 10000,100000; '' for none); 1000000 and 10000000 are offered "
-        "too (10000000: about 25 minutes and 6 GB of memory here, BENCHMARKS.md)",
+        "too (10000000: about 6 minutes on an idle machine; the bench near 3 GB, Redis near 2 GB; BENCHMARKS.md)",
     )
     parser.add_argument(
         "--layouts",
