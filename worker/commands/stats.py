@@ -12,10 +12,11 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from .. import retention, upkeep
-from ..bands import DEFAULT_BANDS, MAX_PROBES, probe_count, recommend_bands
+from ..bands import DEFAULT_BANDS, MAX_PROBES, expected_candidates, probe_count, recommend_bands
 from ..connection import RedisClient
 from ..formats import Heartbeat
 from ..index import FingerprintIndex
+from ..limits import DEFAULT_MAX_CANDIDATES
 from ..migrate import MigrationStatus, migration_status
 from ..replies import consumers_info, entries, group_info, text
 from ..settings import Settings
@@ -131,18 +132,21 @@ def _on_copies(settings: Settings, count: int, workers: list[Heartbeat]) -> bool
     )
 
 
-def recommendation(count: int, bands: int, max_distance: int, on_copies: bool = False) -> tuple[int, str]:
+def recommendation(
+    count: int, bands: int, max_distance: int, on_copies: bool = False, budget: int = DEFAULT_MAX_CANDIDATES
+) -> tuple[int, str]:
     """The band count that would cost least at this size, and why, for people.
 
     `on_copies`: the workers search their own copies (the snapshot read path). The primary then only validates,
-    at a cost the layout does not change, and a copy searches the default's 16-bit bands through direct tables: 20 us
-    a query at 1,000,000 against 163 us for 3 bands of 21 and 22 bits, with 2.2x the Redis memory
-    (benchmarks/snapshot_overlay.py --bands, benchmarks/journal/pipeline.md). So the default stays the advice there.
-    Since, a copy's large tiers have direct tables for 22-bit bands too (3 bands: about 1.4x the 4 bands' time a
-    query at 1M, 8x faster than before at 10M, where 4 bands meet 17,000 candidates a query:
-    benchmarks/journal/ten-million.md); the advice has not been revisited.
+    at a cost the layout does not change, and a copy searches the default's 16-bit bands fastest (direct tables; 3
+    bands of 21 and 22 bits, in a copy's large tiers by direct tables too, take about 1.4x its time a query at 1M and
+    about the same from 3M: benchmarks/journal/ten-million.md). So the default is the advice there until its searches
+    would meet the per-event `budget`: past about 1.5M incidents at the default 3,000, where 4 bands meet more
+    candidates than half of it on uniform fingerprints (real data clusters: up to 2x more; 17,000 a query at 10M),
+    and searches are cut and their alerts incomplete. Then the primary path's advice (fewer, wider bands) holds.
     """
-    if on_copies and probe_count(DEFAULT_BANDS, max_distance) <= MAX_PROBES:
+    crowded = bool(budget) and 2 * expected_candidates(DEFAULT_BANDS, max_distance, count) > budget
+    if on_copies and probe_count(DEFAULT_BANDS, max_distance) <= MAX_PROBES and not crowded:
         if bands == DEFAULT_BANDS:
             return bands, f"{bands} bands suit the snapshot read path the workers use: the layout in use"
         return DEFAULT_BANDS, (
@@ -156,6 +160,21 @@ def recommendation(count: int, bands: int, max_distance: int, on_copies: bool = 
         return best, "no incidents yet: the best band count depends on the size the index grows to"
     if best == bands:
         return best, f"{bands} bands suit {plural(count, 'incident')}: the layout in use"
+    if on_copies and best < bands:
+        meets = expected_candidates(best, max_distance, count)
+        also = (
+            f"; even so, raise MAX_CANDIDATES to about {2 * meets:,.0f} to keep every search exact"
+            if 2 * meets > budget
+            else ""
+        )
+        return best, (
+            f"{best} bands would cut fewer of the workers' searches at {plural(count, 'incident')}: a search meets "
+            f"about {meets:,.0f} candidates with {best} bands and "
+            f"{expected_candidates(bands, max_distance, count):,.0f} with {bands} (up to twice that on clustered "
+            f"data), and past the per-event budget of {budget:,} a search is cut and its alert incomplete{also}. "
+            "The copies search wide bands through direct tables. Move "
+            f"the live index with `incident-worker migrate --bands {best}` (measure first: incident-worker bench)"
+        )
     if best < bands:
         why = (
             "fewer, wider bands mean fewer candidates to verify per query, at the price of more and smaller "
@@ -229,7 +248,9 @@ def collect_stats(client: RedisClient, settings: Settings, dead_scan: int = DEAD
         stored = (settings.bands, settings.max_distance)
     workers = live_heartbeats(client, settings.keys)
     count = int(index_stats["incidents"])
-    best, advice = recommendation(count, *stored, on_copies=_on_copies(settings, count, workers))
+    best, advice = recommendation(
+        count, *stored, on_copies=_on_copies(settings, count, workers), budget=settings.max_candidates
+    )
     streams = {
         name: {"key": key, "length": int(client.xlen(key)), "maxlen": maxlen, "max_memory": budget}
         for name, key, maxlen, budget in (
