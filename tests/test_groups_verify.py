@@ -295,3 +295,24 @@ def test_a_chain_longer_than_the_hops_followed_keeps_its_end(redis_client) -> No
     merged = {_s(k): _s(v) for k, v in redis_client.hgetall(index.keys.group_merged).items()}
     assert {merged.get(label) for label in labels} == {end}
     _assert_groups(index, oracle)
+
+
+def test_a_long_merge_loop_costs_its_check_a_reply_linear_in_its_length(redis_client) -> None:
+    """Each label of a loop is a subject of its own: a check reports each label once, with the way shown to its first
+    labels, not every label of the loop with the whole loop from every subject (300 labels made 300 x 300 findings of
+    300 labels each). The repair still fixes the whole loop from its first subject."""
+    index, _ = _built(redis_client, seed=11)
+    labels = [f"loop{i:03}" for i in range(300)]
+    redis_client.hset(index.keys.group_merged, mapping=dict(zip(labels, [*labels[1:], labels[0]], strict=True)))
+    keys = [index.keys.meta, index.keys.fingerprints, index.keys.changes]
+    tag = redis_client.hget(index.keys.meta, "layout")
+    reply = redis_client.fcall(library.FN_VERIFY_GROUPS_CHECK, len(keys), *keys, tag, "0", "", "m", labels[7], "")
+    assert [_s(v) for v in reply[2:4]] == ["group_merge_loop", labels[7]] and len(reply) == 5  # marker, one finding
+    assert len(_s(reply[4])) < 40 * 25  # the way's first 20 labels, then how many
+    found = _verify(redis_client)
+    assert found.counts.get("group_merge_loop") == 300
+    assert sum(len(f.detail) for f in found.findings) < 300 * 40 * 25
+    assert _verify(redis_client, repair=True).counts.get("group_merge_loop") == 300
+    assert _verify(redis_client).clean
+    merged = {_s(k): _s(v) for k, v in redis_client.hgetall(index.keys.group_merged).items()}
+    assert labels[0] not in merged and {merged[label] for label in labels[1:]} == {labels[0]}

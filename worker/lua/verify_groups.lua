@@ -48,9 +48,13 @@ local function judge_merged(gk, label, repair, out)
     for i = from, #path do
       if bytes_less(path[i], target) then target = path[i] end
     end
-    -- every label on the way is reported (the repair below fixes them all: none is left for a later subject)
-    local detail = table.concat(path, ' -> ') .. ' -> ' .. again
-    for i = 1, #path do
+    -- a repair reports every label on the way (it fixes them all: none is left for a later subject); a check only
+    -- this subject's, as each label of the loop is a subject of its own. The way is shown to its first 20 labels,
+    -- so that a long loop costs its check a reply linear in its length, not cubic.
+    local shown = #path <= 20 and table.concat(path, ' -> ') or
+      (table.concat(slice(path, 1, 20), ' -> ') .. ' -> ... (' .. #path .. ' labels)')
+    local detail = shown .. ' -> ' .. again
+    for i = 1, repair and #path or 1 do
       out[#out + 1] = 'group_merge_loop'
       out[#out + 1] = path[i]
       out[#out + 1] = detail
