@@ -112,6 +112,15 @@ class Outcomes:
             assert event is not None and result is not None
             self._applied(entry_id, event, result)
 
+    def record_intake(self, inbox: str, dead: dict[str, int]) -> None:
+        """Count the dead letters a move of the inbox made (reason -> how many): elements that were no event, or too
+        large, never became stream entries, so they have no entry of their own to `record`."""
+        for reason, count in dead.items():
+            if count:
+                self.stats.dead_letters += count
+                self.metrics.dead_letters.labels(reason).inc(count)
+                self.log.warning("inbox entries dead-lettered", reason=reason, count=count, inbox=inbox)
+
     def _applied(self, entry_id: str, event: IncidentEvent, result: ApplyResult) -> None:
         self.stats.processed += 1
         self.metrics.candidates.observe(result.candidates)

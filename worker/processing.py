@@ -301,11 +301,7 @@ class Processor:
                 hint=f"grant +lpop +llen +lpush on {inbox} (deploy/redis/users.acl); events XADDed to the stream go on",
             )
             return False
-        for reason, count in (("too_large", done.too_large), ("bad_inbox_entry", done.bad)):
-            if count:
-                self.outcomes.stats.dead_letters += count
-                self.outcomes.metrics.dead_letters.labels(reason).inc(count)
-                self.log.warning("inbox entries dead-lettered", reason=reason, count=count, inbox=inbox)
+        self.outcomes.record_intake(inbox, {"too_large": done.too_large, "bad_inbox_entry": done.bad})
         return done.left > 0 and done.moved + done.too_large + done.bad > 0
 
     def _read_ahead(self) -> list[_Item]:
