@@ -20,13 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .replies import text
+from .replies import as_bytes, text
 
 __all__ = ["Entry", "Oversized", "next_id", "parse_entries"]
-
-
-def _bytes(value: Any) -> bytes:
-    return value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogateescape")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +53,9 @@ class Entry:
 def _entry(raw: Sequence[Any]) -> Entry:
     entry_id, deliveries, kind = text(raw[0]), int(raw[1]), text(raw[2])
     if kind == "f":
-        return Entry(entry_id, deliveries, [(_bytes(raw[i]), _bytes(raw[i + 1])) for i in range(3, len(raw), 2)])
+        return Entry(entry_id, deliveries, [(as_bytes(raw[i]), as_bytes(raw[i + 1])) for i in range(3, len(raw), 2)])
     if kind == "o":
-        fields = [(_bytes(raw[i]), _bytes(raw[i + 2])) for i in range(5, len(raw), 4)]
+        fields = [(as_bytes(raw[i]), as_bytes(raw[i + 2])) for i in range(5, len(raw), 4)]
         sizes = [(int(raw[i + 1]), int(raw[i + 3])) for i in range(5, len(raw), 4)]
         return Entry(entry_id, deliveries, fields, Oversized(int(raw[3]), int(raw[4]), sizes))
     return Entry(entry_id, deliveries)

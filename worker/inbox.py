@@ -22,18 +22,15 @@ from typing import Any, NamedTuple
 
 from .connection import RedisClient
 from .library import FN_INTAKE, FN_SUBMIT, StreamTarget
+from .replies import as_bytes
 from .settings import Settings
 
 __all__ = ["Intake", "encode", "intake", "submit", "submit_command"]
 
 
-def _bytes(value: Any) -> bytes:
-    return value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogateescape")
-
-
 def _pairs(fields: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> list[bytes]:
     items = fields.items() if isinstance(fields, Mapping) else fields
-    return [_bytes(part) for pair in items for part in pair]
+    return [as_bytes(part) for pair in items for part in pair]
 
 
 def encode(fields: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> bytes:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .connection import RedisClient
 
 __all__ = [
+    "as_bytes",
     "consumers_info",
     "entries",
     "entry_time_ms",
@@ -33,6 +34,11 @@ __all__ = [
 
 Fields = Mapping[Any, Any]
 """A stream entry's fields as the client returned them: bytes or str names and values."""
+
+
+def as_bytes(value: Any) -> bytes:
+    """A reply value (or a value to send) as bytes: bytes as they are, else `str` encoded as `text` decodes it."""
+    return value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogateescape")
 
 
 def text(value: Any) -> str:
