@@ -5,11 +5,12 @@ value with a TTL): who it is, when it started, how many entries it has processed
 worker beats after every round of batches it read (at most about a second of them, so the count they show is that of
 its last batch) and at least every third of the
 TTL while it is idle. The summary line, now and then, logs what it did and sets the gauges of /metrics (group lag,
-pending entries, index size).
+pending entries, inbox entries, index size).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -133,6 +134,9 @@ class Presence:
         self.metrics.group_merges.read = lambda: merges
         self.metrics.group_lag.set(lag)
         self.metrics.group_pending.set(pending)
+        # a user made from an older users.acl may not LLEN the inbox: the rest of the summary goes on
+        with contextlib.suppress(ResponseError):
+            self.metrics.inbox_entries.set(int(self.redis.llen(self.index.keys.inbox)))
         self.metrics.index_size.set(size)
         self.log.info(
             "summary",
