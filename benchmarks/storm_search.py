@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import random
 import sys
 import tempfile
 from collections.abc import Callable
@@ -143,12 +144,44 @@ def backlog(
     return out
 
 
+def twin_bucket(
+    client: redis.Redis, names: list[tuple[str, str]], groups: int, twins: int, budget: int, queries: int = 200
+) -> dict[str, Any]:
+    """`groups` fingerprints at distance 2 of one query, each held by 1 + `twins` incidents (bulk-loaded), and the
+    query's search (`matches`, the closest 100) `queries` times: the listing's cost when the cap is reached inside
+    one distance full of twin groups."""
+    client.flushall()
+    rng = random.Random(23)
+    query = rng.getrandbits(64)
+    fps: set[int] = set()
+    while len(fps) < groups:
+        a, b = rng.sample(range(64), 2)
+        fps.add(query ^ (1 << a) ^ (1 << b))
+    items = [(f"t{k}-{j}", fp) for k, fp in enumerate(sorted(fps)) for j in range(1 + twins)]
+    versions = [Version(client, lab, name, f"bucket{k}", budget) for k, (lab, name) in enumerate(names)]
+    for version in versions:
+        with version.active():
+            version.index.bulk_load(items)
+    take_turns(client, versions, "search", lambda v: v.search, [("q", query)] * queries)
+    return {
+        v.label: {k: round(x / max(v.totals["search"]["events"], 1), 1) for k, x in v.totals["search"].items()}
+        for v in versions
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lua", type=Path, action="append", help="a worker/lua directory (repeat to compare)")
     parser.add_argument("--count", type=int, default=12000, help="near-storm events (0 = none)")
     parser.add_argument("--flood", type=int, default=20000, help="crafted flood events (0 = none)")
     parser.add_argument("--budget", type=int, default=3000, help="the per-event budget (max_candidates)")
+    parser.add_argument(
+        "--bucket",
+        default="",
+        metavar="G,T",
+        help="also G fingerprints at distance 2 of one query, each with T twins, and that query's search (the cap "
+        "reached among twin groups at one distance)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args(argv)
     dirs = args.lua or [REPO_ROOT / "worker" / "lua"]
@@ -166,11 +199,18 @@ def main(argv: list[str] | None = None) -> int:
                 names = [(f"{k}:{d}", load_version(client, d)) for k, d in enumerate(dirs)]
                 for label, items in backlogs.items():
                     results[label] = backlog(client, names, label, items, args.budget)
+                if args.bucket:
+                    groups, twins = (int(x) for x in args.bucket.split(","))
+                    results["twin_bucket"] = twin_bucket(client, names, groups, twins, args.budget)
         finally:
             server.stop()
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
+    if args.bucket:
+        print(f"\ntwin bucket {args.bucket}: per search, server CPU us / FCALL us (candidates, matches)")
+        for version, r in results["twin_bucket"].items():
+            print(f"  {version}: {r['cpu_us']:.0f} / {r['fcall_us']:.0f} ({r['candidates']:.0f}, {r['matches']:.0f})")
     for label in backlogs:
         print(f"\n{label} (budget {args.budget:,}): per event, server CPU us / FCALL us (candidates, matches)")
         for version, rows in results[label].items():
