@@ -202,3 +202,19 @@ def test_near_storm_benchmark_cuts_the_flood_at_the_budget_on_both_read_paths() 
     assert results["primary"]["flood"]["candidates_max"] <= 50
     assert results["primary"]["flood_preloaded"]["candidates_max"] <= 50
     assert results["flood_preload"] == 3000
+
+
+def test_near_storm_benchmark_measures_only_the_read_paths_asked() -> None:
+    require_redis_server()
+    command = [*worker_command(), "bench", "--near-storm", "60", "--flood", "0", "--json"]
+    done = subprocess.run(
+        [*command, "--read-paths", "primary"], env=clean_env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    assert results["read_paths"] == ["primary"] and "snapshot" not in results
+    assert results["primary"]["near_storm"]["events"] == 60
+    refused = subprocess.run(
+        [*command, "--read-paths", "replica"], env=clean_env(), capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode == 2 and "give primary, snapshot or both" in refused.stderr

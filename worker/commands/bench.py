@@ -32,6 +32,13 @@ def _layouts(value: str) -> list[str]:
     return names
 
 
+def _read_paths(value: str) -> list[str]:
+    names = [name for name in value.split(",") if name]
+    if not names or set(names) - {"primary", "snapshot"}:
+        raise argparse.ArgumentTypeError(f"{value!r}: give primary, snapshot or both, comma-separated")
+    return names
+
+
 def _bench(args: argparse.Namespace) -> int:
     from ..devtools.benchmark import markdown, run_benchmark
     from ..devtools.redis_server import RedisServer, redis_server_available
@@ -74,6 +81,7 @@ def _bench(args: argparse.Namespace) -> int:
                     log=log,
                     budget=args.max_candidates,
                     flood_preload=args.flood_preload,
+                    read_paths=args.read_paths,
                 )
                 print(json.dumps(found, indent=2) if args.json else near_storm_markdown(found))
                 return EXIT_OK
@@ -183,6 +191,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="B",
         help="with --near-storm: the workers' per-event budget (default: the setting's default)",
+    )
+    parser.add_argument(
+        "--read-paths",
+        type=_read_paths,
+        default="primary,snapshot",
+        metavar="PATHS",
+        help="with --near-storm: the read paths measured, comma-separated, of primary and snapshot (default both)",
     )
     parser.add_argument(
         "--verify",

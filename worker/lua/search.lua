@@ -46,6 +46,27 @@ local function digit_rows(query)
   return unpack(rows)
 end
 
+-- find_matches's rows: DIGIT_DISTANCE's, where an upper-case digit (A-F: a fingerprint edited by hand; the worker
+-- writes lower case) adds UPPER_MARK to its bits. A sum is then whole exactly when the stored fingerprint is lower
+-- case, whose twin group's key is the prefix and the value as read: a match needs no string.lower (a string made)
+-- unless its sum has a fraction. 16 marks add at most 1/4, so a sum is within a limit exactly when it is below the
+-- limit + 1/2, and its whole part is the distance.
+local UPPER_MARK = 1 / 64
+local SEARCH_DISTANCE = {}
+for q = 0, 15 do
+  local row = {}
+  for c = 0, 255 do row[c] = DIGIT_DISTANCE[q][c] end
+  for c = 65, 70 do row[c] = row[c] + UPPER_MARK end
+  SEARCH_DISTANCE[q] = row
+end
+
+local function search_rows(query)
+  local q = {string.byte(query, 1, 16)}
+  local rows = {}
+  for i = 1, 16 do rows[i] = SEARCH_DISTANCE[NIBBLE[q[i]]] end
+  return unpack(rows)
+end
+
 local function id_order()
   if 'B' < 'a' and '\195\169' > 'z' and 'a' < 'aa' then return nil end
   return bytes_less
@@ -80,6 +101,120 @@ local function sort_pairs(list, n, less)
       return
     end
   end
+end
+
+-- The first `need` of ids[1 .. count] in the order `less` (`order`: that order for table.sort, nil for Lua's own),
+-- sorted: all of them sorted when they are few, else the first `need` kept in a heap as they are read (about one
+-- comparison an ID past the first `need`, not a sort of thousands to list a hundred).
+local function first_sorted(ids, count, need, less, order)
+  if count <= need + 64 then
+    table.sort(ids, order)
+    return ids
+  end
+  -- a max-heap of the `need` first so far: heap[1] the last of them in the order
+  local heap = {}
+  for i = 1, need do
+    local id, j = ids[i], i
+    while j > 1 do
+      local up = (j - j % 2) / 2
+      if not less(heap[up], id) then break end
+      heap[j] = heap[up]
+      j = up
+    end
+    heap[j] = id
+  end
+  for i = need + 1, count do
+    local id = ids[i]
+    if less(id, heap[1]) then
+      local j = 1
+      while true do
+        local child = 2 * j
+        if child > need then break end
+        if child < need and less(heap[child], heap[child + 1]) then child = child + 1 end
+        if not less(id, heap[child]) then break end
+        heap[j] = heap[child]
+        j = child
+      end
+      heap[j] = id
+    end
+  end
+  table.sort(heap, order)
+  return heap
+end
+
+-- Members of a twin group read at first, while merging (a near storm's groups mostly hold 2), and most read at once.
+local GROUP_FIRST_READ = 4
+
+-- The first `need` IDs, in the order `less` (`order` for table.sort), of the incidents that the representatives
+-- ids[1 .. count] at one distance stand for: each its twin group, when groups[i] is one's key (its members, read in
+-- byte order), else itself (false). A merge: every group's first members and the lone representatives' first `need`
+-- (first_sorted) are heads; the least head is taken `need` times, a group's next members read only when its head
+-- is taken past what was read (in doubling reads, never past `need`). So the members read are at most about
+-- GROUP_FIRST_READ a group plus twice `need`, whatever the groups' sizes (the first `need` of every group, read and
+-- sorted, would be 300,000 IDs for 3,000 groups of 100 twins at one distance).
+local function first_of_distance(ids, groups, count, need, less, order)
+  local lone, n_lone = {}, 0
+  local heads, n_heads = {}, 0  -- each {list, position, group key or false, members read of the group}
+  local first_read = need < GROUP_FIRST_READ and need or GROUP_FIRST_READ
+  for i = 1, count do
+    local group = groups[i]
+    if group then
+      local members = redis.call('ZRANGE', group, 0, first_read - 1)
+      if #members > 0 then
+        n_heads = n_heads + 1
+        heads[n_heads] = {members, 1, #members == first_read and group, #members}
+      end
+    else
+      n_lone = n_lone + 1
+      lone[n_lone] = ids[i]
+    end
+  end
+  if n_lone > 0 then
+    lone = first_sorted(lone, n_lone, need, less, order)
+    if n_heads == 0 then return lone end
+    n_heads = n_heads + 1
+    heads[n_heads] = {lone, 1, false, 0}
+  end
+  -- a min-heap of the heads by their next ID
+  local function head_less(a, b) return less(a[1][a[2]], b[1][b[2]]) end
+  local function sift_down(j)
+    local item = heads[j]
+    while true do
+      local child = 2 * j
+      if child > n_heads then break end
+      if child < n_heads and head_less(heads[child + 1], heads[child]) then child = child + 1 end
+      if not head_less(heads[child], item) then break end
+      heads[j] = heads[child]
+      j = child
+    end
+    heads[j] = item
+  end
+  for j = (n_heads - n_heads % 2) / 2, 1, -1 do sift_down(j) end
+  local out, taken = {}, 0
+  while taken < need and n_heads > 0 do
+    local head = heads[1]
+    local list, position = head[1], head[2]
+    taken = taken + 1
+    out[taken] = list[position]
+    position = position + 1
+    if position > #list and head[3] and taken < need then
+      -- the group has more than was read: its next members, as many again as read so far, within what is needed
+      local more = head[4]
+      if more > need - taken then more = need - taken end
+      list = redis.call('ZRANGE', head[3], head[4], head[4] + more - 1)
+      head[1], position = list, 1
+      head[4] = head[4] + #list
+      if #list < more then head[3] = false end
+    end
+    head[2] = position
+    if position > #list then
+      heads[1] = heads[n_heads]
+      heads[n_heads] = nil
+      n_heads = n_heads - 1
+    end
+    if n_heads > 0 then sift_down(1) end
+  end
+  return out
 end
 
 -- The candidates of a search bounded by `budget`, or nil when the posting sets `probe_keys` hold no more members
@@ -158,11 +293,13 @@ local function find_matches(fp_key, twin_prefix, probe_keys, query, limit, cap, 
   if n == 0 then return 0, 0, {}, nil, cut end
 
   local byte, lower = string.byte, string.lower
-  local T1, T2, T3, T4, T5, T6, T7, T8, T9, T10, T11, T12, T13, T14, T15, T16 = digit_rows(query)
+  local T1, T2, T3, T4, T5, T6, T7, T8, T9, T10, T11, T12, T13, T14, T15, T16 = search_rows(query)
+  local within = limit + 0.5  -- a sum below it is within the limit (see SEARCH_DISTANCE)
 
-  -- by_distance[d + 1] lists the representatives at distance d, each as {id, group key or false}
-  local by_distance = {}
-  for d = 0, limit do by_distance[d + 1] = {} end
+  -- the representatives at distance d: ids_at[d + 1][i], with groups_at[d + 1][i] the key of its twin group or
+  -- false (none), n_at[d + 1] of them (lists side by side: no table made a match)
+  local ids_at, groups_at, n_at = {}, {}, {}
+  for d = 0, limit do ids_at[d + 1], groups_at[d + 1], n_at[d + 1] = {}, {}, 0 end
   local matched, verified, twin = 0, 0, nil
   for first = 1, n, CHUNK do
     local last = first + CHUNK - 1
@@ -176,22 +313,31 @@ local function find_matches(fp_key, twin_prefix, probe_keys, query, limit, cap, 
         -- the first 8 digits (32 bits) already rule out nearly every candidate; only survivors read the rest
         local c1, c2, c3, c4, c5, c6, c7, c8 = byte(h, 1, 8)
         local d = T1[c1] + T2[c2] + T3[c3] + T4[c4] + T5[c5] + T6[c6] + T7[c7] + T8[c8]
-        if d <= limit then
+        if d < within then
           local c9, c10, c11, c12, c13, c14, c15, c16 = byte(h, 9, 16)
           d = d + T9[c9] + T10[c10] + T11[c11] + T12[c12] + T13[c13] + T14[c14] + T15[c15] + T16[c16]
-        end
-        if d <= limit then
-          local id = candidates[first + k - 1]
-          if d == 0 and not twin then twin = id end
-          local group = twin_prefix .. lower(h)
-          local size = redis.call('ZCARD', group)
-          local bucket = by_distance[d + 1]
-          if size > 1 then
-            bucket[#bucket + 1] = {id, group}
-            matched = matched + size
-          else
-            bucket[#bucket + 1] = {id, false}
-            matched = matched + 1
+          if d < within then
+            local id = candidates[first + k - 1]
+            local group
+            if d % 1 == 0 then
+              group = twin_prefix .. h
+            else
+              d = d - d % 1
+              group = twin_prefix .. lower(h)
+            end
+            if d == 0 and not twin then twin = id end
+            local size = redis.call('ZCARD', group)
+            local slot = d + 1
+            local i = n_at[slot] + 1
+            n_at[slot] = i
+            ids_at[slot][i] = id
+            if size > 1 then
+              groups_at[slot][i] = group
+              matched = matched + size
+            else
+              groups_at[slot][i] = false
+              matched = matched + 1
+            end
           end
         end
       end
@@ -201,30 +347,20 @@ local function find_matches(fp_key, twin_prefix, probe_keys, query, limit, cap, 
   local flat = {}
   if matched == 0 then return verified, 0, flat, twin, cut end
   local order = id_order()
+  local less = order or plain_less
   local want = matched
   if cap > 0 and cap < want then want = cap end
   local taken = 0
   for d = 0, limit do
     if taken == want then break end
-    local bucket = by_distance[d + 1]
-    if #bucket > 0 then
+    local count = n_at[d + 1]
+    if count > 0 then
       local need = want - taken
-      local ids
-      if #bucket == 1 and bucket[1][2] then
-        ids = redis.call('ZRANGE', bucket[1][2], 0, need - 1)  -- already in byte order
+      local ids, groups = ids_at[d + 1], groups_at[d + 1]
+      if count == 1 and groups[1] then
+        ids = redis.call('ZRANGE', groups[1], 0, need - 1)  -- already in byte order
       else
-        -- several representatives at one distance: the first `need` of each group, merged
-        ids = {}
-        for i = 1, #bucket do
-          local entry = bucket[i]
-          if entry[2] then
-            local members = redis.call('ZRANGE', entry[2], 0, need - 1)
-            for j = 1, #members do ids[#ids + 1] = members[j] end
-          else
-            ids[#ids + 1] = entry[1]
-          end
-        end
-        table.sort(ids, order)
+        ids = first_of_distance(ids, groups, count, need, less, order)
       end
       for i = 1, #ids do
         if taken == want then break end
