@@ -273,7 +273,7 @@ class SnapshotClaim:
     cut: bool = False
     """The copy's search stopped at the per-event budget: `listed` are matches, not the closest; `count` is a lower
     bound (the alert then says `incomplete`)."""
-    holder: str | None | bool = True
+    holder: str | bool | None = True
     """Who held the new fingerprint in the copy (its own incident aside), found by the fingerprint itself whatever
     the budget: an incident ID, or None for nobody; True (the default) when the claim does not say. The apply call
     then needs no read of the postings to find the fingerprint's twin (docs/contract.md, "Snapshot reads")."""
