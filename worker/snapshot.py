@@ -106,9 +106,10 @@ class _Tier:
     the searches that reach them); `wasted`: the candidates searches found within their distance among those and
     threw away. Either one past its bound has the tier built anew (`MemoryIndex._rebuild`).
 
-    `fps`, `rows`: its fingerprints sorted and the row of each, so that a search finds the rows of its matches in one
-    binary search (`MemoryIndex._rows_at`); None for a tier of the loaded rows only, whose rows are the positions of
-    their fingerprints in the load's sorted ones (no copy of them).
+    `rows`: the row of each fingerprint of its run in the arena (`length` of them), so that a search reads the rows of
+    its matches where it read their fingerprints (`MemoryIndex._rows_at`); None for a tier of the loaded rows only,
+    whose rows are the positions of their fingerprints in the load's sorted ones (found by a binary search, no
+    memory of their own: a copy of ten million loaded incidents would hold 160 MB more).
     """
 
     first: int
@@ -118,7 +119,6 @@ class _Tier:
     length: int
     starts: np.ndarray | None
     keys: np.ndarray | None
-    fps: np.ndarray | None = None
     rows: np.ndarray | None = None
     stale: int = 0
     wasted: int = 0
@@ -245,8 +245,7 @@ class MemoryIndex:
                 yield tier.starts
             if tier.keys is not None:
                 yield tier.keys
-            if tier.fps is not None and tier.rows is not None:
-                yield tier.fps
+            if tier.rows is not None:
                 yield tier.rows
 
     # -- rows: the base's (loaded) and those made since -------------------------------------------------------
@@ -426,6 +425,8 @@ class MemoryIndex:
         starts, keys = [], []
         place = at
         direct = self._direct(len(fps))
+        # (the loaded rows are found in the load's own sorted fingerprints)
+        run_rows = np.empty(length, dtype=np.int32 if end < 2**31 else np.int64) if end > self._base_rows else None
         position_type = np.int32 if at + length < 2**31 else np.int64
         for offset, width_mask, width, base in zip(
             self.layout.offsets, self._width_masks.tolist(), self.layout.widths, self._band_base.tolist(), strict=True
@@ -441,17 +442,12 @@ class MemoryIndex:
             else:
                 keys.append(values[order].astype(np.uint64) | np.uint64(base))
             self._arena[place : place + len(fps)] = fps[order]
+            if run_rows is not None:
+                run_rows[place - at : place - at + len(fps)] = rows[order]
             place += len(fps)
-        tier = _Tier(first, end, len(fps), at, length, None, None)
         if direct:
-            tier.starts = np.concatenate(starts)
-        else:
-            tier.keys = np.concatenate(keys)
-        if end > self._base_rows:  # (the loaded rows are found in the load's own sorted fingerprints)
-            order = np.argsort(fps)
-            tier.fps = fps[order]
-            tier.rows = rows[order].astype(np.int32 if end < 2**31 else np.int64)
-        return tier
+            return _Tier(first, end, len(fps), at, length, np.concatenate(starts), None, run_rows)
+        return _Tier(first, end, len(fps), at, length, None, np.concatenate(keys), run_rows)
 
     def _direct(self, rows: int) -> bool:
         """Whether a tier of `rows` rows gets tables of its bands' values (or sorted keys, binary searched)."""
@@ -719,8 +715,8 @@ class MemoryIndex:
 
     def _rows_at(self, tiers: list[_Tier], positions: np.ndarray, fps: np.ndarray) -> np.ndarray:
         """The row of each fingerprint `fps[k]` read at `positions[k]` of the arena (in one of `tiers`), the row it
-        had when its tier was built: one binary search a tier, in its sorted fingerprints (the load's, for a tier of
-        loaded rows only), instead of a lookup a match."""
+        had when its tier was built: read beside it, or for a tier of loaded rows only, found by one binary search in
+        the load's sorted fingerprints; instead of a look-up a match."""
         rows = np.empty(len(fps), dtype=np.int64)
         which = np.searchsorted(np.array([tier.at for tier in tiers], dtype=np.int64), positions, side="right") - 1
         for k in range(len(tiers)):
@@ -728,15 +724,13 @@ class MemoryIndex:
             if not len(mine):
                 continue
             tier = tiers[k]
+            if tier.rows is not None:
+                rows[mine] = tier.rows[positions[mine] - tier.at]
+                continue
+            assert self._base is not None
             # sorted first: a binary search of sorted values reads memory in order (several times faster, measured)
-            order = np.argsort(fps[mine])
-            mine = mine[order]
-            if tier.fps is None:
-                assert self._base is not None
-                rows[mine] = np.searchsorted(self._base.fps, fps[mine])
-            else:
-                assert tier.rows is not None
-                rows[mine] = tier.rows[np.searchsorted(tier.fps, fps[mine])]
+            mine = mine[np.argsort(fps[mine])]
+            rows[mine] = np.searchsorted(self._base.fps, fps[mine])
         return rows
 
     def _waste(self, positions: np.ndarray) -> None:

@@ -151,17 +151,19 @@ end
 
 -- The incident that holds `fp` now, as the snapshot path knows it without reading the postings, when the claim
 -- said who held it at the copy's position (`holder`: an incident other than `self_id`, or false for nobody):
--- `changed_holder` if an incident changed after the position holds it by its latest change (validate_snapshot);
--- else the claimed holder if it has no change after the position and {N}:fp still holds `fp` for it (one read of
--- one field: a value edited by hand into upper case is no holder for representative_of either); else false when
--- nobody held it at the position (by surely_unheld's argument, which the copy's exact look-up of `fp` makes
--- for every claim, a cut one too); else nil: the caller reads the postings (representative_of).
+-- `changed_holder` if an incident changed after the position holds it by its latest change (validate_snapshot),
+-- else the claimed holder if it has no change after the position, either only if {N}:fp holds `fp` for it (one
+-- field read: a value edited by hand into upper case is no holder for representative_of either); else false when
+-- nobody held it at the position (surely_unheld's argument, which the copy's exact look-up of `fp` makes for every
+-- claim, a cut one too); else nil: the caller reads the postings (representative_of).
 --
 -- Any holder serves: index_one adds the new incident to the group of `fp` beside it, and a fingerprint held by one
 -- incident has it in its postings. In a near storm each event's claim is cut at the budget and many are exact
 -- twins, so it was representative_of's SINTER of large posting sets, about half of the primary's time an event.
 local function claimed_twin(context, fp_key, self_id, fp, holder, changed_holder)
-  if changed_holder then return changed_holder end
+  if changed_holder then
+    return stored_fp(context, fp_key, changed_holder) == fp and changed_holder or nil
+  end
   if not holder then return false end
   if holder ~= self_id and context.view and context.view.first_prev[holder] == nil and
       stored_fp(context, fp_key, holder) == fp then
