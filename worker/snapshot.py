@@ -416,7 +416,8 @@ class MemoryIndex:
         # of a query, over every band, are found with one gather (or one binary search). The arena holds the
         # fingerprints themselves in that order (not their rows): a probe's candidates are then read from one
         # contiguous run of memory, not gathered row by row across the whole copy (about 0.6 of the search's time at a
-        # million); the few within the distance find their row through `_row_of`.
+        # million); those within the distance find their row beside them (`_Tier.rows`: a near storm's query has
+        # thousands), or in a tier of loaded rows only, by a binary search of the load's fingerprints.
         length = len(fps) * self.layout.bands
         if len(self._arena) < at + length:  # grown by a sixteenth at least: a copy's growth copies it a few times
             grown = np.zeros(max(at + length, len(self._arena) * 17 // 16), dtype=np.uint64)
