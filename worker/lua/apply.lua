@@ -21,38 +21,39 @@ local function json_string(s)
   return '"' .. s .. '"'
 end
 
--- The alert's `matches`: [{"incident_id":"<id>","distance":<d>},...], in pieces joined once (no string per match).
-local function matches_json(flat)
-  local parts, n = {'['}, 1
-  for i = 1, #flat, 2 do
-    parts[n + 1] = i == 1 and '{"incident_id":' or ',{"incident_id":'
-    parts[n + 2] = json_string(flat[i])
-    parts[n + 3] = ',"distance":'
-    parts[n + 4] = flat[i + 1]
-    parts[n + 5] = '}'
-    n = n + 5
-  end
-  parts[n + 1] = ']'
-  return table.concat(parts)
-end
-
 -- Bytes an alert's `matches` may take: the closest matches that fit are listed (match_count still counts them all).
 -- 100 matches of everyday IDs take about 4 KB; 100 of 256 four-byte characters took 100 KB, a hundred times the
 -- event that made them, so that one producer could fill the alerts stream faster than the upkeep measures it.
 local MAX_MATCHES_BYTES = 8192
 
--- matches_json of the longest head of `flat` (id, d, ...) whose JSON fits in MAX_MATCHES_BYTES, at least one match.
+-- The alert's `matches`: [{"incident_id":"<id>","distance":<d>},...] of the longest head of `flat` (id, d, ...)
+-- whose JSON fits in MAX_MATCHES_BYTES, at least one match; in pieces joined once, each ID read once (quoted as it
+-- is unless it needs escapes: no string made a match). A near storm lists its cap of matches in every alert: making
+-- each ID's JSON twice, once to size it and once to write it, was most of such an event's time on the primary.
 local function matches_json_within(flat)
-  local size, n = 2, 0
+  local find = string.find
+  local parts, n, size = {'['}, 1, 2
   for i = 1, #flat, 2 do
-    size = size + #json_string(flat[i]) + #tostring(flat[i + 1]) + 27  -- {"incident_id":,"distance":} and a comma
-    if size > MAX_MATCHES_BYTES and n > 0 then break end
-    n = n + 2
+    local id, d = flat[i], flat[i + 1]
+    local quoted = find(id, '[%z\1-\31\127"\\]') and json_string(id)
+    -- {"incident_id":,"distance":} and a comma: 27
+    size = size + (quoted and #quoted or #id + 2) + #tostring(d) + 27
+    if size > MAX_MATCHES_BYTES and i > 1 then break end
+    if quoted then
+      parts[n + 1] = i == 1 and '{"incident_id":' or ',{"incident_id":'
+      parts[n + 2] = quoted
+      parts[n + 3] = ',"distance":'
+    else
+      parts[n + 1] = i == 1 and '{"incident_id":"' or ',{"incident_id":"'
+      parts[n + 2] = id
+      parts[n + 3] = '","distance":'
+    end
+    parts[n + 4] = d
+    parts[n + 5] = '}'
+    n = n + 5
   end
-  if n == #flat then return matches_json(flat) end
-  local head = {}
-  for i = 1, n do head[i] = flat[i] end
-  return matches_json(head)
+  parts[n + 1] = ']'
+  return table.concat(parts)
 end
 
 -- Append to `out` the keys of a call numbered first .. last that it has (1 .. nk), keys[ko + i] for its key i: the
@@ -172,15 +173,23 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
   local FIRST = 9
 
   -- the packed parts, read before anything is written
-  local position, claimed, complete, cut = '', 0, false, false
+  local position, claimed, complete, cut, holder = '', 0, false, false, nil
   local snapshot = args[ao + 16] or ''
   if snapshot ~= '' then
-    local count, all
-    position, count, all = string.match(snapshot, '^(%S+) (%d+) ([012])$')
-    if not position then
-      return redis.error_reply('ERR apply: snapshot "' .. snapshot .. '" is not "<position> <count> <0, 1 or 2>"')
+    local count, all, rest
+    position, count, all, rest = string.match(snapshot, '^(%S+) (%d+) ([012])()')
+    local held_by = position and string.sub(snapshot, rest, rest + 1)
+    if not position or not (held_by == '' or held_by == ' 0' or held_by == ' 1') or
+        (held_by ~= ' 1' and #snapshot > rest + 1) then
+      return redis.error_reply('ERR apply: snapshot "' .. string.sub(snapshot, 1, 80) ..
+        '" is not "<position> <count> <0, 1 or 2>", then " 0" or " 1<ID>" or nothing')
     end
     claimed, complete, cut = tonumber(count), all == '1', all == '2'
+    if held_by == ' 1' then
+      holder = string.sub(snapshot, rest + 2)
+    elseif held_by == ' 0' then
+      holder = false
+    end
   end
   local building, n_target = '', 0
   local migration = args[ao + 17] or ''
@@ -250,11 +259,11 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
   end
 
   -- A snapshot's claim is validated before anything is written: `unvalidated` must change nothing.
-  local verified, matched, flat, twin, held
+  local verified, matched, flat, twin, held, changed_holder
   local n_listed = na > ARGS and na - ARGS or 0
   if position ~= '' then
-    verified, matched, flat, held = validate_snapshot(context, meta_key, changes_key, fp, limit, id, cap, position,
-                                                      claimed, args, ao + ARGS, n_listed, complete, cut)
+    verified, matched, flat, held, changed_holder = validate_snapshot(context, meta_key, changes_key, fp, limit, id,
+      cap, position, claimed, args, ao + ARGS, n_listed, complete, cut)
     if not verified then return {'unvalidated', 0, 0, ''} end
   end
 
@@ -273,6 +282,12 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
     local twin_prefix = string.sub(new_group, 1, -17)
     verified, matched, flat, twin, cut = find_matches(fp_key, twin_prefix, probes, fp, limit, cap, budget)
     if cut and not twin then
+      twin = representative_of(fp_key, new_group, fp, call_keys({}, keys, ko, nk, FIRST, FIRST - 1 + n_new))
+    end
+  elseif holder ~= nil then
+    -- the copy said who held `fp` at its position: see claimed_twin
+    twin = claimed_twin(context, fp_key, id, fp, holder, changed_holder)
+    if twin == nil then
       twin = representative_of(fp_key, new_group, fp, call_keys({}, keys, ko, nk, FIRST, FIRST - 1 + n_new))
     end
   elseif not surely_unheld(held, claimed, args, ao + ARGS, n_listed) then

@@ -4,6 +4,7 @@
 --- @include "base"
 --- @include "meta"
 --- @include "search"
+--- @include "apply_context"
 
 -- A snapshot whose position is more changes behind than this is not validated: the full search is cheaper.
 local MAX_VALIDATED_CHANGES = 4000
@@ -148,10 +149,79 @@ local function surely_unheld(held, count, listed, lo, n)
   return not held
 end
 
+-- The incident that holds `fp` now, as the snapshot path knows it without reading the postings, when the claim
+-- said who held it at the copy's position (`holder`: an incident other than `self_id`, or false for nobody):
+-- `changed_holder` if an incident changed after the position holds it by its latest change (validate_snapshot),
+-- else the claimed holder if it has no change after the position, either only if {N}:fp holds `fp` for it (one
+-- field read: a value edited by hand into upper case is no holder for representative_of either); else false when
+-- nobody held it at the position (surely_unheld's argument, which the copy's exact look-up of `fp` makes for every
+-- claim, a cut one too); else nil: the caller reads the postings (representative_of).
+--
+-- Any holder serves: index_one adds the new incident to the group of `fp` beside it, and a fingerprint held by one
+-- incident has it in its postings. In a near storm each event's claim is cut at the budget and many are exact
+-- twins, so it was representative_of's SINTER of large posting sets, about half of the primary's time an event.
+local function claimed_twin(context, fp_key, self_id, fp, holder, changed_holder)
+  if changed_holder then
+    return stored_fp(context, fp_key, changed_holder) == fp and changed_holder or nil
+  end
+  if not holder then return false end
+  if holder ~= self_id and context.view and context.view.first_prev[holder] == nil and
+      stored_fp(context, fp_key, holder) == fp then
+    return holder
+  end
+  return nil
+end
+
 -- Append one change to {N}:changes, and note it in the view of this FCALL's calls (when they have one).
 local function log_change(context, changes_key, op, id, fp, prev)
   redis.call('XADD', changes_key, '*', op, id, 'fp', fp, 'prev', prev)
   if context.view and context.key == changes_key then note_change(context.view, id, fp, prev) end
+end
+
+-- validate_snapshot's answer when the listed matches no change touched are in order (their places in `listed`:
+-- kept[1 .. n_kept]): the same as sorting them with the additions (each {d, id}), but only the additions are sorted
+-- (the changes near the query, a few), then merged with the listed ones read in place, up to the cap. A storm's claim
+-- lists its cap of matches, and a table and a sort of them all cost each of its events about what the rest of the
+-- validation did. Returns count, flat, held (see validate_snapshot), or nil when the claim cannot be validated.
+local function merge_claim(count, listed, lo, n_listed, kept, n_kept, additions, n_additions, less, cap,
+                           complete, cut, held)
+  local adds, n_adds = additions or {}, n_additions
+  if not cut and not complete then
+    if n_listed == 0 then return nil end
+    -- what the copy did not list lies past its last listed match: a change past it may not be listed either
+    local bound_d, bound_id = tonumber(listed[lo + n_listed]), listed[lo + n_listed - 1]
+    adds, n_adds = {}, 0
+    for i = 1, n_additions do
+      local pair = additions[i]
+      if not pair_before(less, bound_d, bound_id, pair[1], pair[2]) then
+        n_adds = n_adds + 1
+        adds[n_adds] = pair
+      end
+    end
+  end
+  if n_adds > 1 then sort_pairs(adds, n_adds, less) end
+  local want = count
+  if cut then
+    want = n_kept + n_adds
+    if count < want then count = want end
+  end
+  if cap > 0 and cap < want then want = cap end
+  if n_kept + n_adds < want then return nil end
+  local flat = {}
+  local a, k = 1, 1
+  for out = 1, want do
+    local pair = adds[a]
+    local i = kept[k]
+    if pair and (not i or pair_before(less, pair[1], pair[2], tonumber(listed[lo + i + 1]), listed[lo + i])) then
+      flat[2 * out - 1], flat[2 * out] = pair[2], pair[1]
+      a = a + 1
+    else
+      flat[2 * out - 1], flat[2 * out] = listed[lo + i], tonumber(listed[lo + i + 1])
+      k = k + 1
+    end
+  end
+  if cut then held = true end
+  return count, flat, held
 end
 
 -- Snapshot reads (docs/contract.md, "Snapshot reads"). A worker searched its own copy of the index as it stood at
@@ -197,7 +267,7 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
     ids, n_ids = near_ids(view.bands, query)
   end
 
-  local held = false
+  local held, changed_holder = false, nil
   local additions, n_additions = nil, 0
   for j = 1, n_ids do
     local id = ids[j]
@@ -218,7 +288,7 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
         end
       end
       if d_was <= limit then count = count - 1 end
-      if now == query then held = true end
+      if now == query then held, changed_holder = true, id end
       if d <= limit then
         count = count + 1
         n_additions = n_additions + 1
@@ -228,6 +298,33 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
     end
   end
 
+  -- the copy listed every match, or only those up to its last listed one: past that, nothing is known
+  local less = id_less_of(context)
+  if n_listed % 2 == 0 then
+    -- the listed matches no change touched, as their places in `listed` (no table a match), and whether they are
+    -- in order (the worker sorts them as pair_before does; a list out of order is sorted below, as it always was)
+    local kept, n_kept, in_order = {}, 0, true
+    local last_d, last_id = nil, nil
+    for i = 1, n_listed, 2 do
+      local id = listed[lo + i]
+      if first_prev[id] == nil then
+        local d = tonumber(listed[lo + i + 1])
+        if not d or (last_d and not pair_before(less, last_d, last_id, d, id)) then
+          in_order = false
+          break
+        end
+        n_kept = n_kept + 1
+        kept[n_kept] = i
+        last_d, last_id = d, id
+      end
+    end
+    if in_order then
+      local matched, flat, maybe = merge_claim(count, listed, lo, n_listed, kept, n_kept, additions, n_additions,
+                                               less, cap, complete, cut, held)
+      if not matched then return nil end
+      return view.count, matched, flat, maybe, changed_holder
+    end
+  end
   local kept, n_kept = {}, 0
   for i = 1, n_listed, 2 do
     local id = listed[lo + i]
@@ -237,8 +334,6 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
     end
   end
 
-  -- the copy listed every match, or only those up to its last listed one: past that, nothing is known
-  local less = id_less_of(context)
   if cut then
     for i = 1, n_additions do kept[n_kept + i] = additions[i] end
     n_kept = n_kept + n_additions
@@ -251,7 +346,7 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
       flat[2 * i - 1] = kept[i][2]
       flat[2 * i] = kept[i][1]
     end
-    return view.count, count, flat, true
+    return view.count, count, flat, true, changed_holder
   end
   local bound_d, bound_id = nil, nil
   if not complete then
@@ -274,5 +369,5 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
     flat[2 * i - 1] = kept[i][2]
     flat[2 * i] = kept[i][1]
   end
-  return view.count, count, flat, held
+  return view.count, count, flat, held, changed_holder
 end
