@@ -27,6 +27,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -125,6 +126,32 @@ def tail_cost(primary: RedisServer, replica: RedisServer, followers: int, items:
     return {"followers": followers, **row}
 
 
+def _commandstats(client: redis.Redis) -> dict[str, tuple[int, float]]:
+    """calls and usec of every command the server ran (those the functions run counted under their own names too)."""
+    return {
+        name.removeprefix("cmdstat_"): (int(row.get("calls", 0)), float(row.get("usec", 0)))
+        for name, row in client.info("commandstats").items()
+    }
+
+
+def _top_level(client: redis.Redis) -> dict[str, tuple[int, float]]:
+    """calls and usec of the commands the workers sent (SLOWLOG, logging every command: those the functions run are
+    not in it), FCALL by function; and, as `benchmark`, those of this script (publishing the events, polling)."""
+    parts: dict[str, tuple[int, float]] = {}
+    for entry in client.slowlog_get(-1):
+        words = bytes(entry["command"]).split(b" ", 2)
+        name = words[0].decode().lower()
+        if name in ("fcall", "fcall_ro") and len(words) > 1:
+            name = f"{name} {words[1].decode()}"
+        if bytes(entry.get("client_address") or b"") == b"?:0":
+            continue  # run by a function: counted in its FCALL
+        if not bytes(entry.get("client_name") or b"").startswith(b"incident-worker"):
+            name = "benchmark"
+        calls, usec = parts.get(name, (0, 0.0))
+        parts[name] = (calls + 1, usec + float(entry["duration"]))
+    return parts
+
+
 def _fcall_usec(client: redis.Redis) -> float:
     """Microseconds of FCALL on the server (the functions with the commands they run: the atomic step and the reads
     of new entries). What the workers run outside the functions (the change log their copies follow, above all) is
@@ -133,7 +160,9 @@ def _fcall_usec(client: redis.Redis) -> float:
     return float(client.info("commandstats").get("cmdstat_fcall", {}).get("usec", 0))
 
 
-def run_once(primary: RedisServer, replica: RedisServer | None, workers: int, items: list[Any]) -> dict[str, Any]:
+def run_once(
+    primary: RedisServer, replica: RedisServer | None, workers: int, items: list[Any], *, by_command: bool = False
+) -> dict[str, Any]:
     client = primary.client(socket_timeout=300)
     replica_client = replica.client(socket_timeout=300) if replica is not None else None
     keys = IndexKeys(NAMESPACE)
@@ -156,6 +185,11 @@ def run_once(primary: RedisServer, replica: RedisServer | None, workers: int, it
         time.sleep(0.05)
     time.sleep(0.3)
     startup_cpu = _server_cpu(client) - cpu_before_start
+    if by_command:
+        client.config_set("slowlog-log-slower-than", 0)
+        client.config_set("slowlog-max-len", 1_000_000)
+        client.slowlog_reset()
+    stats0 = _commandstats(client)
     fcall0, cpu0 = _fcall_usec(client), _server_cpu(client)
     rcpu0 = _server_cpu(replica_client) if replica_client is not None else 0.0
     began = time.perf_counter()
@@ -165,6 +199,12 @@ def run_once(primary: RedisServer, replica: RedisServer | None, workers: int, it
         time.sleep(0.02)
     elapsed = time.perf_counter() - began
     fcall1, cpu1 = _fcall_usec(client), _server_cpu(client)
+    stats1 = _commandstats(client)
+    top: dict[str, tuple[int, float]] = {}
+    if by_command:
+        client.config_set("slowlog-log-slower-than", -1)
+        top = _top_level(client)
+        client.slowlog_reset()
     rcpu1 = _server_cpu(replica_client) if replica_client is not None else 0.0
     stop.set()
     reports = [results.get(timeout=120) for _ in processes]
@@ -186,6 +226,14 @@ def run_once(primary: RedisServer, replica: RedisServer | None, workers: int, it
         "replica_cpu_us_per_event": round((rcpu1 - rcpu0) * 1e6 / done, 1) if replica is not None else None,
         "changes_validated_per_event": round(statistics.fmean(candidates), 1) if candidates else 0.0,
         "primary_cpu_s_while_copies_loaded": round(startup_cpu, 2),
+        "top_level": {
+            name: [round(calls / done, 4), round(usec / done, 2)] for name, (calls, usec) in sorted(top.items())
+        },
+        "commands": {
+            name: [round((calls - stats0.get(name, (0, 0.0))[0]) / done, 4), round((usec - stats0.get(name, (0, 0.0))[1]) / done, 2)]
+            for name, (calls, usec) in sorted(stats1.items())
+            if calls > stats0.get(name, (0, 0.0))[0]
+        },
         "replica_left": sum(int(r["snapshot"].get("snapshot_replica_lost", 0)) for r in reports),
         "fallbacks": sum(int(r["snapshot"].get("snapshot_fallbacks", 0)) for r in reports),
     }
@@ -193,6 +241,36 @@ def run_once(primary: RedisServer, replica: RedisServer | None, workers: int, it
     if replica_client is not None:
         replica_client.close()
     return row
+
+
+PARTS = {
+    "apply_batch": ("apply_batch", "apply"),
+    "read_new": ("read_new", "read_pending", "claim"),
+    "inbox": ("intake",),
+    "upkeep": ("lease", "trim_events", "trim_changes", "expiry_backfill", "expire", "set_retention", "memory", "time"),
+    "heartbeat": ("set", "zadd", "zremrangebyscore", "pexpire"),
+    "copies: log, floor, lag": ("xrange", "xrevrange", "hget", "hscan"),
+    "recovery, summary": ("xpending", "xinfo", "xautoclaim", "xclaim", "hlen", "zcard", "zrange"),
+}
+"""The decomposition's rows: the commands the workers send (FCALL by function), grouped by the part of the worker
+that sends them."""
+
+
+def decompose(row: dict[str, Any]) -> dict[str, list[float]]:
+    """The primary's time an event by part of the workers (calls an event, us an event), the benchmark's own
+    commands, and what the commands do not account for: the event loop, the sockets, feeding the replica (CPU less
+    the commands' time; below zero when the OS took the CPU from Redis mid-command, which the commands' time counts)."""
+    parts: dict[str, list[float]] = {}
+    for name, (calls, usec) in row["top_level"].items():
+        command = re.sub(r"^fcall(_ro)? \w+?_[0-9a-f]{10}_", "", name)  # FCALL by its function's short name
+        part = "benchmark: publishing, polling" if name == "benchmark" else "other"
+        part = next((p for p, names in PARTS.items() if command in names), part)
+        sums = parts.setdefault(part, [0.0, 0.0])
+        sums[0] += calls
+        sums[1] += usec
+    inside = sum(usec for _, usec in parts.values())
+    parts["outside commands (CPU less the above)"] = [0.0, row["primary_cpu_us_per_event"] - inside]
+    return parts
 
 
 def fit(rows: list[dict[str, Any]]) -> tuple[float, float]:
@@ -218,6 +296,12 @@ def main() -> None:
         default=0,
         help="instead: measure the tail alone, one worker on the replica with 0 and then this many copies tailing "
         "the primary's change log",
+    )
+    parser.add_argument(
+        "--by-command",
+        action="store_true",
+        help="also take the primary's time apart by what the workers sent (SLOWLOG of every command while the events "
+        "run: it costs the primary a little, the same in every run)",
     )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
@@ -258,7 +342,9 @@ def main() -> None:
             for round_ in range(args.repeat):
                 for workers in counts:
                     for source in (None, replica):
-                        row = run_once(primary, source, workers, workload.take(args.events))
+                        row = run_once(
+                            primary, source, workers, workload.take(args.events), by_command=args.by_command
+                        )
                         runs.append(row)
                         print(json.dumps({"round": round_ + 1, **row}), flush=True)
             client.close()
@@ -291,6 +377,14 @@ def _medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for name, value in row.items():
             if isinstance(value, (int, float)) and name != "workers":
                 row[name] = round(statistics.median(r[name] for r in same), 1)
+            elif isinstance(value, dict):  # per command: [calls, usec] an event, each the median over the rounds
+                row[name] = {
+                    command: [
+                        round(statistics.median(r[name].get(command, [0, 0])[k] for r in same), 4 - 2 * k)
+                        for k in (0, 1)
+                    ]
+                    for command in sorted({c for r in same for c in r[name]})
+                }
         rows.append(row)
     return rows
 
@@ -311,6 +405,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
             f"| {r['primary_fcall_us_per_event']} | {r['primary_rest_us_per_event']} | {replica_cpu} "
             f"| {r['changes_validated_per_event']} |"
         )
+    if any(r["top_level"] for r in rows):
+        report_parts(rows)
     print()
     projection: dict[str, Any] = {}
     print(
@@ -328,6 +424,27 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         print(f"| {source} | {apply:.1f} | {tail:.1f} | " + " | ".join(cells) + " |")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "projection": projection}, indent=2) + "\n")
+
+
+def report_parts(rows: list[dict[str, Any]]) -> None:
+    """The primary's time an event by part (see decompose), us an event and, in brackets, calls an event."""
+    columns = [(r, decompose(r)) for r in rows]
+    names = list(dict.fromkeys(name for _, parts in columns for name in parts))
+    names.sort(key=lambda name: (name.startswith("benchmark"), name.startswith("outside")))  # theirs last
+    print()
+    print("The primary's time an event by part, us (calls an event): commands' time from SLOWLOG, which counts a")
+    print("command's wall time, the OS's pauses of Redis included; the last row is CPU less the commands' time")
+    print()
+    print("| part | " + " | ".join(f"{r['source']}, {r['workers']}" for r, _ in columns) + " |")
+    print("|---|" + "---|" * len(columns))
+    for name in names:
+        cells = []
+        for _, parts in columns:
+            calls, usec = parts.get(name, [0.0, 0.0])
+            cells.append(f"{usec:.1f}" + (f" ({calls:.3f})" if calls else ""))
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print("| primary CPU | " + " | ".join(f"{r['primary_cpu_us_per_event']:.1f}" for r, _ in columns) + " |")
+    print("| changes validated | " + " | ".join(f"{r['changes_validated_per_event']:.1f}" for r, _ in columns) + " |")
 
 
 if __name__ == "__main__":
