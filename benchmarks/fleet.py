@@ -126,6 +126,18 @@ def tail_cost(primary: RedisServer, replica: RedisServer, followers: int, items:
     return {"followers": followers, **row}
 
 
+def _publish_at(client: redis.Redis, stream: str, events: list[dict[str, str]], rate: float) -> None:
+    """Publish `events` at `rate` a second, a slice every 10 ms (a steady load instead of a backlog)."""
+    began = time.perf_counter()
+    sent = 0
+    while sent < len(events):
+        due = min(len(events), int((time.perf_counter() - began) * rate) + 1)
+        if due > sent:
+            _publish(client, stream, events[sent:due])
+            sent = due
+        time.sleep(0.01)
+
+
 def _commandstats(client: redis.Redis) -> dict[str, tuple[int, float]]:
     """calls and usec of every command the server ran (those the functions run counted under their own names too)."""
     return {
@@ -161,7 +173,13 @@ def _fcall_usec(client: redis.Redis) -> float:
 
 
 def run_once(
-    primary: RedisServer, replica: RedisServer | None, workers: int, items: list[Any], *, by_command: bool = False
+    primary: RedisServer,
+    replica: RedisServer | None,
+    workers: int,
+    items: list[Any],
+    *,
+    by_command: bool = False,
+    rate: float = 0.0,
 ) -> dict[str, Any]:
     client = primary.client(socket_timeout=300)
     replica_client = replica.client(socket_timeout=300) if replica is not None else None
@@ -193,7 +211,10 @@ def run_once(
     fcall0, cpu0 = _fcall_usec(client), _server_cpu(client)
     rcpu0 = _server_cpu(replica_client) if replica_client is not None else 0.0
     began = time.perf_counter()
-    _publish(client, keys.events_stream, _stream_fields(items))
+    if rate:
+        _publish_at(client, keys.events_stream, _stream_fields(items), rate)
+    else:
+        _publish(client, keys.events_stream, _stream_fields(items))
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and not _backlog_done(client, keys.events_stream, "incident-workers"):
         time.sleep(0.02)
@@ -229,10 +250,13 @@ def run_once(
         "top_level": {
             name: [round(calls / done, 4), round(usec / done, 2)] for name, (calls, usec) in sorted(top.items())
         },
-        "commands": {
-            name: [round((calls - stats0.get(name, (0, 0.0))[0]) / done, 4), round((usec - stats0.get(name, (0, 0.0))[1]) / done, 2)]
+        "commands": {  # every command, those the functions ran included (INFO commandstats)
+            name: [
+                round((calls - stats0.get(name, (0, 0))[0]) / done, 4),
+                round((usec - stats0.get(name, (0, 0))[1]) / done, 2),
+            ]
             for name, (calls, usec) in sorted(stats1.items())
-            if calls > stats0.get(name, (0, 0.0))[0]
+            if calls > stats0.get(name, (0, 0))[0]
         },
         "replica_left": sum(int(r["snapshot"].get("snapshot_replica_lost", 0)) for r in reports),
         "fallbacks": sum(int(r["snapshot"].get("snapshot_fallbacks", 0)) for r in reports),
@@ -303,6 +327,12 @@ def main() -> None:
         help="also take the primary's time apart by what the workers sent (SLOWLOG of every command while the events "
         "run: it costs the primary a little, the same in every run)",
     )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="publish the events at this rate a second (a steady load below the ceiling) instead of all at once",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
     counts = [int(k) for k in args.workers.split(",")]
@@ -343,7 +373,12 @@ def main() -> None:
                 for workers in counts:
                     for source in (None, replica):
                         row = run_once(
-                            primary, source, workers, workload.take(args.events), by_command=args.by_command
+                            primary,
+                            source,
+                            workers,
+                            workload.take(args.events),
+                            by_command=args.by_command,
+                            rate=args.rate,
                         )
                         runs.append(row)
                         print(json.dumps({"round": round_ + 1, **row}), flush=True)
