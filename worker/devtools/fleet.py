@@ -48,6 +48,11 @@ __all__ = ["fleet_markdown", "run_fleet"]
 NAMESPACE = "bench"
 PROJECTED = (8, 16, 32)
 
+CHANGE_US = 0.18
+"""The primary's time a change of a call's validation window costs an event (reading it once per apply_batch of 16,
+indexing it, and the calls' checks), measured alone by benchmarks/validation_cost.py (journal: "The validation reads
+only what can change an answer"): what the projection's per-worker part owes to the widening windows."""
+
 
 def _worker(url: str, replica_url: str | None, consumer: str, stop: Any, results: Any) -> None:
     """One worker process on the snapshot path, its copy read from `replica_url` when given, until `stop`."""
@@ -423,6 +428,7 @@ def projection(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "per_worker_us": round(per_worker, 2),
             "changes_validated": round(window0, 1),
             "changes_validated_per_worker": round(window_per_worker, 1),
+            "window_per_worker_us": round(window_per_worker * CHANGE_US, 2),
             "projected": {
                 str(k): {
                     "us": round(fixed + per_worker * k, 1),
@@ -466,7 +472,7 @@ def fleet_markdown(results: dict[str, Any]) -> str:
     for r in rows:
         replica_cpu = "-" if r["replica_cpu_us_per_event"] is None else r["replica_cpu_us_per_event"]
         out.append(
-            f"| {r['source']} | {r['workers']} | {r['events_per_s']:,} | {r['primary_cpu_us_per_event']} "
+            f"| {r['source']} | {r['workers']} | {r['events_per_s']:,.0f} | {r['primary_cpu_us_per_event']} "
             f"| {r['primary_fcall_us_per_event']} | {r['primary_rest_us_per_event']} | {replica_cpu} "
             f"| {r['changes_validated_per_event']} |"
         )
@@ -474,18 +480,19 @@ def fleet_markdown(results: dict[str, Any]) -> str:
         out += _parts_markdown(rows)
     out.append("")
     out.append(
-        "| copies read | fixed us/event | per worker us/event | changes validated/event: fixed + per worker | "
-        + " | ".join(f"{k} workers" for k in PROJECTED)
-        + " |"
+        "| copies read | fixed us/event | per worker us/event | changes validated/event: fixed + per worker "
+        f"| of which the windows (x {CHANGE_US} us) | " + " | ".join(f"{k} workers" for k in PROJECTED) + " |"
     )
-    out.append("|---|---|---|---|" + "---|" * len(PROJECTED))
+    out.append("|---|---|---|---|---|" + "---|" * len(PROJECTED))
     for source, f in results["projection"].items():
         cells = [
             f"{f['projected'][str(k)]['us']:.0f} us, ceiling {f['projected'][str(k)]['ceiling']:,}/s" for k in PROJECTED
         ]
         out.append(
             f"| {source} | {f['fixed_us']} | {f['per_worker_us']} | {f['changes_validated']} + "
-            f"{f['changes_validated_per_worker']} | " + " | ".join(cells) + " |"
+            f"{f['changes_validated_per_worker']} | {f['window_per_worker_us']} us a worker | "
+            + " | ".join(cells)
+            + " |"
         )
     out.append("")
     out.append("(ceiling: one core of the primary, 1e6 / us an event)")
