@@ -123,6 +123,7 @@ def _bench(args: argparse.Namespace) -> int:
                     by_command=True,
                     log=log,
                 )
+                results["machine"]["load_average_at_end"] = results["fleet"]["load_average_at_end"]
         finally:
             if server is not None:
                 server.stop()
@@ -130,11 +131,6 @@ def _bench(args: argparse.Namespace) -> int:
         print(json.dumps(results, indent=2))
         return EXIT_OK
     print(markdown(results))
-    if "fleet" in results:
-        from ..devtools.fleet import fleet_markdown
-
-        print()
-        print(fleet_markdown(results["fleet"]))
     return EXIT_OK
 
 
