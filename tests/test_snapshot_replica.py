@@ -4,7 +4,7 @@ atomic step and its validation on the primary.
 Real servers only: a primary and a replica of it (REPLICAOF) started by each test. The invariants are those of the
 snapshot tests (every pair within r reported exactly once, nothing pending, each incident indexed once, checked
 against the oracle's pairs), here with a replica cut from its primary (a stale copy), one that hangs or dies
-mid-run, and one promoted mid-run whose log then goes another way.
+mid-run, one promoted mid-run whose log then goes another way, and a copy whose load overlaps trimming of the log.
 """
 
 from __future__ import annotations

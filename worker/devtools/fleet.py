@@ -370,7 +370,7 @@ def run_fleet(
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         "rows": rows,
         "projection": projection(rows),
-        "runs": runs,
+        "runs": [{k: v for k, v in run.items() if k != "commands"} for run in runs],  # (in rows, as medians)
         "tails": tails,
         "tail_followers": tail_followers,
     }
