@@ -71,14 +71,16 @@ class Presence:
         self._work_beat_at = -WORK_BEAT_S  # when the last beat after work went at once
 
     def beat_after_work(self, snapshot: SnapshotReader | None) -> None:
-        """Show the count of a round of batches: at once when the last beat after work is `WORK_BEAT_S` old, else
-        by bringing the next beat forward to then (at most two beats a second however short the rounds)."""
+        """Show the count of a round of batches: at once when the last beat after work is `WORK_BEAT_S` old (or a
+        third of the TTL, when shorter: a worker holding its batch at maxmemory beats through this), else by bringing
+        the next beat forward to then (at most two beats a second however short the rounds)."""
         now = time.monotonic()
-        if now >= self._work_beat_at + WORK_BEAT_S:
+        every = min(WORK_BEAT_S, self.settings.heartbeat_ttl_ms / 3000)
+        if now >= self._work_beat_at + every:
             self._work_beat_at = now
             self.beat(snapshot)
         else:
-            self.next_beat = min(self.next_beat, self._work_beat_at + WORK_BEAT_S)
+            self.next_beat = min(self.next_beat, self._work_beat_at + every)
 
     def beat(self, snapshot: SnapshotReader | None) -> None:
         """Refresh the heartbeat key (a JSON value with a TTL) that `incident-worker check` reads, and this worker's
