@@ -19,6 +19,8 @@ local MAX_VALIDATED_CHANGES = 4000
 -- fingerprints within 7 bits agree exactly on one of 8 disjoint 8-bit bands (otherwise each band differs in a bit at
 -- least: 8 bits), so the incidents a query can be within 7 of, or equal to, are among those its own 8 bands name
 -- (near_ids): validate_snapshot reads those instead of every change (about 1 in 32 of them, whatever the window).
+-- An apply_batch files the changes by its calls' own queries instead (note_near, below), the same argument read the
+-- other way round: a change is kept for each query it shares a band with.
 local function band_add(band, key, id)
   local v = band[key]
   if v == nil then
@@ -246,9 +248,10 @@ end
 -- covers the cap): the caller then answers `unvalidated` and the worker sends the full search.
 --
 -- Within a limit of 7 (the default), only the changes that share one of its 8 byte bands with `query` are read
--- (near_ids: about 1 in 32 of a window of random changes); every other one can neither count, nor be listed, nor
--- hold `query`, so leaving it out changes no answer. A change is indexed once per FCALL as it is noted (note_bands,
--- about 1 us), not compared once per call: a window's cost no longer grows with the calls that read it. Each change
+-- (near_ids, or near_of for a query its apply_batch registered: about 1 in 32 of a window of random changes); every
+-- other one can neither count, nor be listed, nor hold `query`, so leaving it out changes no answer. A change is
+-- indexed once per FCALL as it is noted (note_bands, or note_near), not compared once per call: a window's cost no
+-- longer grows with the calls that read it. Each change
 -- read costs table reads and additions only: the distance is summed from the per-digit rows of `query`
 -- (find_matches's), and only within the limit after the first 8 digits are the other 8 read (the sum only grows,
 -- so one past the limit there is past it in the end; its exact value is never used).
