@@ -30,10 +30,11 @@ __all__ = [
 
 PROJECTED = (8, 16, 32)
 
-CHANGE_US = 0.18
+CHANGE_US = 0.12
 """The primary's time a change of a call's validation window costs an event (reading it once per apply_batch of 16,
-indexing it, and the calls' checks), measured alone by benchmarks/validation_cost.py (journal: "The validation reads
-only what can change an answer"): what the projection's per-worker part owes to the widening windows."""
+filing it, and the calls' checks): 0.18 us measured alone by benchmarks/validation_cost.py on a quieter machine
+(journal: "The validation reads only what can change an answer"), times 0.65 for the windows filed by the send's own
+queries (journal: "The fleet by part"). What the projection's per-worker part owes to the widening windows."""
 
 
 def _bytes(layout: dict[str, Any]) -> str:
