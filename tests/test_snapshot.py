@@ -784,9 +784,11 @@ def _near_through_one_byte(rng: random.Random, fp: int, byte: int, distance: int
 
 @pytest.mark.parametrize("byte", range(8))
 @pytest.mark.parametrize("role", ["added", "moved away", "moved near"])
-def test_validation_finds_a_change_that_agrees_with_the_query_on_one_byte_only(redis_client, byte, role) -> None:
-    """The validation reads only the changes that share one of 8 byte bands with the query (worker/lua/snapshot.lua,
-    note_bands): a change within 7 bits shares one, whichever it is, as what it was or as what it is now."""
+@pytest.mark.parametrize("sent", ["apply", "apply_batch"])
+def test_validation_finds_a_change_that_agrees_with_the_query_on_one_byte_only(redis_client, byte, role, sent) -> None:
+    """The validation reads only the changes that share one of 8 byte bands with the query (worker/lua/snapshot.lua:
+    note_bands for one call, note_near for the registered queries of an apply_batch, after a call of its own): a
+    change within 7 bits shares one, whichever it is, as what it was or as what it is now."""
     redis_client.flushall()
     rng = random.Random(byte * 10 + len(role))
     index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
@@ -804,7 +806,16 @@ def test_validation_finds_a_change_that_agrees_with_the_query_on_one_byte_only(r
         index.upsert_fingerprint(incident_id, fp)
         oracle.upsert(incident_id, fp)
     claim = _claim(follower, query, "new", 0, 0)
-    result = parse_apply(redis_client.execute_command(*index.apply_command("add", "new", query, snapshot=claim)))
+    command = index.apply_command("add", "new", query, snapshot=claim)
+    if sent == "apply":
+        result = parse_apply(redis_client.execute_command(*command))
+    else:  # after a call that adds an incident far from the query, with the same copy's position
+        other = query ^ 0xFFFF_FFFF_0000_0000
+        oracle.add("other", other)
+        first = index.apply_command("add", "other", other, snapshot=_claim(follower, other, "other", 0, 0))
+        replies = redis_client.execute_command(*apply_batch([first, command]))
+        assert parse_apply(replies[0]).status == "indexed"
+        result = parse_apply(replies[1])
     assert result.status == "indexed"
     expected = oracle.matches(query, exclude="new")
     assert (result.match_count, result.matches) == (len(expected), expected)

@@ -369,6 +369,14 @@ local function apply_batch(keys, args)
   if n > 1 then prefetch(context, keys, args, n) end
   local n_keys, n_args = #keys, #args
   local k, a = 0, 1 + 2 * n
+  -- each call's fingerprint (its third argument), for the validation's window (register_queries)
+  local queries = {}
+  for i = 1, n do
+    queries[i] = args[a + 3]
+    a = a + (tonumber(args[2 * i + 1]) or 0)
+  end
+  register_queries(context, queries)
+  a = 1 + 2 * n
   for i = 1, n do
     local nk, na = tonumber(args[2 * i]), tonumber(args[2 * i + 1])
     local ok, reply

@@ -20,6 +20,8 @@ local MAX_VALIDATED_CHANGES = 4000
 -- fingerprints within 7 bits agree exactly on one of 8 disjoint 8-bit bands (otherwise each band differs in a bit at
 -- least: 8 bits), so the incidents a query can be within 7 of, or equal to, are among those its own 8 bands name
 -- (near_ids): validate_snapshot reads those instead of every change (about 1 in 32 of them, whatever the window).
+-- An apply_batch files the changes by its calls' own queries instead (note_near, below), the same argument read the
+-- other way round: a change is kept for each query it shares a band with.
 local function band_add(band, key, id)
   local v = band[key]
   if v == nil then
@@ -44,15 +46,84 @@ local function note_bands(bands, id, h)
   k = c15 * 256 + c16; if b8[k] == nil then b8[k] = id else band_add(b8, k, id) end
 end
 
+-- The send's own queries instead (apply_batch registers them first: register_queries): `qbands[k]` maps each of
+-- their band values to the query, or a list of them, and each change is looked up there instead of being filed:
+-- `near[query]` lists the incidents that share a band with `query` (an incident once a change, so maybe more than
+-- once). A change looked up in 8 small tables costs about half of one filed in 8 growing ones (benchmarks/journal/
+-- pipeline.md, "The fleet by part"), and a send's window is read once a send: the part of the primary's cost an
+-- event that grows with the workers.
+local function register_queries(context, queries)
+  local qbands, registered = {{}, {}, {}, {}, {}, {}, {}, {}}, {}
+  for i = 1, #queries do
+    local q = queries[i]
+    if type(q) == 'string' and #q == 16 and not string.find(q, '[^0-9a-f]') and not registered[q] then
+      registered[q] = true
+      local c = {string.byte(q, 1, 16)}
+      for k = 1, 8 do
+        local band, key = qbands[k], c[2 * k - 1] * 256 + c[2 * k]
+        local v = band[key]
+        if v == nil then band[key] = q elseif type(v) == 'table' then v[#v + 1] = q else band[key] = {v, q} end
+      end
+    end
+  end
+  context.qbands, context.registered = qbands, registered
+end
+
+local function near_add(near, q, id)
+  local list = near[q]
+  if list == nil then near[q] = {id} else list[#list + 1] = id end
+end
+
+-- `v`, a band value's query or list of them (qbands), shares that band with incident `id`
+local function near_hit(near, v, id)
+  if type(v) == 'table' then
+    for i = 1, #v do near_add(near, v[i], id) end
+  else
+    near_add(near, v, id)
+  end
+end
+
+local function note_near(view, id, h)
+  if #h ~= 16 then return end
+  local c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 = string.byte(string.lower(h), 1, 16)
+  local qb, near = view.qbands, view.near
+  local v
+  v = qb[1][c1 * 256 + c2]; if v ~= nil then near_hit(near, v, id) end
+  v = qb[2][c3 * 256 + c4]; if v ~= nil then near_hit(near, v, id) end
+  v = qb[3][c5 * 256 + c6]; if v ~= nil then near_hit(near, v, id) end
+  v = qb[4][c7 * 256 + c8]; if v ~= nil then near_hit(near, v, id) end
+  v = qb[5][c9 * 256 + c10]; if v ~= nil then near_hit(near, v, id) end
+  v = qb[6][c11 * 256 + c12]; if v ~= nil then near_hit(near, v, id) end
+  v = qb[7][c13 * 256 + c14]; if v ~= nil then near_hit(near, v, id) end
+  v = qb[8][c15 * 256 + c16]; if v ~= nil then near_hit(near, v, id) end
+end
+
 local function note_change(view, id, fp, prev)
   view.count = view.count + 1
+  local near = view.qbands ~= nil
   if view.first_prev[id] == nil then
     view.first_prev[id] = prev
     view.order[#view.order + 1] = id
-    note_bands(view.bands, id, prev)
+    if near then note_near(view, id, prev) else note_bands(view.bands, id, prev) end
   end
   view.latest[id] = fp
-  note_bands(view.bands, id, fp)
+  if near then note_near(view, id, fp) else note_bands(view.bands, id, fp) end
+end
+
+-- The incidents of near[query] (see note_near), each once: a list and its length.
+local function near_of(view, query)
+  local list = view.near[query]
+  if list == nil then return nil, 0 end
+  local ids, n, seen = {}, 0, {}
+  for i = 1, #list do
+    local id = list[i]
+    if not seen[id] then
+      seen[id] = true
+      n = n + 1
+      ids[n] = id
+    end
+  end
+  return ids, n
 end
 
 -- The incidents of `bands` (see note_bands) that share one of its 8 bands with `query` (16 lowercase hex digits),
@@ -107,7 +178,12 @@ local function changes_after(context, meta_key, changes_key, position)
       first = nil
     end
     if first and #changes - first + 1 <= MAX_VALIDATED_CHANGES then
-      view = {count = 0, first_prev = {}, latest = {}, order = {}, bands = {{}, {}, {}, {}, {}, {}, {}, {}}}
+      view = {count = 0, first_prev = {}, latest = {}, order = {}}
+      if context.qbands then
+        view.qbands, view.registered, view.near = context.qbands, context.registered, {}
+      else
+        view.bands = {{}, {}, {}, {}, {}, {}, {}, {}}
+      end
       for i = first, #changes do
         local f = changes[i][2]
         -- <op> <id> fp <new hex or ''> prev <old hex or ''>
@@ -242,9 +318,10 @@ end
 -- covers the cap): the caller then answers `unvalidated` and the worker sends the full search.
 --
 -- Within a limit of 7 (the default), only the changes that share one of its 8 byte bands with `query` are read
--- (near_ids: about 1 in 32 of a window of random changes); every other one can neither count, nor be listed, nor
--- hold `query`, so leaving it out changes no answer. A change is indexed once per FCALL as it is noted (note_bands,
--- about 1 us), not compared once per call: a window's cost no longer grows with the calls that read it. Each change
+-- (near_ids, or near_of for a query its apply_batch registered: about 1 in 32 of a window of random changes); every
+-- other one can neither count, nor be listed, nor hold `query`, so leaving it out changes no answer. A change is
+-- indexed once per FCALL as it is noted (note_bands, or note_near), not compared once per call: a window's cost no
+-- longer grows with the calls that read it. Each change
 -- read costs table reads and additions only: the distance is summed from the per-digit rows of `query`
 -- (find_matches's), and only within the limit after the first 8 digits are the other 8 read (the sum only grows,
 -- so one past the limit there is past it in the end; its exact value is never used).
@@ -264,7 +341,11 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
   -- every change is, as the sums below always did.
   local ids, n_ids = order, #order
   if limit <= 7 and T1 and T2 and T3 and T4 and T5 and T6 and T7 and T8 and halves then
-    ids, n_ids = near_ids(view.bands, query)
+    if not view.qbands then
+      ids, n_ids = near_ids(view.bands, query)
+    elseif view.registered[query] then  -- (a query the send did not register reads every change)
+      ids, n_ids = near_of(view, query)
+    end
   end
 
   local held, changed_holder = false, nil
