@@ -672,17 +672,19 @@ class MemoryIndex:
         positions = _ranges(starts, ends)  # in the arena
         if not len(positions):
             return
-        candidates = self._arena[positions]
+        candidates = self._arena.take(positions)  # (faster than indexing with them, by a fifth: measured)
         for k, count in enumerate(np.bincount(range_query, weights=lengths, minlength=len(queries)).tolist()):
             verified[k] += int(count)
-        query_of = np.repeat(range_query, lengths)  # the query of each candidate
-        distances = np.bitwise_count(candidates ^ queries[query_of])
+        # each candidate against its query's fingerprint; the query of each near one found from its range (they are
+        # few: cheaper than the query of every candidate, gathered)
+        distances = np.bitwise_count(candidates ^ np.repeat(queries[range_query], lengths))
         near = np.flatnonzero(distances <= r)
+        query_of_near = range_query[np.searchsorted(np.cumsum(lengths), near, side="right")]
         # A fingerprint no incident holds any more has no row (its row in the tier is empty, and skipped anyway).
         # No np.unique: sorting costs more than verifying the few rows that several bands reach twice.
         wasted = []
         for k, row, distance, position in zip(
-            query_of[near].tolist(),
+            query_of_near.tolist(),
             self._rows_of(candidates[near]).tolist(),
             distances[near].tolist(),
             positions[near].tolist(),
