@@ -11,7 +11,7 @@ import json
 import re
 import socket
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -218,6 +218,10 @@ class IncidentEvent(BaseModel):
     @classmethod
     def from_fields(cls, fields: Mapping[Any, Any], limits: EventLimits = _DEFAULT_LIMITS) -> IncidentEvent:
         """Validate a raw stream entry (bytes or text). Raises `ValidationError`; see `event_error`."""
+        as_read = _as_read_text(fields, limits)
+        if as_read is not None:  # the usual entry: the data the loop below makes of it, with fewer checks
+            event = cls._valid_as_read(as_read, limits)
+            return event if event is not None else cls.model_validate(as_read, context={"limits": limits})
         size = sum(_byte_size(k) + _byte_size(v) for k, v in fields.items())  # in bytes, as the worker reads them
         if size > limits.max_entry_bytes:
             raise ValidationError.from_exception_data(
@@ -269,7 +273,7 @@ class IncidentEvent(BaseModel):
             if features is not None:
                 if type(features) is not str or text is not None:
                     return None
-                bag = json.loads(features)
+                bag = _read_json(features)
                 if type(bag) is not dict:
                     return None
             elif text is not None:
@@ -280,18 +284,24 @@ class IncidentEvent(BaseModel):
                 return None
             fp = None
             if bag is not None:
-                _check_limits(bag, limits)
+                # every token is a str here (JSON object keys, the tokenizer's tokens): `_check_limits`' checks,
+                # without its loop; an entry over a limit is reported in full
+                if len(bag) > limits.max_tokens or (bag and max(map(len, bag)) > limits.max_token_length):
+                    return None
                 fp = fingerprint(bag)  # every token a str and every weight an int in range, or it raises
         except (ValueError, RecursionError, PydanticCustomError):  # JSON, text, limits, bag: reported in full
             return None
-        event = cls.model_construct(
-            {name for name in _FIELDS if name in data},
-            incident_id=incident_id,
-            op=cast(Op, op),  # one of _OPS
-            features=bag if features is not None else None,
-            text=text,
+        # what `model_construct` makes of these values (every field given), without its loop over the fields' aliases
+        # and defaults: tests/test_formats_fast.py compares the two
+        event = _new_event(cls)
+        _set(
+            event,
+            "__dict__",
+            {"incident_id": incident_id, "op": op, "features": bag if features is not None else None, "text": text},
         )
-        event.__pydantic_private__["_fingerprint"] = fp  # type: ignore[index]  # as the property reads it
+        _set(event, "__pydantic_fields_set__", {name for name in _FIELDS if name in data})
+        _set(event, "__pydantic_extra__", None)
+        _set(event, "__pydantic_private__", {"_fingerprint": fp})
         return event
 
     def to_fields(self) -> dict[str, str]:
@@ -304,6 +314,41 @@ class IncidentEvent(BaseModel):
         if self.op != "add":
             fields["op"] = self.op
         return fields
+
+
+_set = object.__setattr__
+_new_event = object.__new__
+_JSON_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]  # the scanner json.loads runs
+
+
+def _read_json(value: str) -> Any:
+    """`json.loads(value)`, ValueError included, without its checks and whitespace skipping: any text that is not
+    one JSON value from its first character to its last (blank space around it, a BOM, extra data, nothing) is left
+    to `json.loads`, which reads it, or raises its own error, as ever."""
+    try:
+        result, end = _JSON_SCAN(value, 0)
+    except StopIteration:
+        return json.loads(value)
+    return result if end == len(value) else json.loads(value)
+
+
+def _as_read_text(fields: Mapping[Any, Any], limits: EventLimits) -> dict[str, str] | None:
+    """The entry's fields as text when every name and value is UTF-8 bytes (as the stream gives them), the entry is
+    within max_entry_bytes and has an incident_id: what `from_fields`' loop makes of such an entry. None for
+    anything else, which that loop then reads and reports as ever."""
+    data: dict[str, str] = {}
+    size = 0
+    try:
+        for key, value in fields.items():
+            if type(key) is not bytes or type(value) is not bytes:
+                return None
+            size += len(key) + len(value)
+            data[key.decode()] = value.decode()
+    except UnicodeDecodeError:
+        return None
+    if size > limits.max_entry_bytes or "incident_id" not in data:
+        return None
+    return data
 
 
 def _json_int(digits: str) -> int:

@@ -702,17 +702,19 @@ class MemoryIndex:
         if not len(positions):
             return _NO_HITS
         verified += np.bincount(range_query, weights=lengths, minlength=len(queries)).astype(np.int64)
-        candidates = self._arena[positions]
-        query_of = np.repeat(range_query, lengths)  # the query of each candidate
-        distances = np.bitwise_count(candidates ^ queries[query_of])
+        candidates = self._arena.take(positions)  # (faster than indexing with them, by a fifth: measured)
+        # each candidate against its query's fingerprint; the query of each near one found from its range (they are
+        # few: cheaper than the query of every candidate, gathered)
+        distances = np.bitwise_count(candidates ^ np.repeat(queries[range_query], lengths))
         near = np.flatnonzero(distances <= r)
+        query_of_near = range_query[np.searchsorted(np.cumsum(lengths), near, side="right")]
         positions = positions[near]
         rows = self._rows_at(tiers, positions, candidates[near])
         # A row no incident holds any more is skipped: its fingerprint went (if it is held again, it is in a newer row)
         live = self._sizes[rows] > 0
         if not live.all():
             self._waste(positions[~live])
-        return query_of[near][live], rows[live], distances[near][live]
+        return query_of_near[live], rows[live], distances[near][live]
 
     def _rows_at(self, tiers: list[_Tier], positions: np.ndarray, fps: np.ndarray) -> np.ndarray:
         """The row of each fingerprint `fps[k]` read at `positions[k]` of the arena (in one of `tiers`), the row it
