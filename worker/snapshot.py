@@ -212,12 +212,17 @@ class MemoryIndex:
 
     def nbytes(self) -> int:
         """Bytes the copy holds: its arrays, and an estimate of its Python objects (the changes since the load)."""
-        arrays = sum(a.nbytes for a in (self._fps, self._arena, self._gone, self._dead, *self._tier_arrays()))
+        arrays = sum(a.nbytes for a in (self._fps, self._gone, self._dead, *self._tier_arrays()))
+        arrays += self._arena_end() * self._arena.itemsize  # the arena's reserve is not resident until written
         objects = 0
         if self._fp_of or self._members or self._over:
             # a dict entry, its key and value; a list slot and its members (measured with tracemalloc: about these)
             objects = 150 * len(self._fp_of) + 100 * len(self._row_of) + 100 * len(self._over)
         return arrays + (self._base.nbytes() if self._base is not None else 0) + objects
+
+    def _arena_end(self) -> int:
+        """Where the arena's last tier ends: what of it is written."""
+        return max((tier.at + tier.length for tier in self._tiers), default=0)
 
     def _tier_arrays(self) -> Iterable[np.ndarray]:
         for tier in self._tiers:
@@ -392,8 +397,13 @@ class MemoryIndex:
         # contiguous run of memory, not gathered row by row across the whole copy (about 0.6 of the search's time at a
         # million); the few within the distance find their row through `_row_of`.
         length = len(fps) * self.layout.bands
-        if len(self._arena) < at + length:  # grown by a sixteenth at least: a copy's growth copies it a few times
-            grown = np.zeros(max(at + length, len(self._arena) * 17 // 16), dtype=np.uint64)
+        if len(self._arena) < at + length:
+            # Twice what is needed, in memory the system has not handed over yet (np.zeros of a large array: pages
+            # mapped on their first write), so the tiers sealed after a load are written behind the loaded one, not
+            # into a copy of it: copying a 10M copy's 320 MB arena into fresh pages stopped the worker for 0.3 to 1.3
+            # s at its first seal (the p99 of the snapshot path at 10M; benchmarks/journal/ten-million.md). What is
+            # reserved and never written costs no resident memory; `nbytes` counts what is written.
+            grown = np.zeros(2 * (at + length), dtype=np.uint64)
             grown[:at] = self._arena[:at]
             self._arena = grown
         starts, keys = [], []
