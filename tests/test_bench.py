@@ -202,3 +202,79 @@ def test_near_storm_benchmark_cuts_the_flood_at_the_budget_on_both_read_paths() 
     assert results["primary"]["flood"]["candidates_max"] <= 50
     assert results["primary"]["flood_preloaded"]["candidates_max"] <= 50
     assert results["flood_preload"] == 3000
+
+
+def _run_figures(rate: float) -> dict[str, Any]:
+    return {
+        "events_per_s": rate,
+        "capped": False,
+        "candidates_mean": 1.0,
+        "candidates_p99": 2,
+        "fcall_usec_per_event": 10.0,
+        "redis_cpu_usec_per_event": 20.0,
+        "startup_s": 1.0,
+        "worker_max_rss_mb": 100.0,
+    }
+
+
+def test_above_a_million_the_benchmark_measures_the_layout_stats_advises_with_its_snapshot_path() -> None:
+    """At ten million the default's 4 bands meet about 17,000 candidates a search, past the copy's budget: the
+    benchmark measures the layout `stats` advises there (and its snapshot read path), so that its figures are not of
+    cut searches; --layouts names both for both."""
+    from worker.commands.stats import recommendation
+    from worker.devtools.benchmark import _measured, _with_snapshot
+    from worker.devtools.benchpage import markdown
+
+    [(name, bands)] = _measured(10_000_000, None)
+    assert name == "recommended" and bands == recommendation(10_000_000, 4, 7, on_copies=True)[0] == 3
+    assert _with_snapshot(10_000_000, name)
+    both = _measured(10_000_000, ["default", "recommended"])
+    assert [n for n, _ in both] == ["default", "recommended"] and all(_with_snapshot(10_000_000, n) for n, _ in both)
+    # up to a million: every layout, the snapshot path on the default's alone, as before
+    assert [n for n, _ in _measured(1_000_000, None)] == ["default", "classic", "recommended"]
+    assert _with_snapshot(1_000_000, "default") and not _with_snapshot(1_000_000, "recommended")
+
+    layout = {
+        "bands": 3,
+        "probes": 508,
+        "memory_per_incident": 150.0,
+        "one_worker": _run_figures(100.0),
+        "two_workers": _run_figures(150.0),
+        "latency_half_load": {"p50_ms": 5.0, "p99_ms": 40.0},
+    }
+    layout["snapshot"] = {
+        "one_worker": _run_figures(4000.0),
+        "two_workers": _run_figures(5000.0),
+        "latency_half_load": {"p50_ms": 4.0, "p99_ms": 30.0},
+    }
+    results = {
+        "date": "today",
+        "command": "incident-worker bench --sizes 10000000",
+        "code": {
+            "commit": "x",
+            "uncommitted_changes": False,
+            "library": "l",
+            "tokenizer_version": 1,
+            "default_bands": 4,
+        },
+        "machine": {"cpus": 2, "platform": "p", "python": "3", "redis": "7", "load_average": [1, 1, 1]},
+        "workload": "w",
+        "fingerprint": {
+            "tokens_per_bag": 1,
+            "reference_us": 2,
+            "fast_repeating_us": 1,
+            "speedup_repeating": 2,
+            "fast_unique_us": 1,
+            "speedup_unique": 2,
+        },
+        "sizes": [
+            {
+                "indexed": 10_000_000,
+                "layouts": {"recommended": layout},
+                "copy_search": {"queries_per_s": 9000.0, "us_per_query": 111.0, "bands": 3},
+            }
+        ],
+    }
+    page = markdown(results)
+    assert "| recommended, snapshot read path" in page and "numpy, 3 bands" in page
+    assert "snapshot / recommended 40.00x" in page

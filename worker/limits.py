@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-__all__ = ["ALERT_FIELDS", "DEFAULT_MAX_CANDIDATES", "EventLimits"]
+__all__ = ["ALERT_FIELDS", "DEFAULT_MAX_CANDIDATES", "DEFAULT_SNAPSHOT_MAX_CANDIDATES", "EventLimits"]
 
 ALERT_FIELDS = frozenset(
     {
@@ -36,6 +36,15 @@ Redis time an event). Chosen by measurement on Redis 7.0 (docs/contract.md, "The
 benchmarks/journal/near-storms.md): a candidate costs the primary about 2.8 us of CPU in a near-duplicate storm of
 12,000 (nearly every candidate a match) and about 3.2 us in a crafted flood of 200,000 (a larger hash and set), so
 3,000 of them stay within about 10 ms."""
+
+DEFAULT_SNAPSHOT_MAX_CANDIDATES = 20_000
+"""The default budget of a worker's search of its own copy (the snapshot read path; docs/contract.md, "The per-event
+budget"). That search costs the worker's CPU, not Redis's one thread (the atomic step validates the changes since
+the copy's position, never the candidates), so MAX_CANDIDATES' 10 ms of Redis time does not size it: a copy reads a
+candidate in numpy for a few nanoseconds, and lists a match within r for about a microsecond. 20,000 keep the
+copy's searches exact at ten million incidents with the layout `stats` advises there (3 bands: 3,244 candidates a
+query on average; benchmarks/journal/ten-million.md), and bound one event's search near 20 ms of one worker's CPU
+in the worst case, a near-duplicate storm in which every candidate is a match."""
 
 
 class EventLimits(BaseModel):

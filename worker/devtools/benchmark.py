@@ -57,8 +57,11 @@ __all__ = ["code_version", "markdown", "page_blocks", "run_benchmark", "update_p
 CLASSIC_BANDS = 8
 
 LARGEST_ALL_LAYOUTS = 1_000_000
-"""Above this N the benchmark measures the default layout alone unless --layouts names others (the classic layout
-verifies about 4% of the index an event on the primary: hours at ten million), and skips the in-process baseline."""
+"""Above this N the benchmark measures one layout unless --layouts names others, the one `stats` advises there (the
+recommended: 3 bands at ten million, where the default's 4 meet about 17,000 candidates a search and the copy's
+budget cuts nearly every one, so its figures would be of cut searches; the classic layout verifies about 4% of the
+index an event on the primary: hours at ten million), with the snapshot read path beside it, and skips the
+in-process baseline."""
 
 PRELOAD_CHUNK = 200_000
 """Incidents a pre-load writes in one pipelined batch (worker/bulkload.py): fewer, larger posting-set commands."""
@@ -496,11 +499,14 @@ class _Baseline:
         }
 
 
-def _copy_search(fps: Iterable[tuple[str, int]], items: list[tuple[str, dict[str, int]]]) -> dict[str, Any]:
-    """The snapshot path's search alone, in process: the worker's copy of `fps` (`MemoryIndex`, numpy), searched for
+def _copy_search(
+    fps: Iterable[tuple[str, int]], items: list[tuple[str, dict[str, int]]], bands: int = DEFAULT_BANDS
+) -> dict[str, Any]:
+    """The snapshot path's search alone, in process: the worker's copy of `fps` (`MemoryIndex`, numpy, `bands` bands:
+    the layout the snapshot path was measured on, the last if several), searched for
     each of `items` the way a worker searches a send (SNAPSHOT_SEND at a time), nothing indexed. The bare search a
     pipeline is measured against: no Redis, no stream, no fingerprinting (`items` are fingerprinted first)."""
-    copy = MemoryIndex(BandLayout(DEFAULT_BANDS, 7))
+    copy = MemoryIndex(BandLayout(bands, 7))
     started = time.perf_counter()
     copy.load(fps)
     load_s = time.perf_counter() - started
@@ -520,6 +526,7 @@ def _copy_search(fps: Iterable[tuple[str, int]], items: list[tuple[str, dict[str
         "matches_mean": round(found / max(len(queries), 1), 2),
         "load_s": round(load_s, 2),
         "bytes_per_incident": round(copy.nbytes() / max(len(copy), 1), 1),
+        "bands": bands,
     }
 
 
@@ -579,6 +586,23 @@ def _layouts(size: int, max_distance: int = 7) -> list[tuple[str, int]]:
     return layouts
 
 
+def _measured(size: int, chosen: list[str] | None) -> list[tuple[str, int]]:
+    """The layouts measured at `size`, and (with their snapshot read path) which: `chosen` (--layouts), else all up to
+    LARGEST_ALL_LAYOUTS and the advised one above it (the recommended, or the default when it is the advice)."""
+    layouts = _layouts(size)
+    if chosen is not None:
+        return [(name, bands) for name, bands in layouts if name in chosen]
+    if size <= LARGEST_ALL_LAYOUTS:
+        return layouts
+    return [layouts[-1]] if layouts[-1][0] == "recommended" else [layouts[0]]
+
+
+def _with_snapshot(size: int, name: str) -> bool:
+    """Whether the snapshot read path is measured on layout `name` at `size`: the default's up to
+    LARGEST_ALL_LAYOUTS, the default's and the recommended above it."""
+    return name == "default" or (name == "recommended" and size > LARGEST_ALL_LAYOUTS)
+
+
 def run_benchmark(
     *,
     url: str,
@@ -621,11 +645,8 @@ def run_benchmark(
 
         follow = events.take(measure * 5)
         row: dict[str, Any] = {"indexed": size, "layouts": {}}
-        for name, bands in _layouts(size):
-            if (layouts is None and size > LARGEST_ALL_LAYOUTS and name != "default") or (
-                layouts is not None and name not in layouts
-            ):
-                continue
+        snapshot_bands = DEFAULT_BANDS
+        for name, bands in _measured(size, layouts):
             layout = BandLayout(bands, 7)
             log(f"N={size:,}: {name} layout, {layout.description} ...")
             bench.fresh("bench")
@@ -649,8 +670,9 @@ def run_benchmark(
             two = bench.throughput("bench", bands, follow[measure : 2 * measure], 2)
             result["one_worker"], result["two_workers"] = one, two
             result["latency_half_load"] = bench.latency("bench", bands, one["events_per_s"] / 2)
-            if name == "default":
-                log(f"N={size:,}: default layout, snapshot read path ...")
+            if _with_snapshot(size, name):
+                log(f"N={size:,}: {name} layout, snapshot read path ...")
+                snapshot_bands = bands
                 snap_one = bench.throughput("bench", bands, follow[2 * measure : 3 * measure], 1, read_path="snapshot")
                 snap_two = bench.throughput("bench", bands, follow[3 * measure : 4 * measure], 2, read_path="snapshot")
                 result["snapshot"] = {
@@ -667,7 +689,7 @@ def run_benchmark(
             baseline.load(zip(ids, fp_list, strict=True))
             row["baseline"] = baseline.throughput(follow[:measure], cap_s)
             del baseline
-        row["copy_search"] = _copy_search(zip(ids, fp_list, strict=True), follow[:measure])
+        row["copy_search"] = _copy_search(zip(ids, fp_list, strict=True), follow[:measure], snapshot_bands)
         del ids, fp_list
         results["sizes"].append(row)
     results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
