@@ -12,7 +12,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from .. import retention, upkeep
-from ..bands import DEFAULT_BANDS, MAX_PROBES, expected_candidates, probe_count, recommend_bands
+from ..bands import DEFAULT_BANDS, copies_bands, expected_candidates, recommend_bands
 from ..connection import RedisClient
 from ..formats import Heartbeat
 from ..index import FingerprintIndex
@@ -142,14 +142,14 @@ def recommendation(
     bands of 21 and 22 bits, in a copy's large tiers by direct tables too, take about 1.4x its time a query at 1M and
     about the same from 3M: benchmarks/journal/ten-million.md). So the default is the advice there until its searches
     would meet the copy's `budget` (default: SNAPSHOT_MAX_CANDIDATES' on copies, MAX_CANDIDATES' otherwise): past
-    about 9.6M incidents at the default 20,000, where 4 bands meet more candidates than half of it on uniform
-    fingerprints (real data clusters: up to 2x more; 17,000 a query at 10M on the benchmark's workload), and searches
-    are cut and their alerts incomplete. Then the primary path's advice (fewer, wider bands) holds.
+    about 29M incidents at the default 60,000, where 4 bands meet more candidates than half of it on uniform
+    fingerprints (real data clusters: up to 2x more; 17,000 a query at 10M on the benchmark's workload, 58,830 at
+    most), and searches are cut and their alerts incomplete (`bands.copies_bands`). Then the primary path's advice
+    (fewer, wider bands) holds.
     """
     if budget is None:
         budget = DEFAULT_SNAPSHOT_MAX_CANDIDATES if on_copies else DEFAULT_MAX_CANDIDATES
-    crowded = bool(budget) and 2 * expected_candidates(DEFAULT_BANDS, max_distance, count) > budget
-    if on_copies and probe_count(DEFAULT_BANDS, max_distance) <= MAX_PROBES and not crowded:
+    if on_copies and copies_bands(count, max_distance, budget) == DEFAULT_BANDS:
         if bands == DEFAULT_BANDS:
             return bands, f"{bands} bands suit the snapshot read path the workers use: the layout in use"
         return DEFAULT_BANDS, (

@@ -39,11 +39,12 @@ from typing import Any
 import redis
 
 from .. import __version__, library
-from ..bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, BandLayout, recommend_bands
+from ..bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, BandLayout, copies_bands, recommend_bands
 from ..fingerprint import fingerprint, fingerprint_reference
 from ..formats import IncidentEvent
 from ..index import FingerprintIndex
 from ..keys import IndexKeys
+from ..limits import DEFAULT_SNAPSHOT_MAX_CANDIDATES
 from ..metrics import Metrics
 from ..readpath import SNAPSHOT_SEND
 from ..replies import group_info
@@ -57,11 +58,11 @@ __all__ = ["code_version", "markdown", "page_blocks", "run_benchmark", "update_p
 CLASSIC_BANDS = 8
 
 LARGEST_ALL_LAYOUTS = 1_000_000
-"""Above this N the benchmark measures one layout unless --layouts names others, the one `stats` advises there (the
-recommended: 3 bands at ten million, where the default's 4 meet about 17,000 candidates a search and the copy's
-budget cuts nearly every one, so its figures would be of cut searches; the classic layout verifies about 4% of the
-index an event on the primary: hours at ten million), with the snapshot read path beside it, and skips the
-in-process baseline."""
+"""Above this N the benchmark measures one layout unless --layouts names others: the one `stats` advises where the
+workers search their own copies, with its snapshot read path (`bands.copies_bands` with the copy's default budget:
+the default's 4 bands at ten million, whose copy searches stay within SNAPSHOT_MAX_CANDIDATES; the classic layout
+verifies about 4% of the index an event on the primary: hours at ten million), and skips the in-process
+baseline."""
 
 PRELOAD_CHUNK = 200_000
 """Incidents a pre-load writes in one pipelined batch (worker/bulkload.py): fewer, larger posting-set commands."""
@@ -587,19 +588,20 @@ def _layouts(size: int, max_distance: int = 7) -> list[tuple[str, int]]:
 
 
 def _measured(size: int, chosen: list[str] | None) -> list[tuple[str, int]]:
-    """The layouts measured at `size`, and (with their snapshot read path) which: `chosen` (--layouts), else all up to
-    LARGEST_ALL_LAYOUTS and the advised one above it (the recommended, or the default when it is the advice)."""
+    """The layouts measured at `size`: `chosen` (--layouts), else all up to LARGEST_ALL_LAYOUTS and above it the one
+    `stats` advises for the snapshot read path (`bands.copies_bands`)."""
     layouts = _layouts(size)
     if chosen is not None:
         return [(name, bands) for name, bands in layouts if name in chosen]
     if size <= LARGEST_ALL_LAYOUTS:
         return layouts
-    return [layouts[-1]] if layouts[-1][0] == "recommended" else [layouts[0]]
+    advised = copies_bands(size, 7, DEFAULT_SNAPSHOT_MAX_CANDIDATES)
+    return [next((name, bands) for name, bands in layouts if bands == advised)]
 
 
 def _with_snapshot(size: int, name: str) -> bool:
-    """Whether the snapshot read path is measured on layout `name` at `size`: the default's up to
-    LARGEST_ALL_LAYOUTS, the default's and the recommended above it."""
+    """Whether the snapshot read path is measured on layout `name` at `size`: the default's, and above
+    LARGEST_ALL_LAYOUTS the recommended's too (with --layouts naming it)."""
     return name == "default" or (name == "recommended" and size > LARGEST_ALL_LAYOUTS)
 
 
