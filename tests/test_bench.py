@@ -43,6 +43,12 @@ def test_small_benchmark_measures_every_layout_and_the_baseline() -> None:
     for layout in row["layouts"].values():
         assert 0 < layout["change_log_per_incident"] < layout["memory_per_incident"]
         assert layout["change_log_bytes_per_entry"] >= 16  # at least the fingerprint it carries
+        # the change log trimmed to a day's changes (N / 30: whole nodes of entries, so at least that many stay)
+        assert 400 // 30 <= layout["change_log_entries_after_trimming"] < 400
+        assert layout["memory_per_incident_after_trimming"] < layout["memory_per_incident"]
+        assert (
+            layout["posting_sets"] > 0 and layout["postings_per_incident"] > 0 and layout["keyspace_per_incident"] > 0
+        )
     # the classic 8 exact bands verify more candidates than 4 bands probed at radius 1, on the same events
     assert (
         row["layouts"]["classic"]["one_worker"]["candidates_mean"]

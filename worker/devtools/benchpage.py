@@ -23,7 +23,9 @@ def _bytes(layout: dict[str, Any]) -> str:
     log = layout.get("change_log_per_incident")
     if log is None:
         return f"{total}"
-    return f"{total} ({round(total - log, 1)} index + {log} change log)"
+    trimmed = layout.get("memory_per_incident_after_trimming")
+    after = f"; {trimmed} with the log trimmed to a day" if trimmed is not None else ""
+    return f"{total} ({round(total - log, 1)} index + {log} change log{after})"
 
 
 def markdown(results: dict[str, Any]) -> str:
