@@ -1,23 +1,9 @@
 """The primary's CPU an event with 1, 2 and 4 snapshot workers, their copies fed from the primary or from a replica,
-and its projection to 8, 16 and 32 workers (issue 25, "the fleet").
+what it is made of, and its projection to 8, 16 and 32 workers (issue 25, "the fleet"): worker/devtools/fleet.py,
+which `incident-worker bench --fleet 1,2,4` runs too.
 
-Starts a primary and a replica of it (REPLICAOF), each a redis-server of its own; bulk-loads N incidents of the
-benchmark's seeded Zipf workload; then, for each worker count and each source of the copies (interleaved, so the
-index's growth and the machine's noise fall on both alike), starts that many worker processes (`StreamWorker`, the
-code of `incident-worker run`, on the snapshot path, with `snapshot_replica_url` for the replica), waits until every
-copy is loaded, publishes M events and times them until the group is idle. Measured on the primary from INFO, for the
-events only (the copies' loads come before): its CPU (used_cpu_sys + used_cpu_user) an event, FCALL's time an event
-(the atomic step: reading the entries, validating, indexing, alerting, acknowledging), and the rest (what the workers
-read outside the functions: mostly the change log each copy follows); the replica's CPU an event; the changes
-validated an event. Then fits primary CPU an event = apply + tail x workers to each source (least squares over the
-measured counts) and projects 8, 16 and 32 workers, with the primary's ceiling (one core: 1e6 / us an event).
-
-With --tail-followers K, it measures the change log's tail alone instead: one worker whose copy reads the replica,
-with no other copy and then with K processes that only follow the primary's log (load, then catch up every 5 ms);
-the primary's CPU an event grows by the tail's cost, an upper bound (a worker refreshes once a send of its own, less
-often than that when it shares the stream with others).
-
-Usage: python benchmarks/fleet.py [--size N] [--events M] [--workers 1,2,4] [--repeat R] [--json FILE]
+Usage: python benchmarks/fleet.py [--size N] [--events M] [--workers 1,2,4] [--repeat R] [--by-command] [--rate E]
+                                  [--json FILE]
        python benchmarks/fleet.py --tail-followers K [--size N] [--events M] [--repeat R]
 """
 
@@ -25,184 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
-import os
-import statistics
 import sys
-import tempfile
-import threading
-import time
 from pathlib import Path
-from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without installing the package
 
-import redis  # noqa: E402
-
-from worker import library  # noqa: E402
-from worker.bands import DEFAULT_BANDS  # noqa: E402
-from worker.devtools.benchmark import _backlog_done, _publish, _Recorder, _server_cpu, _stream_fields  # noqa: E402
-from worker.devtools.redis_server import RedisServer  # noqa: E402
-from worker.devtools.workload import Workload  # noqa: E402
-from worker.fingerprint import fingerprint  # noqa: E402
-from worker.index import FingerprintIndex  # noqa: E402
-from worker.keys import IndexKeys  # noqa: E402
-
-NAMESPACE = "bench"
-PROJECTED = (8, 16, 32)
-
-
-def _worker(url: str, replica_url: str | None, consumer: str, stop: Any, results: Any) -> None:
-    """One worker process on the snapshot path, its copy read from `replica_url` when given, until `stop`."""
-    from worker.connection import connect, connect_replica
-    from worker.logs import configure_logging
-    from worker.metrics import Metrics
-    from worker.settings import Settings
-    from worker.stream import StreamWorker
-
-    configure_logging("json", "error")
-    settings = Settings(
-        redis_url=url,
-        snapshot_replica_url=replica_url,
-        namespace=NAMESPACE,
-        consumer=consumer,
-        read_path="snapshot",
-        batch_size=100,
-        block_ms=50,
-        claim_idle_ms=600_000,
-        summary_interval_s=3600,
-        alerts_maxlen=10_000,
-        socket_timeout_s=120,
-    )
-    metrics = Metrics()
-    candidates = _Recorder()
-    metrics.candidates = candidates  # type: ignore[assignment]
-    worker = StreamWorker(connect(settings), settings, metrics=metrics, replica=connect_replica(settings))
-    threading.Thread(target=lambda: (stop.wait(), worker.stop()), daemon=True).start()
-    worker.run()
-    described = worker.snapshot.describe() if worker.snapshot is not None else {}
-    results.put({"consumer": consumer, "candidates": candidates.values, "snapshot": described})
-
-
-def _follower(url: str, stop: Any, every_s: float) -> None:
-    """A copy that follows the primary's change log (a worker's tail, without its searches or calls): loads once,
-    then catches up every `every_s`, as a worker does before each send of SNAPSHOT_SEND events."""
-    from worker.bands import BandLayout
-    from worker.readpath import ChangeFollower
-
-    client = redis.Redis.from_url(url, socket_timeout=120)
-    follower = ChangeFollower(client, IndexKeys(NAMESPACE), BandLayout(DEFAULT_BANDS, 7))
-    follower.load()
-    client.set(f"{{{NAMESPACE}}}:fleet-follower:{os.getpid()}", 1)
-    while not stop.is_set():
-        follower.catch_up()
-        time.sleep(every_s)
-
-
-def tail_cost(primary: RedisServer, replica: RedisServer, followers: int, items: list[Any]) -> dict[str, Any]:
-    """One worker whose copy reads the replica, plus `followers` processes tailing the primary's change log: the
-    primary's CPU an event, whose growth with `followers` is the tail's own cost, apart from the validation."""
-    client = primary.client(socket_timeout=300)
-    context = mp.get_context("spawn")
-    stop = context.Event()
-    processes = [
-        context.Process(target=_follower, args=(primary.url, stop, 0.005), daemon=True) for _ in range(followers)
-    ]
-    for process in processes:
-        process.start()
-    while len(list(client.scan_iter(f"{{{NAMESPACE}}}:fleet-follower:*"))) < followers:
-        time.sleep(0.05)
-    try:
-        row = run_once(primary, replica, 1, items)
-    finally:
-        stop.set()
-        for process in processes:
-            process.join(timeout=30)
-        for key in client.scan_iter(f"{{{NAMESPACE}}}:fleet-follower:*"):
-            client.delete(key)
-        client.close()
-    return {"followers": followers, **row}
-
-
-def _fcall_usec(client: redis.Redis) -> float:
-    """Microseconds of FCALL on the server (the functions with the commands they run: the atomic step and the reads
-    of new entries). What the workers run outside the functions (the change log their copies follow, above all) is
-    the server's CPU less this; commandstats cannot split it itself, as its other commands count those the
-    functions run too."""
-    return float(client.info("commandstats").get("cmdstat_fcall", {}).get("usec", 0))
-
-
-def run_once(primary: RedisServer, replica: RedisServer | None, workers: int, items: list[Any]) -> dict[str, Any]:
-    client = primary.client(socket_timeout=300)
-    replica_client = replica.client(socket_timeout=300) if replica is not None else None
-    keys = IndexKeys(NAMESPACE)
-    context = mp.get_context("spawn")
-    stop, results = context.Event(), context.Queue()
-    cpu_before_start = _server_cpu(client)
-    processes = [
-        context.Process(
-            target=_worker,
-            args=(primary.url, replica.url if replica else None, f"fleet-{k}", stop, results),
-            daemon=True,
-        )
-        for k in range(workers)
-    ]
-    for process in processes:
-        process.start()
-    beats = [keys.heartbeat(f"fleet-{k}") for k in range(workers)]
-    started = time.monotonic()
-    while client.exists(*beats) < workers and time.monotonic() - started < 300:
-        time.sleep(0.05)
-    time.sleep(0.3)
-    startup_cpu = _server_cpu(client) - cpu_before_start
-    fcall0, cpu0 = _fcall_usec(client), _server_cpu(client)
-    rcpu0 = _server_cpu(replica_client) if replica_client is not None else 0.0
-    began = time.perf_counter()
-    _publish(client, keys.events_stream, _stream_fields(items))
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and not _backlog_done(client, keys.events_stream, "incident-workers"):
-        time.sleep(0.02)
-    elapsed = time.perf_counter() - began
-    fcall1, cpu1 = _fcall_usec(client), _server_cpu(client)
-    rcpu1 = _server_cpu(replica_client) if replica_client is not None else 0.0
-    stop.set()
-    reports = [results.get(timeout=120) for _ in processes]
-    for process in processes:
-        process.join(timeout=30)
-    client.delete(keys.events_stream)
-    done = len(items)
-    candidates = [c for r in reports for c in r["candidates"]]
-    cpu_us = (cpu1 - cpu0) * 1e6 / done
-    fcall_us = (fcall1 - fcall0) / done
-    row = {
-        "source": "replica" if replica is not None else "primary",
-        "workers": workers,
-        "events": done,
-        "events_per_s": round(done / elapsed),
-        "primary_cpu_us_per_event": round(cpu_us, 1),
-        "primary_fcall_us_per_event": round(fcall_us, 1),
-        "primary_rest_us_per_event": round(cpu_us - fcall_us, 1),
-        "replica_cpu_us_per_event": round((rcpu1 - rcpu0) * 1e6 / done, 1) if replica is not None else None,
-        "changes_validated_per_event": round(statistics.fmean(candidates), 1) if candidates else 0.0,
-        "primary_cpu_s_while_copies_loaded": round(startup_cpu, 2),
-        "replica_left": sum(int(r["snapshot"].get("snapshot_replica_lost", 0)) for r in reports),
-        "fallbacks": sum(int(r["snapshot"].get("snapshot_fallbacks", 0)) for r in reports),
-    }
-    client.close()
-    if replica_client is not None:
-        replica_client.close()
-    return row
-
-
-def fit(rows: list[dict[str, Any]]) -> tuple[float, float]:
-    """apply, tail: the least-squares line primary CPU an event = apply + tail x workers."""
-    xs = [float(r["workers"]) for r in rows]
-    ys = [float(r["primary_cpu_us_per_event"]) for r in rows]
-    if len(set(xs)) < 2:
-        return ys[0], 0.0
-    slope, intercept = statistics.linear_regression(xs, ys)
-    return intercept, slope
+from worker.devtools.fleet import fleet_markdown, run_fleet  # noqa: E402
 
 
 def main() -> None:
@@ -211,7 +26,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=6000)
     parser.add_argument("--workers", default="1,2,4")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--repeat", type=int, default=1, help="rounds of every run; the table shows medians")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of every run; the tables show medians")
     parser.add_argument(
         "--tail-followers",
         type=int,
@@ -219,115 +34,35 @@ def main() -> None:
         help="instead: measure the tail alone, one worker on the replica with 0 and then this many copies tailing "
         "the primary's change log",
     )
+    parser.add_argument(
+        "--by-command",
+        action="store_true",
+        help="also take the primary's time apart by what the workers sent (SLOWLOG of every command while the events "
+        "run: it costs the primary a few us an event, the same in every run)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="publish the events at this rate a second (a steady load below the ceiling) instead of all at once",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     args = parser.parse_args()
-    counts = [int(k) for k in args.workers.split(",")]
-    workload = Workload(seed=args.seed)
-    with tempfile.TemporaryDirectory() as directory:
-        (Path(directory) / "p").mkdir()
-        (Path(directory) / "r").mkdir()
-        primary = RedisServer(Path(directory) / "p")
-        replica = RedisServer(Path(directory) / "r", load_functions=False)
-        primary.start()
-        replica.start()
-        try:
-            client = primary.client(socket_timeout=300)
-            library.load(client)
-            index = FingerprintIndex(client, NAMESPACE, bands=DEFAULT_BANDS)
-            index.open()
-            started = time.perf_counter()
-            index.bulk_load([(i, fingerprint(bag)) for i, bag in workload.take(args.size)])
-            print(f"loaded {args.size:,} incidents in {time.perf_counter() - started:.0f} s", flush=True)
-            with replica.client() as r:
-                r.replicaof("127.0.0.1", primary.port)
-                while True:
-                    info = r.info("replication")
-                    offset = int(client.info("replication")["master_repl_offset"])
-                    if info.get("master_link_status") == "up" and int(info.get("slave_repl_offset", -1)) >= offset:
-                        break
-                    time.sleep(0.1)
-            runs = []
-            if args.tail_followers:
-                tails = []
-                for round_ in range(args.repeat):
-                    for followers in (0, args.tail_followers):
-                        row = tail_cost(primary, replica, followers, workload.take(args.events))
-                        tails.append(row)
-                        print(json.dumps({"round": round_ + 1, **row}), flush=True)
-                counts = []
-            for round_ in range(args.repeat):
-                for workers in counts:
-                    for source in (None, replica):
-                        row = run_once(primary, source, workers, workload.take(args.events))
-                        runs.append(row)
-                        print(json.dumps({"round": round_ + 1, **row}), flush=True)
-            client.close()
-        finally:
-            replica.stop()
-            primary.stop()
-    if args.tail_followers:
-        report_tail(tails, args)
-    if runs:
-        report(_medians(runs), args)
-
-
-def report_tail(tails: list[dict[str, Any]], args: argparse.Namespace) -> None:
-    without = statistics.median(r["primary_cpu_us_per_event"] for r in tails if r["followers"] == 0)
-    with_ = statistics.median(r["primary_cpu_us_per_event"] for r in tails if r["followers"] == args.tail_followers)
-    print()
-    print(
-        f"tail alone: one worker on the replica, primary CPU {without:.1f} us/event; with {args.tail_followers} "
-        f"copies tailing the primary {with_:.1f}: {(with_ - without) / args.tail_followers:.2f} us/event a copy "
-        f"(median of {args.repeat} round(s))"
+    results = run_fleet(
+        size=args.size,
+        events=args.events,
+        workers=[int(k) for k in args.workers.split(",")],
+        seed=args.seed,
+        repeat=args.repeat,
+        by_command=args.by_command,
+        rate=args.rate,
+        tail_followers=args.tail_followers,
+        log=lambda message: print(message, flush=True),
     )
-
-
-def _medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per source and worker count, the median of each figure over the rounds (a shared machine is noisy)."""
-    rows = []
-    for key in dict.fromkeys((r["source"], r["workers"]) for r in runs):
-        same = [r for r in runs if (r["source"], r["workers"]) == key]
-        row = dict(same[0])
-        for name, value in row.items():
-            if isinstance(value, (int, float)) and name != "workers":
-                row[name] = round(statistics.median(r[name] for r in same), 1)
-        rows.append(row)
-    return rows
-
-
-def report(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print()
-    print(f"N={args.size:,}, {args.events:,} events a run, seed {args.seed}, median of {args.repeat} round(s)")
-    print()
-    print(
-        "| copies read | workers | events/s | primary CPU us/event | of which FCALL | rest | replica CPU us/event "
-        "| changes validated/event |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        replica_cpu = "-" if r["replica_cpu_us_per_event"] is None else r["replica_cpu_us_per_event"]
-        print(
-            f"| {r['source']} | {r['workers']} | {r['events_per_s']:,} | {r['primary_cpu_us_per_event']} "
-            f"| {r['primary_fcall_us_per_event']} | {r['primary_rest_us_per_event']} | {replica_cpu} "
-            f"| {r['changes_validated_per_event']} |"
-        )
-    print()
-    projection: dict[str, Any] = {}
-    print(
-        "| copies read | apply us/event | per-worker us/event | " + " | ".join(f"{k} workers" for k in PROJECTED) + " |"
-    )
-    print("|---|---|---|" + "---|" * len(PROJECTED))
-    for source in ("primary", "replica"):
-        apply, tail = fit([r for r in rows if r["source"] == source])
-        tail = max(tail, 0.0)  # a slope within the noise below zero: flat
-        cells = []
-        for k in PROJECTED:
-            cost = max(apply + tail * k, 1e-9)
-            cells.append(f"{cost:.0f} us, ceiling {1e6 / cost:,.0f}/s")
-        projection[source] = {"apply_us": round(apply, 1), "per_worker_us": round(tail, 1)}
-        print(f"| {source} | {apply:.1f} | {tail:.1f} | " + " | ".join(cells) + " |")
+    print(fleet_markdown(results))
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "projection": projection}, indent=2) + "\n")
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -287,3 +287,50 @@ def test_above_a_million_the_benchmark_measures_the_layout_stats_advises_with_it
     page = markdown(results)
     assert "| recommended, snapshot read path" in page and "numpy, 3 bands" in page
     assert "snapshot / recommended 40.00x" in page
+
+
+def test_near_storm_benchmark_measures_only_the_read_paths_asked() -> None:
+    require_redis_server()
+    command = [*worker_command(), "bench", "--near-storm", "60", "--flood", "0", "--json"]
+    done = subprocess.run(
+        [*command, "--read-paths", "primary"], env=clean_env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    assert results["read_paths"] == ["primary"] and "snapshot" not in results
+    assert results["primary"]["near_storm"]["events"] == 60
+    refused = subprocess.run(
+        [*command, "--read-paths", "replica"], env=clean_env(), capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode == 2 and "give primary, snapshot or both" in refused.stderr
+
+
+@pytest.mark.slow
+def test_the_fleet_measure_reads_copies_from_the_primary_then_a_replica_and_projects_the_fleet() -> None:
+    """`bench --fleet 1,2`: each count of snapshot workers with its copies read from the primary and from a replica;
+    the copies on the replica leave the primary's change log alone; the parts and the projection are printed."""
+    require_redis_server()
+    args = ["bench", "--sizes", "", "--ingest", "0", "--fleet", "1,2", "--fleet-size", "2000", "--fleet-events", "400"]
+    done = subprocess.run(
+        [*worker_command(), *args, "--json"], env=clean_env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    fleet = json.loads(done.stdout)["fleet"]
+    rows = {(r["source"], r["workers"]): r for r in fleet["rows"]}
+    assert set(rows) == {("primary", 1), ("replica", 1), ("primary", 2), ("replica", 2)}
+    for row in rows.values():
+        assert row["events"] == 400 and row["primary_cpu_us_per_event"] > 0 and row["fallbacks"] == 0
+        assert row["top_level"]["benchmark"][0] >= 1  # its own XADD an event, told apart from the workers'
+        assert any(name.endswith("apply_batch") for name in row["top_level"])
+    # the copies' change-log reads go to the replica: none on the primary but the lag check's XREVRANGE
+    assert "xrange" in rows["primary", 2]["top_level"]
+    if rows["replica", 2]["replica_left"] == 0:  # (a replica a loaded machine left behind is left for the primary)
+        assert "xrange" not in rows["replica", 2]["top_level"]
+    assert rows["replica", 1]["replica_cpu_us_per_event"] > 0
+    for source in ("primary", "replica"):
+        projected = fleet["projection"][source]["projected"]
+        assert set(projected) == {"8", "16", "32"} and all(p["ceiling"] > 0 for p in projected.values())
+    from worker.devtools.fleet import fleet_markdown
+
+    text = fleet_markdown(fleet)
+    assert "| apply_batch |" in text and "32 workers" in text and "ceiling" in text

@@ -405,6 +405,26 @@ def test_stats_reports_index_streams_group_workers_and_dead_letters(
     assert "trimmed below what every consumer group still needs" in human.stdout
 
 
+def test_stats_shows_what_waits_in_the_inbox_and_warns_when_no_worker_moves_it(
+    server: RedisServer, client: redis.Redis
+) -> None:
+    done = cli(server, "publish", "--inbox", "-", stdin="".join(json.dumps(event) + "\n" for event in SPEC_EVENTS))
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(cli(server, "stats", "--json").stdout)
+    assert stats["inbox"] == {"key": "{incidents}:inbox", "length": 3}
+    assert stats["streams"]["events"]["length"] == 0, "nothing is in the stream before a worker moves it"
+    assert any("3 entries wait in the inbox" in warning for warning in stats["warnings"]), stats["warnings"]
+    human = cli(server, "stats").stdout
+    assert "inbox {incidents}:inbox: 3 entries waiting" in human, human
+    assert "WARNING: 3 entries wait in the inbox" in human and "incident-worker run" in human
+
+    run_worker(server)
+    stats = json.loads(cli(server, "stats", "--json").stdout)
+    assert stats["inbox"]["length"] == 0 and stats["index"]["incidents"] == 3
+    assert not any("inbox" in warning for warning in stats["warnings"]), stats["warnings"]
+    assert "inbox {incidents}:inbox: empty" in cli(server, "stats").stdout
+
+
 def test_stats_advises_the_default_layout_when_the_workers_search_their_own_copies(
     server: RedisServer, client: redis.Redis, tmp_path: Path
 ) -> None:

@@ -142,6 +142,33 @@ def test_check_and_stats_show_the_count_of_the_last_batch(
     assert beat["consumer"] == "w1" and beat["processed"] == 10
 
 
+def test_short_rounds_beat_once_and_the_count_follows_within_the_work_beat(
+    server: RedisServer, client: redis.Redis, no_worker_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a steady load a worker's rounds are a few events each: it shows the first round's count at once, and
+    the later ones within WORK_BEAT_S (the next beat brought forward), not with three commands on the primary a round,
+    which every worker of a fleet paid."""
+    from tests.streams import publish
+    from worker import presence
+
+    monkeypatch.setattr(presence, "WORK_BEAT_S", 3600.0)  # every round below falls within one
+    worker = StreamWorker(client, Settings(consumer="w1", heartbeat_ttl_ms=600_000))
+    worker.setup()
+    key = IndexKeys("incidents").heartbeat("w1")
+    for n in range(20):
+        publish(client, [{"incident_id": f"i{n}", "features": {f"t{n}": 1, "shared": 2}}])
+        if n == 1:
+            client.config_resetstat()
+        assert worker.read_and_process() == 1
+        if n == 0:  # the first round after a pause: at once
+            assert Heartbeat.from_value(key, "w1", client.get(key)).processed == 1
+    assert _commands(client).get("set", 0) == 0  # the 19 rounds after it: no beat
+    assert worker.presence.next_beat <= time.monotonic() + 3600.0
+    worker.presence.next_beat = 0.0  # as WORK_BEAT_S after the first round's beat
+    worker.maintain()
+    assert Heartbeat.from_value(key, "w1", client.get(key)).processed == 20
+
+
 # -- the cost on a real server, measured by the server ------------------------------------------------------------
 
 

@@ -6,6 +6,7 @@ import itertools
 import math
 import random
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 import worker.snapshot
 from tests.oracle import Oracle, assert_postings_match, clustered, flip
 from worker.bands import BandLayout
+from worker.fingerprint import format_fingerprint
 from worker.snapshot import MemoryIndex
 
 LAYOUTS = [(4, 7), (3, 7), (8, 7), (5, 7), (2, 3), (1, 0), (6, 12)]
@@ -495,6 +497,83 @@ def test_a_fingerprint_outside_64_bits_changes_nothing() -> None:
     _assert_searches_match(index, oracle, queries)
 
 
+# -- near storms: thousands of matches at a few distances, counted and listed as a linear scan ---------------------
+
+# spelled so that the order they are made in, their numbers' order and their code point order all differ
+_STORM_PREFIXES = ["b", "a", "B", "é", "Z", "ą", "😀", "a-", ""]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**32),
+    loaded=st.integers(0, 120),
+    added=st.integers(0, 120),
+    deleted=st.integers(0, 60),
+    limit=st.sampled_from([0, 1, 2, 5, 17, 60]),
+    budget=st.sampled_from([0, 0, 40]),
+)
+def test_a_near_storm_lists_its_closest_matches_in_id_order_and_counts_every_twin(
+    seed, loaded, added, deleted, limit, budget, seal_at, direct_tables
+) -> None:
+    """Many incidents on a few fingerprints at distances 0 to 3 of one another (so that many matches share a distance
+    and most fingerprints are held by twins), some loaded, some set after the load, some deleted, queried in sends
+    of several with an excluded ID that often shares a row with others: each search counts every match and lists the
+    closest `limit` by distance, then ID in code point order, as the oracle does. The cap falls inside a distance
+    with more IDs than it has room for, among rows made in another order than their IDs'. A search cut at `budget`
+    lists real matches in the same order, counting at least those."""
+    rng = random.Random(seed)
+    center = rng.getrandbits(64)
+    pool = [center] + [flip(center, rng.randint(1, 3), rng) for _ in range(11)] + [rng.getrandbits(64)]
+    oracle = Oracle(7)
+
+    def name(k: int) -> str:
+        return f"{rng.choice(_STORM_PREFIXES)}{k}"
+
+    loaded_pairs = {name(k): rng.choice(pool) for k in range(loaded)}
+    index = MemoryIndex(BandLayout(4, 7))
+    index.load(loaded_pairs)
+    oracle.fps.update(loaded_pairs)
+    for k in range(loaded, loaded + added):
+        incident_id, fp = name(k), rng.choice(pool)
+        index.set(incident_id, fp)
+        oracle.fps[incident_id] = fp
+    for incident_id in rng.sample(sorted(oracle.fps), min(deleted, len(oracle.fps))):
+        index.delete(incident_id)
+        del oracle.fps[incident_id]
+    ids = sorted(oracle.fps)
+    queries = [(fp, rng.choice([None, *ids[:1], *rng.sample(ids, min(3, len(ids)))])) for fp in pool]
+    results = index.search_many(queries, limit=limit, budget=budget)
+    for (fp, exclude), result in zip(queries, results, strict=True):
+        found = oracle.matches(fp, exclude=exclude)
+        if not result.cut:
+            assert (result.match_count, result.matches) == (len(found), found[:limit] if limit else found)
+            continue
+        assert budget, "a search cut without a budget"
+        assert set(result.matches) <= set(found), "a cut search listed something that is not a match"
+        assert result.matches == sorted(result.matches, key=lambda m: (m[1], m[0]))
+        assert len(result.matches) <= result.match_count <= len(found)
+        if limit:
+            assert len(result.matches) == min(limit, result.match_count)
+
+
+def test_the_copy_names_the_holder_of_a_fingerprint_whatever_the_budget() -> None:
+    """`holder`: the first ID in code point order holding the fingerprint exactly, other than the excluded one, found
+    without the postings (a search cut at its budget may not reach it)."""
+    rng = random.Random(5)
+    center = rng.getrandbits(64)
+    index = MemoryIndex(BandLayout(4, 7))
+    index.load({f"n{k}": flip(center, 1 + k % 3, rng) for k in range(200)})
+    assert index.holder(center) is None
+    index.set("é", center)
+    index.set("z", center)
+    assert index.search(center, budget=5).cut
+    assert index.holder(center) == "z"
+    assert index.holder(center, exclude="z") == "é"
+    index.delete("z")
+    assert index.holder(center, exclude="é") is None
+    assert index.holder(center) == "é"
+
+
 def test_ids_sort_in_utf8_byte_order_as_redis_sorts_them() -> None:
     index = MemoryIndex(BandLayout(4, 7))
     ids = ["é", "z", "Z", "a", "aa", "\U0001f600", "\uffff"]
@@ -611,10 +690,19 @@ from worker.index import FingerprintIndex  # noqa: E402
 from worker.library import FN_TRIM_CHANGES, ApplyArgs, SnapshotClaim, parse_apply  # noqa: E402
 
 
-def _claim(follower: ChangeFollower, fp: int, exclude: str, cap: int, extra: int) -> SnapshotClaim:
-    result = follower.index.search(fp, exclude=exclude, limit=cap + extra if cap else 0)
+def _claim(
+    follower: ChangeFollower, fp: int, exclude: str, cap: int, extra: int, *, holder: bool = True, budget: int = 0
+) -> SnapshotClaim:
+    """The claim the worker sends (readpath.py), or without its holder (as a claim that does not say)."""
+    index = follower.index
+    result = index.search(fp, exclude=exclude, limit=cap + extra if cap else 0, budget=budget)
     return SnapshotClaim(
-        follower.index.position, result.match_count, result.matches, len(result.matches) == result.match_count
+        index.position,
+        result.match_count,
+        result.matches,
+        len(result.matches) == result.match_count,
+        cut=result.cut,
+        holder=index.holder(fp, exclude) if holder else True,
     )
 
 
@@ -718,9 +806,11 @@ def _near_through_one_byte(rng: random.Random, fp: int, byte: int, distance: int
 
 @pytest.mark.parametrize("byte", range(8))
 @pytest.mark.parametrize("role", ["added", "moved away", "moved near"])
-def test_validation_finds_a_change_that_agrees_with_the_query_on_one_byte_only(redis_client, byte, role) -> None:
-    """The validation reads only the changes that share one of 8 byte bands with the query (worker/lua/snapshot.lua,
-    note_bands): a change within 7 bits shares one, whichever it is, as what it was or as what it is now."""
+@pytest.mark.parametrize("sent", ["apply", "apply_batch"])
+def test_validation_finds_a_change_that_agrees_with_the_query_on_one_byte_only(redis_client, byte, role, sent) -> None:
+    """The validation reads only the changes that share one of 8 byte bands with the query (worker/lua/snapshot.lua:
+    note_bands for one call, note_near for the registered queries of an apply_batch, after a call of its own): a
+    change within 7 bits shares one, whichever it is, as what it was or as what it is now."""
     redis_client.flushall()
     rng = random.Random(byte * 10 + len(role))
     index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
@@ -738,7 +828,16 @@ def test_validation_finds_a_change_that_agrees_with_the_query_on_one_byte_only(r
         index.upsert_fingerprint(incident_id, fp)
         oracle.upsert(incident_id, fp)
     claim = _claim(follower, query, "new", 0, 0)
-    result = parse_apply(redis_client.execute_command(*index.apply_command("add", "new", query, snapshot=claim)))
+    command = index.apply_command("add", "new", query, snapshot=claim)
+    if sent == "apply":
+        result = parse_apply(redis_client.execute_command(*command))
+    else:  # after a call that adds an incident far from the query, with the same copy's position
+        other = query ^ 0xFFFF_FFFF_0000_0000
+        oracle.add("other", other)
+        first = index.apply_command("add", "other", other, snapshot=_claim(follower, other, "other", 0, 0))
+        replies = redis_client.execute_command(*apply_batch([first, command]))
+        assert parse_apply(replies[0]).status == "indexed"
+        result = parse_apply(replies[1])
     assert result.status == "indexed"
     expected = oracle.matches(query, exclude="new")
     assert (result.match_count, result.matches) == (len(expected), expected)
@@ -1042,7 +1141,7 @@ def test_a_batch_read_in_place_answers_and_writes_as_its_calls_one_by_one(
             if claim is not None and tag == "v" and shuffle and len(claim.listed) > 2:
                 first, *rest = claim.listed
                 rest = rest[::-1] if claim.complete else [*rest[-2::-1], rest[-1]]
-                claim = SnapshotClaim(claim.position, claim.count, [first, *rest], claim.complete)
+                claim = replace(claim, listed=[first, *rest])
             command = index.apply_command(kind, incident_id, fp, expected=expected, max_matches=cap, snapshot=claim)
             if short and kind == "delete":
                 assert command[-3:] == ("", "", ""), "a delete's snapshot, migration and alert_extra are empty"
@@ -1056,6 +1155,65 @@ def test_a_batch_read_in_place_answers_and_writes_as_its_calls_one_by_one(
 
     assert [outcome(reply) for reply in batched] == [outcome(reply) for reply in alone]
     assert _namespace_dump(redis_client, "v") == _namespace_dump(redis_client, "w")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**32),
+    before=_changes(max_size=40),
+    after=_changes(max_size=15),
+    batch=_batch(unique_ids=False),
+    cap=st.sampled_from([0, 1, 2, 5]),
+    budget=st.sampled_from([0, 0, 2]),
+    mangle=st.booleans(),
+)
+def test_a_claim_naming_the_fingerprints_holder_writes_what_reading_the_postings_writes(
+    redis_client, seed, before, after, batch, cap, budget, mangle
+) -> None:
+    """A claim says who held the new fingerprint in the copy (found by the fingerprint itself, whatever the budget),
+    and the apply call takes the new incident's twin from it, or from a change after the copy's position, instead of
+    reading the postings (a near storm's SINTER of large posting sets). Twin namespaces, the same changes, the same
+    batches; one's claims name the holder, the other's do not: every reply and every key written are the same, with
+    exact twins, near twins, deletes and upserts, holders that left or came after the copy's position, claims cut at
+    a budget, and (`mangle`) an incident whose stored fingerprint was edited by hand into upper case (no holder for
+    the postings' read either)."""
+    redis_client.flushall()
+    rng = random.Random(seed)
+    pool = clustered(rng, 10, 7, centers=2)
+    sides = {}
+    for tag in ("v", "w"):
+        index = FingerprintIndex(redis_client, tag, bands=4, max_distance=7)
+        index.open()
+        oracle = Oracle(7)
+        _run_ops(index, oracle, pool, before)
+        follower = ChangeFollower(redis_client, index.keys, index.layout)
+        follower.load()
+        _run_ops(index, oracle, pool, after)
+        if mangle and oracle.fps:
+            incident_id = sorted(oracle.fps)[0]
+            redis_client.hset(index.keys.fingerprints, incident_id, format_fingerprint(oracle.fps[incident_id]).upper())
+        sides[tag] = (index, follower)
+    calls: dict[str, list] = {"v": [], "w": []}
+    for kind, n, which in batch:
+        incident_id = f"i{n}"
+        fp = None if kind == "delete" else pool[which] if which % 2 else flip(pool[which], rng.randint(0, 2), rng)
+        for tag, (index, follower) in sides.items():
+            claim = None
+            if fp is not None:
+                claim = _claim(follower, fp, incident_id, cap, 2, holder=tag == "v", budget=budget)
+            expected = "*" if kind == "add" else index.get(incident_id)
+            calls[tag].append(
+                index.apply_command(kind, incident_id, fp, expected=expected, max_matches=cap, snapshot=claim)
+            )
+    replies = {tag: execute(redis_client, [apply_batch(calls[tag])])[0] for tag in sides}
+
+    def outcome(reply):
+        return ("error", str(reply).replace("{w}", "{v}")) if isinstance(reply, Exception) else parse_apply(reply)
+
+    assert [outcome(reply) for reply in replies["v"]] == [outcome(reply) for reply in replies["w"]]
+    assert _namespace_dump(redis_client, "v") == _namespace_dump(redis_client, "w")
+    if not mangle:
+        assert_postings_match(redis_client, "v", 4)
 
 
 def test_load_refuses_a_copy_emptied_by_deletes() -> None:

@@ -4,7 +4,7 @@ atomic step and its validation on the primary.
 Real servers only: a primary and a replica of it (REPLICAOF) started by each test. The invariants are those of the
 snapshot tests (every pair within r reported exactly once, nothing pending, each incident indexed once, checked
 against the oracle's pairs), here with a replica cut from its primary (a stale copy), one that hangs or dies
-mid-run, and one promoted mid-run whose log then goes another way.
+mid-run, one promoted mid-run whose log then goes another way, and a copy whose load overlaps trimming of the log.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from worker.devtools.workload import Workload
 from worker.fingerprint import fingerprint, format_fingerprint
 from worker.settings import Settings
 from worker.stream import StreamWorker
+from worker.upkeep import trim_changes
 
 pytestmark = [pytest.mark.usefixtures("no_worker_env"), pytest.mark.timeout(90)]
 
@@ -290,6 +291,79 @@ def test_a_replica_promoted_and_left_alone_is_left_for_the_primary(pair: Pair) -
         time.sleep(0.25)
     check(pair, events)
     assert w.snapshot is not None and w.snapshot.source == "primary" and w.snapshot.replica_lost >= 1
+
+
+class LoadsDuringTrims:
+    """A worker's replica client whose first `trims` loads of a copy each meet the upkeep of another worker as they
+    scan: that worker indexes more events (changes after the load's position), then the change log is trimmed past
+    them (`trim_changes`, as the lease holder does with CHANGES_KEEP), and the replica catches up with both."""
+
+    def __init__(
+        self, pair: Pair, replica: Any, other: StreamWorker, chunks: list[list[dict[str, Any]]], trims: int
+    ) -> None:
+        self.pair, self.replica, self.other, self.chunks, self.trims = pair, replica, other, chunks, trims
+        self.loads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.replica, name)
+
+    def hscan(self, name: Any, cursor: int = 0, **kwargs: Any) -> Any:
+        if int(cursor) == 0:  # a load's first batch
+            self.loads += 1
+            if self.loads <= self.trims:
+                publish(self.pair.client, self.chunks[self.loads - 1])
+                self.other.run(until_idle=True)
+                time.sleep(0.005)
+                trim_changes(self.other.index, keep_ms=1)
+                self.pair.wait_synced()
+        return self.replica.hscan(name, cursor, **kwargs)
+
+
+@pytest.mark.parametrize("trims", [1, 3])
+def test_a_copy_whose_load_overlaps_trimming_of_the_change_log_loads_again_or_searches_on_the_primary(
+    pair: Pair, trims: int
+) -> None:
+    """Worker b loads its copy from the replica while worker a indexes events and the change log is trimmed past the
+    load's position (CHANGES_KEEP shorter than a load takes). Once: the load starts again and b searches its copy.
+    Three times in a row (every try of one load): b searches on the primary for a while, and says what to raise.
+    Either way, every pair within r is reported exactly once, nothing is pending, each incident is indexed once."""
+    events = events_of(31, 700)
+    publish(pair.client, events[:200])
+    a = worker(pair, "a")
+    a.run(until_idle=True)
+    pair.wait_synced()
+    chunks = [events[200 + 100 * k : 300 + 100 * k] for k in range(3)]
+    settings = Settings(
+        consumer="b",
+        block_ms=50,
+        claim_interval_ms=100,
+        summary_interval_s=60,
+        read_path="snapshot",
+        redis_url=pair.primary.url,
+        snapshot_replica_url=pair.replica.url,
+        batch_size=16,
+    )
+    scans = LoadsDuringTrims(pair, connect_replica(settings), a, chunks, trims)
+    b = StreamWorker(pair.primary.client(), settings, replica=scans)  # type: ignore[arg-type]
+    with structlog.testing.capture_logs() as logs:
+        b.setup()
+        publish(pair.client, events[200 + 100 * trims :])
+        b.run(until_idle=True)
+        a.run(until_idle=True)
+    check(pair, events)
+    assert pair.client.xlen(CHANGES) < len(events)  # the log was trimmed
+    assert b.stats.processed > 0
+    off = [e for e in logs if e["event"] == "snapshot read path off; searching on the primary"]
+    if trims < 3:
+        assert scans.loads == trims + 1 and not off
+        assert b.snapshot is not None and b.snapshot.source == "replica" and b.snapshot.reloads == 1
+        pair.wait_synced()
+        b.snapshot.refresh()
+        stored = {k.decode(): int(v, 16) for k, v in pair.client.hgetall(FP).items()}
+        assert dict(b.snapshot.index.items()) == stored
+    else:
+        assert scans.loads == 3 and b.snapshot is None
+        assert "trimmed" in off[0]["error"] and "CHANGES_KEEP" in off[0]["hint"]
 
 
 def test_worker_processes_on_a_replica_that_dies_finish_the_stream_and_say_so(pair: Pair, tmp_path: Path) -> None:

@@ -273,6 +273,10 @@ class SnapshotClaim:
     cut: bool = False
     """The copy's search stopped at the per-event budget: `listed` are matches, not the closest; `count` is a lower
     bound (the alert then says `incomplete`)."""
+    holder: str | bool | None = True
+    """Who held the new fingerprint in the copy (its own incident aside), found by the fingerprint itself whatever
+    the budget: an incident ID, or None for nobody; True (the default) when the claim does not say. The apply call
+    then needs no read of the postings to find the fingerprint's twin (docs/contract.md, "Snapshot reads")."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,7 +405,9 @@ def pack_snapshot(snapshot: SnapshotClaim | None) -> tuple[str, list[Any]]:
         return "", []
     listed = [part for pair in snapshot.listed for part in pair]
     complete = 2 if snapshot.cut else 1 if snapshot.complete else 0
-    return f"{snapshot.position} {snapshot.count} {complete}", listed
+    holder = snapshot.holder
+    held = "" if holder is True else " 0" if holder is None or holder is False else f" 1{holder}"
+    return f"{snapshot.position} {snapshot.count} {complete}{held}", listed
 
 
 def pack_limits(max_matches: int, max_candidates: int) -> str:

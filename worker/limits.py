@@ -33,9 +33,10 @@ name none of them (a copied field would hide one)."""
 DEFAULT_MAX_CANDIDATES = 3000
 """The per-event budget's default: most candidates one event's search verifies (docs/contract.md: about 10 ms of
 Redis time an event). Chosen by measurement on Redis 7.0 (docs/contract.md, "The per-event budget";
-benchmarks/journal/near-storms.md): a candidate costs the primary about 2.8 us of CPU in a near-duplicate storm of
-12,000 (nearly every candidate a match) and about 3.2 us in a crafted flood of 200,000 (a larger hash and set), so
-3,000 of them stay within about 10 ms."""
+benchmarks/journal/near-storms.md): a candidate costs the primary about 2.3 to 2.4 us of CPU in a near-duplicate
+storm of 12,000 (most candidates matches, each adding its twin group's size; 2.8 us before the search was made
+cheaper) and about 3.0 to 3.1 us in a crafted flood of 200,000 (a larger hash and set, few matches), so 3,000 of them
+stay within about 10 ms. It counts candidates, not matches: a match adds less than a candidate costs (the journal)."""
 
 DEFAULT_SNAPSHOT_MAX_CANDIDATES = 60_000
 """The default budget of a worker's search of its own copy (the snapshot read path; docs/contract.md, "The per-event

@@ -57,6 +57,11 @@ class Metrics:
         self.group_pending = Gauge(
             "incident_worker_group_pending", "Entries delivered to the group and not yet acknowledged", registry=r
         )
+        self.inbox_entries = Gauge(
+            "incident_worker_inbox_entries",
+            "Entries producers appended to the inbox ({N}:inbox) that no worker has moved into the events stream yet",
+            registry=r,
+        )
         self.index_size = Gauge("incident_worker_index_incidents", "Incidents in the index", registry=r)
         self.reconnects = Counter("incident_worker_reconnects", "Times the worker lost Redis and retried", registry=r)
         self.expired = Counter(

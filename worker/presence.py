@@ -2,14 +2,17 @@
 
 `incident-worker check` and `stats` find the workers through `{N}:workers` and read each one's heartbeat (a JSON
 value with a TTL): who it is, when it started, how many entries it has processed, which read path it uses. The
-worker beats after every round of batches it read (at most about a second of them, so the count they show is that of
-its last batch) and at least every third of the
-TTL while it is idle. The summary line, now and then, logs what it did and sets the gauges of /metrics (group lag,
-pending entries, index size).
+worker beats after a round of batches it read, at once when it had not done so for `WORK_BEAT_S` (so the first
+round after a pause shows at once), otherwise within `WORK_BEAT_S` (so the count they show is at most that old), and
+at least every third of the TTL while it is idle. (Under a steady load a round is a few events, each worker reading
+every few milliseconds: a beat a round cost the primary three commands a round, for every worker of the fleet.)
+The summary line, now and then, logs what it did and sets the gauges of /metrics (group lag, pending entries, inbox
+entries, index size).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -33,6 +36,11 @@ __all__ = ["Presence"]
 _FORGET_WORKER_MS = 3_600_000
 """A name in `{N}:workers` whose heartbeat expired an hour ago (a crashed worker's) is removed by the next beat of any
 worker: the registry holds the workers of the last hour, and `check` reads a bounded number of them."""
+
+
+WORK_BEAT_S = 1.0
+"""The count of processed entries that `check` and `stats` show is at most this old while the worker works: a beat
+after work goes at once when the previous one is older, else this long after it (by the worker's periodic work)."""
 
 
 class Presence:
@@ -60,6 +68,19 @@ class Presence:
         self.key = settings.keys.heartbeat(settings.consumer)
         self.next_beat = 0.0
         """When (time.monotonic) the heartbeat is due again, however idle the worker."""
+        self._work_beat_at = -WORK_BEAT_S  # when the last beat after work went at once
+
+    def beat_after_work(self, snapshot: SnapshotReader | None) -> None:
+        """Show the count of a round of batches: at once when the last beat after work is `WORK_BEAT_S` old (or a
+        third of the TTL, when shorter: a worker holding its batch at maxmemory beats through this), else by bringing
+        the next beat forward to then (at most two beats a second however short the rounds)."""
+        now = time.monotonic()
+        every = min(WORK_BEAT_S, self.settings.heartbeat_ttl_ms / 3000)
+        if now >= self._work_beat_at + every:
+            self._work_beat_at = now
+            self.beat(snapshot)
+        else:
+            self.next_beat = min(self.next_beat, self._work_beat_at + every)
 
     def beat(self, snapshot: SnapshotReader | None) -> None:
         """Refresh the heartbeat key (a JSON value with a TTL) that `incident-worker check` reads, and this worker's
@@ -133,6 +154,9 @@ class Presence:
         self.metrics.group_merges.read = lambda: merges
         self.metrics.group_lag.set(lag)
         self.metrics.group_pending.set(pending)
+        # a user made from an older users.acl may not LLEN the inbox: the rest of the summary goes on
+        with contextlib.suppress(ResponseError):
+            self.metrics.inbox_entries.set(int(self.redis.llen(self.index.keys.inbox)))
         self.metrics.index_size.set(size)
         self.log.info(
             "summary",

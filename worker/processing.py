@@ -4,7 +4,8 @@
 
 * read: the group's next entries, through the `read_new` function (worker/entries.py: each entry sized on the
   server, a huge one sent only as a summary), after moving what producers appended to the inbox into the stream
-  (worker/inbox.py: at the start of each round, and before each read while the inbox has more); pending and
+  (worker/inbox.py: at the start of each round, but not within _INBOX_QUIET_S of finding it empty, and before each
+  read while the inbox has more); pending and
   claimed entries come in through `process` instead (worker/recovery.py);
 * prepare: validate and fingerprint each entry into an item, or mark it for a dead letter (too large, deleted,
   poison, invalid);
@@ -14,8 +15,8 @@
   refused for want of memory is held and retried; a stale upsert or delete is read and applied again; a duplicate
   add is dead-lettered; a failed call leaves its entry pending, one delivery closer to poison;
 * record: each entry's outcome goes to `Outcomes.record` (worker/outcomes.py: stats, /metrics and the log line), and
-  each batch ends with its time. Each round of batches (at most about a second of them) ends with a heartbeat, so
-  that `check` and `stats` show the count as of the last batch at the cost of one round trip a second at most.
+  each batch ends with its time. Each round of batches (at most about a second of them) ends with a call of
+  `heartbeat`, which shows the count at once after a pause and otherwise within a second (worker/presence.py).
 
 Nothing is acknowledged that was not done: every acknowledgement is part of the atomic call.
 """
@@ -98,6 +99,13 @@ another type, or a stream refused an entry): the error is logged once a period, 
 read on meanwhile."""
 
 
+_INBOX_QUIET_S = 0.02
+"""How long a worker leaves an inbox it found empty before it looks again. Under a steady load every worker reads a
+round every few milliseconds, and a look is one more call on the primary each: that many calls a second for every
+worker of the fleet, for an inbox that may never be used (producers that XADD). An event put in the inbox meanwhile
+waits that much longer; an idle worker polls less often than this anyway (up to block_ms)."""
+
+
 @dataclass
 class _Item:
     """One stream entry on its way through a batch."""
@@ -150,6 +158,7 @@ class Processor:
         self._layout_seen: tuple[str, str] | None = None
         self._inbox_due = True  # move the inbox before the next read
         self._inbox_off_until = 0.0  # the inbox cannot be moved (grant, type): tried again _INBOX_OFF_S later
+        self._inbox_quiet_until = 0.0  # the inbox was found empty: looked at again _INBOX_QUIET_S later
 
     def close(self) -> None:
         """Wait for a read ahead in flight; the processor can run again afterwards (tests run a worker twice)."""
@@ -268,7 +277,7 @@ class Processor:
         At maxmemory the call is refused whole (the inbox keeps its entries) and the stream is read on; a user that
         may not move the inbox (made from an older users.acl) is told what to grant, once a minute, and a stream that
         refused an entry (NOTMOVED: the entry is back at the inbox's head) is named once a minute too."""
-        if self.inbox_paused:
+        if self.inbox_paused or time.monotonic() < self._inbox_quiet_until:
             return False
         inbox = self.index.keys.inbox
         try:
@@ -302,6 +311,8 @@ class Processor:
             )
             return False
         self.outcomes.record_intake(inbox, {"too_large": done.too_large, "bad_inbox_entry": done.bad})
+        if done.left == 0 and done.moved + done.too_large + done.bad == 0:
+            self._inbox_quiet_until = time.monotonic() + _INBOX_QUIET_S
         return done.left > 0 and done.moved + done.too_large + done.bad > 0
 
     def _read_ahead(self) -> list[_Item]:

@@ -444,8 +444,9 @@ class SnapshotReader:
                 result.matches,
                 len(result.matches) == result.match_count,
                 cut=result.cut,
+                holder=index.holder(fp, incident_id),
             )
-            for result in results
+            for result, (incident_id, fp) in zip(results, wanted, strict=True)
         ]
 
     def describe(self) -> dict[str, Any]:

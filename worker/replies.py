@@ -48,7 +48,13 @@ def text(value: Any) -> str:
 
 def pairs(flat: Sequence[Any]) -> list[tuple[str, int]]:
     """`[id, distance, id, distance, ...]` (as the index's functions reply) as `[(id, distance), ...]`."""
-    return [(text(flat[i]), int(flat[i + 1])) for i in range(0, len(flat), 2)]
+    ids = flat[0::2]
+    # (a near storm's replies list a hundred matches each: one comprehension of decodes, not a call a match)
+    if all(isinstance(value, bytes) for value in ids):
+        names = [value.decode("utf-8", "surrogateescape") for value in ids]
+    else:
+        names = [text(value) for value in ids]
+    return list(zip(names, map(int, flat[1::2]), strict=True))
 
 
 def stream_entries(reply: Any) -> list[tuple[str, Fields]]:

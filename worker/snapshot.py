@@ -34,10 +34,9 @@ rebuilt, benchmarks/journal/pipeline.md). `compact`, numbering the rows anew, on
 from __future__ import annotations
 
 import bisect
-import collections
-import heapq
+import operator
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -106,6 +105,11 @@ class _Tier:
     `stale`: its rows that went since it was built (their fingerprints still in its postings, read and verified by
     the searches that reach them); `wasted`: the candidates searches found within their distance among those and
     threw away. Either one past its bound has the tier built anew (`MemoryIndex._rebuild`).
+
+    `rows`: the row of each fingerprint of its run in the arena (`length` of them), so that a search reads the rows of
+    its matches where it read their fingerprints (`MemoryIndex._rows_at`); None for a tier of the loaded rows only,
+    whose rows are the positions of their fingerprints in the load's sorted ones (found by a binary search, no
+    memory of their own: a copy of ten million loaded incidents would hold 160 MB more).
     """
 
     first: int
@@ -115,6 +119,7 @@ class _Tier:
     length: int
     starts: np.ndarray | None
     keys: np.ndarray | None
+    rows: np.ndarray | None = None
     stale: int = 0
     wasted: int = 0
 
@@ -168,6 +173,9 @@ class MemoryIndex:
         # at [k] in both; the base's rows have theirs in the base)
         self._fp_list: list[int] = []
         self._fps = np.zeros(1024, dtype=np.uint64)
+        # every row's members counted (0: none), the base's rows and those made since, for the searches' counts
+        # (`_hits_of`): at least as long as the base's rows and `_fps` together
+        self._sizes = np.zeros(1024, dtype=np.int32)
         self._free: list[int] = []  # rows of the tail whose fingerprint went, to be used again
         self._empty = 0  # rows of the tiers whose fingerprint went
         self._rebuilds = 0  # tiers built anew for the rows that went from them (`_rebuild`)
@@ -203,6 +211,17 @@ class MemoryIndex:
                 return self._base.fp_of(incident)
         return fp
 
+    def holder(self, fp: int, exclude: str | None = None) -> str | None:
+        """The first (in ID order) incident other than `exclude` holding `fp` exactly, or None: one look-up, whatever
+        a search's budget."""
+        row = self._row(fp)
+        members = self._held(row) if row is not None else None
+        if isinstance(members, str):
+            return members if members != exclude else None
+        if members:
+            return members[0] if members[0] != exclude else members[1] if len(members) > 1 else None
+        return None
+
     def items(self) -> Iterable[tuple[str, int]]:
         base = self._base
         if base is not None:
@@ -212,8 +231,10 @@ class MemoryIndex:
 
     def nbytes(self) -> int:
         """Bytes the copy holds: its arrays, and an estimate of its Python objects (the changes since the load)."""
-        arrays = sum(a.nbytes for a in (self._fps, self._gone, self._dead, *self._tier_arrays()))
-        arrays += self._arena_end() * self._arena.itemsize  # the arena's reserve is not resident until written
+        held: list[np.ndarray] = [self._fps, self._gone, self._dead, *self._tier_arrays()]
+        arrays = sum(a.nbytes for a in held)
+        # the arena's and the counts' reserves are not resident until written
+        arrays += self._arena_end() * self._arena.itemsize + self._row_count() * self._sizes.itemsize
         objects = 0
         if self._fp_of or self._members or self._over:
             # a dict entry, its key and value; a list slot and its members (measured with tracemalloc: about these)
@@ -230,6 +251,8 @@ class MemoryIndex:
                 yield tier.starts
             if tier.keys is not None:
                 yield tier.keys
+            if tier.rows is not None:
+                yield tier.rows
 
     # -- rows: the base's (loaded) and those made since -------------------------------------------------------
 
@@ -250,6 +273,7 @@ class MemoryIndex:
         return [base.incident_id(incident) for incident in incidents]
 
     def _hold(self, row: int, members: str | list[str] | None) -> None:
+        self._sizes[row] = 0 if members is None else 1 if isinstance(members, str) else len(members)
         if row >= self._base_rows:
             self._members[row - self._base_rows] = members
             return
@@ -357,6 +381,10 @@ class MemoryIndex:
         self._gone = np.less(base.row_of, 0)  # the dropped repeats of an ID count as gone from the start
         self._dead = np.zeros(base.rows, dtype=bool)
         self._fps = np.zeros(1024, dtype=np.uint64)
+        # room for as many rows again, in pages mapped on their first write (as the arena's: `_tier_of`), so that rows
+        # made after the load do not copy the load's counts (40 MB at 10M) each time `_fps` doubles
+        self._sizes = np.zeros(2 * base.rows + 1024, dtype=np.int32)
+        self._sizes[: base.rows] = np.diff(base.row_start)
         self._arena = np.zeros(0, dtype=np.uint64)
         self._tiers = [self._build_tier(0, base.rows, at=0, every_row_live=True)]
         self._sealed = base.rows
@@ -384,18 +412,21 @@ class MemoryIndex:
         """A tier of the rows first..end that an incident holds, its fingerprints written to the arena from `at` on
         (over the tiers it replaces, if any: merges replace the newest tiers, which are the arena's end)."""
         fps = self._row_fps(first, end)
+        rows = np.arange(first, end, dtype=np.int64)
         if not every_row_live:
-            fps = fps[self._live(first, end)]
-        return self._tier_of(first, end, fps, at=at)
+            live = self._live(first, end)
+            fps, rows = fps[live], rows[live]
+        return self._tier_of(first, end, fps, rows, at=at)
 
-    def _tier_of(self, first: int, end: int, fps: np.ndarray, *, at: int) -> _Tier:
+    def _tier_of(self, first: int, end: int, fps: np.ndarray, rows: np.ndarray, *, at: int) -> _Tier:
         """The tier of rows first..end holding `fps` (the fingerprints of those of its rows in use, in any order; not
-        a view of the arena), written to the arena from `at` on."""
+        a view of the arena), each of row `rows[k]`, written to the arena from `at` on."""
         # Every band's value -> its first position in one table (or a sorted list of band keys), so that all probes
         # of a query, over every band, are found with one gather (or one binary search). The arena holds the
         # fingerprints themselves in that order (not their rows): a probe's candidates are then read from one
         # contiguous run of memory, not gathered row by row across the whole copy (about 0.6 of the search's time at a
-        # million); the few within the distance find their row through `_row_of`.
+        # million); those within the distance find their row beside them (`_Tier.rows`: a near storm's query has
+        # thousands), or in a tier of loaded rows only, by a binary search of the load's fingerprints.
         length = len(fps) * self.layout.bands
         if len(self._arena) < at + length:
             # Twice what is needed, in memory the system has not handed over yet (np.zeros of a large array: pages
@@ -409,6 +440,8 @@ class MemoryIndex:
         starts, keys = [], []
         place = at
         direct = self._direct(len(fps))
+        # (the loaded rows are found in the load's own sorted fingerprints)
+        run_rows = np.empty(length, dtype=np.int32 if end < 2**31 else np.int64) if end > self._base_rows else None
         position_type = np.int32 if at + length < 2**31 else np.int64
         for offset, width_mask, width, base in zip(
             self.layout.offsets, self._width_masks.tolist(), self.layout.widths, self._band_base.tolist(), strict=True
@@ -424,10 +457,12 @@ class MemoryIndex:
             else:
                 keys.append(values[order].astype(np.uint64) | np.uint64(base))
             self._arena[place : place + len(fps)] = fps[order]
+            if run_rows is not None:
+                run_rows[place - at : place - at + len(fps)] = rows[order]
             place += len(fps)
         if direct:
-            return _Tier(first, end, len(fps), at, length, np.concatenate(starts), None)
-        return _Tier(first, end, len(fps), at, length, None, np.concatenate(keys))
+            return _Tier(first, end, len(fps), at, length, np.concatenate(starts), None, run_rows)
+        return _Tier(first, end, len(fps), at, length, None, np.concatenate(keys), run_rows)
 
     def _direct(self, rows: int) -> bool:
         """Whether a tier of `rows` rows gets tables of its bands' values (or sorted keys, binary searched)."""
@@ -462,9 +497,12 @@ class MemoryIndex:
         run = self._arena[tier.at : tier.at + tier.size]
         # a fingerprint held again after its row here went has a row after this tier's: it is not this tier's
         rows = self._rows_of(run)
-        fps = run[(first <= rows) & (rows < end)].copy()
+        own = (first <= rows) & (rows < end)
+        fps = run[own].copy()
         assert len(fps) == tier.size - tier.stale
-        self._tiers[k] = self._tier_of(first, end, fps, at=tier.at)  # shorter than the old: no other tier is touched
+        self._tiers[k] = self._tier_of(
+            first, end, fps, rows[own], at=tier.at
+        )  # shorter than the old: no other tier is touched
         self._rebuilds += 1
 
     def _masks_for(self, r: int) -> list[np.ndarray]:
@@ -538,10 +576,15 @@ class MemoryIndex:
             row = self._row_count()
             if row - self._base_rows == len(self._fps):
                 self._fps = np.concatenate([self._fps, np.zeros(len(self._fps), dtype=np.uint64)])
+                if len(self._sizes) < self._base_rows + len(self._fps):
+                    grown = np.zeros(2 * (self._base_rows + len(self._fps)), dtype=np.int32)
+                    grown[: len(self._sizes)] = self._sizes
+                    self._sizes = grown
             self._members.append(None)
             self._fp_list.append(0)
         k = row - self._base_rows
         self._members[k] = incident_id
+        self._sizes[row] = 1
         self._fps[k] = value
         self._fp_list[k] = fp
         self._row_of[fp] = row
@@ -605,42 +648,37 @@ class MemoryIndex:
         """
         # the bands find everything within the layout's distance, not beyond: a larger one searches at the layout's
         r = self.layout.max_distance if max_distance is None else min(max_distance, self.layout.max_distance)
-        fps = [fp for fp, _ in queries]
-        hits: list[dict[int, int]] = [{} for _ in fps]
-        verified = [0] * len(fps)
-        cut = [False] * len(fps)
-        if fps:
-            queries_array = np.array(fps, dtype=np.uint64)
+        verified = np.zeros(len(queries), dtype=np.int64)
+        cut = np.zeros(len(queries), dtype=bool)
+        found: list[_Hits] = []
+        if queries:
+            queries_array = np.array([fp for fp, _ in queries], dtype=np.uint64)
             tiers = [tier for tier in self._tiers if tier.size]
             if tiers:
-                self._tier_hits(tiers, queries_array, r, hits, verified, budget, cut)
+                found.append(self._tier_hits(tiers, queries_array, r, verified, budget, cut))
             if self._row_count() > self._sealed:
-                self._tail_hits(queries_array, r, hits, verified)
-        results = []
-        for found, count, stopped, (_, exclude) in zip(hits, verified, cut, queries, strict=True):
-            result = self._result(found, count, exclude, limit)
-            results.append(replace(result, cut=True) if stopped else result)
-        return results
+                found.append(self._tail_hits(queries_array, r, verified))
+        return self._results(found, queries, r, verified, cut, limit)
 
     def _tier_hits(
         self,
         tiers: list[_Tier],
         queries: np.ndarray,
         r: int,
-        hits: list[dict[int, int]],
-        verified: list[int],
-        budget: int = 0,
-        cut: list[bool] | None = None,
-    ) -> None:
-        """Add to each query's `hits` the rows of its candidates in `tiers` within `r` (row -> distance), and count
-        the candidates verified: the probes found once, looked up in each tier, all tiers' candidates gathered from
-        the arena and verified in one pass. A fingerprint held again after its row in a tier went empty is found
-        under its new row. With `budget` (> 0), each query's candidate ranges are shortened so that it reads at most
-        that many, before any is gathered (a flood sharing one band value then costs the budget, not the flood);
-        `cut[k]` is set for each query that lost some."""
+        verified: np.ndarray,
+        budget: int,
+        cut: np.ndarray,
+    ) -> _Hits:
+        """The rows of each query's candidates in `tiers` within `r` (query, row, distance; a row several bands reach
+        as often), with the candidates verified added to `verified`: the probes found once, looked up in each tier,
+        all tiers' candidates gathered from the arena and verified in one pass, their rows found in one binary search
+        a tier. A fingerprint held again after its row in a tier went empty is found under its new row, where it is
+        now. With `budget` (> 0), each query's candidate ranges are shortened so that it reads at most that many,
+        before any is gathered (a flood sharing one band value then costs the budget, not the flood); `cut[k]` is set
+        for each query that lost some."""
         band_of, masks, first_slot, band_base = self._probes(r)
         if not len(band_of):
-            return
+            return _NO_HITS
         values = (queries[:, None] >> self._offsets) & self._width_masks  # query x band
         direct = [tier.starts for tier in tiers if tier.starts is not None]
         where = [(tier.keys, tier.at) for tier in tiers if tier.keys is not None]
@@ -673,39 +711,47 @@ class MemoryIndex:
             first_of = np.searchsorted(range_query[order], range_query[order], side="left")
             before = before - before[first_of]
             allowed = np.clip(budget - before, 0, ordered)
-            if (allowed < ordered).any() and cut is not None:
-                for k in np.unique(range_query[order][allowed < ordered]).tolist():
-                    cut[k] = True
+            cut[range_query[order][allowed < ordered]] = True
             lengths = lengths.copy()
             lengths[order] = allowed
             ends = starts + lengths
         positions = _ranges(starts, ends)  # in the arena
         if not len(positions):
-            return
+            return _NO_HITS
+        verified += np.bincount(range_query, weights=lengths, minlength=len(queries)).astype(np.int64)
         candidates = self._arena[positions]
-        for k, count in enumerate(np.bincount(range_query, weights=lengths, minlength=len(queries)).tolist()):
-            verified[k] += int(count)
         query_of = np.repeat(range_query, lengths)  # the query of each candidate
         distances = np.bitwise_count(candidates ^ queries[query_of])
         near = np.flatnonzero(distances <= r)
-        # A fingerprint no incident holds any more has no row (its row in the tier is empty, and skipped anyway).
-        # No np.unique: sorting costs more than verifying the few rows that several bands reach twice.
-        wasted = []
-        for k, row, distance, position in zip(
-            query_of[near].tolist(),
-            self._rows_of(candidates[near]).tolist(),
-            distances[near].tolist(),
-            positions[near].tolist(),
-            strict=True,
-        ):
-            if row >= 0:
-                hits[k][row] = distance
-            else:
-                wasted.append(position)
-        if wasted:
-            self._waste(wasted)
+        positions = positions[near]
+        rows = self._rows_at(tiers, positions, candidates[near])
+        # A row no incident holds any more is skipped: its fingerprint went (if it is held again, it is in a newer row)
+        live = self._sizes[rows] > 0
+        if not live.all():
+            self._waste(positions[~live])
+        return query_of[near][live], rows[live], distances[near][live]
 
-    def _waste(self, positions: list[int]) -> None:
+    def _rows_at(self, tiers: list[_Tier], positions: np.ndarray, fps: np.ndarray) -> np.ndarray:
+        """The row of each fingerprint `fps[k]` read at `positions[k]` of the arena (in one of `tiers`), the row it
+        had when its tier was built: read beside it, or for a tier of loaded rows only, found by one binary search in
+        the load's sorted fingerprints; instead of a look-up a match."""
+        rows = np.empty(len(fps), dtype=np.int64)
+        which = np.searchsorted(np.array([tier.at for tier in tiers], dtype=np.int64), positions, side="right") - 1
+        for k in range(len(tiers)):
+            mine = np.flatnonzero(which == k)
+            if not len(mine):
+                continue
+            tier = tiers[k]
+            if tier.rows is not None:
+                rows[mine] = tier.rows[positions[mine] - tier.at]
+                continue
+            assert self._base is not None
+            # sorted first: a binary search of sorted values reads memory in order (several times faster, measured)
+            mine = mine[np.argsort(fps[mine])]
+            rows[mine] = np.searchsorted(self._base.fps, fps[mine])
+        return rows
+
+    def _waste(self, positions: np.ndarray) -> None:
         """Count against their tiers the candidates a search found within its distance but of rows that went (the
         arena's `positions` of them), and build anew each tier whose count reaches its size and _SEAL_AT.
 
@@ -718,74 +764,136 @@ class MemoryIndex:
         of that size); a few rows that went, near a query sent again and again, can trigger it too, once their
         thrown-away candidates add up to the tier's size.
         """
-        ats = [tier.at for tier in self._tiers]
+        ats = np.array([tier.at for tier in self._tiers], dtype=np.int64)
+        counts = np.bincount(np.searchsorted(ats, positions, side="right") - 1, minlength=len(self._tiers))
         due = []
-        for k, count in collections.Counter(bisect.bisect_right(ats, position) - 1 for position in positions).items():
+        for k in np.flatnonzero(counts).tolist():
             tier = self._tiers[k]
-            tier.wasted += count
+            tier.wasted += int(counts[k])
             if tier.wasted >= max(tier.size, _SEAL_AT):
                 due.append(k)
         for k in due:
             self._rebuild(k)
 
-    def _tail_hits(self, queries: np.ndarray, r: int, hits: list[dict[int, int]], verified: list[int]) -> None:
-        """Add to each query's `hits` the rows of the tail within `r`, by comparing with each (one numpy pass).
-
-        Exact whatever `r` (no bands involved). Rows freed since hold a stale fingerprint; `_result` skips them.
-        """
+    def _tail_hits(self, queries: np.ndarray, r: int, verified: np.ndarray) -> _Hits:
+        """The rows of the tail within `r` of each query (query, row, distance), by comparing with each (one numpy
+        pass), with the rows compared added to `verified`. Exact whatever `r` (no bands involved); rows freed since
+        hold a stale fingerprint and no member: skipped."""
         first, end = self._sealed, self._row_count()
         distances = np.bitwise_count(self._row_fps(first, end)[None, :] ^ queries[:, None])
         which, rows = np.nonzero(distances <= r)
-        for k, row, distance in zip(
-            which.tolist(), (rows + first).tolist(), distances[which, rows].tolist(), strict=True
-        ):
-            hits[k][row] = distance
-        for k in range(len(verified)):
-            verified[k] += end - first
+        near = distances[which, rows]
+        rows = rows + first
+        live = self._sizes[rows] > 0
+        verified += end - first
+        return which[live], rows[live], near[live]
 
-    def _result(self, hits: dict[int, int], verified: int, exclude: str | None, limit: int) -> SearchResult:
-        """The incidents of the rows `hits` (row -> distance), `exclude` left out, counted and the closest listed.
+    def _results(
+        self,
+        found: list[_Hits],
+        queries: Sequence[tuple[int, str | None]],
+        r: int,
+        verified: np.ndarray,
+        cut: np.ndarray,
+        limit: int,
+    ) -> list[SearchResult]:
+        """Each query's result from the rows it `found` (query, row, distance): every match counted, the closest
+        `limit` (0: all) listed by distance, then ID; its excluded ID left out of both.
 
-        The IDs are gathered by distance and only the closest distances are sorted, as far as the cap needs: a near
-        storm's query meets thousands of matches, and sorting all of them to list 100 was most of its search (4 in
-        5 of a search's time in a storm of 12,000 near twins, measured; benchmarks/journal/near-storms.md)."""
-        if not hits:
-            return SearchResult(0, [], verified)
-        count = 0
-        by_distance: dict[int, list[str]] = {}
-        for row, distance in hits.items():
-            members = self._held(row)
-            if members is None:
-                continue  # a base row whose fingerprint went, or a freed row the scan compared
-            bucket = by_distance.get(distance)
-            if bucket is None:
-                bucket = by_distance[distance] = []
-            if isinstance(members, str):
-                if members != exclude:
-                    count += 1
-                    bucket.append(members)
-                continue
-            ids = members
-            if exclude is not None and self.get(exclude) == self._fp_at(row):
-                ids = (
-                    [m for m in members[: limit + 1] if m != exclude] if limit else [m for m in members if m != exclude]
-                )
-                count += len(members) - 1
-            else:
-                count += len(members)
-            bucket.extend(ids[:limit] if limit else ids)
-        listed: list[tuple[str, int]] = []
-        for distance in sorted(by_distance):
-            ids = by_distance[distance]
-            if not limit:
-                chosen = sorted(ids)
-            elif len(listed) == limit:
-                break
-            else:
-                need = limit - len(listed)
-                chosen = heapq.nsmallest(need, ids) if need < len(ids) else sorted(ids)
-            listed.extend((incident_id, distance) for incident_id in chosen)
-        return SearchResult(count, listed, verified)
+        In arrays: a query's rows are sorted by distance once (a row found through several bands kept once), its
+        count is the sum of its rows' member counts, and only the rows the cap reaches are read in Python: those of
+        the distances before the one where the cap falls, and that one's, whose IDs are compared. A near storm's query
+        meets thousands of matches to list 100 (benchmarks/journal/near-storms.md): a dict entry and a Python step
+        for each had been most of its search."""
+        n = len(queries)
+        if not found or not sum(len(q) for q, _, _ in found):
+            return [SearchResult(0, [], int(verified[k]), bool(cut[k])) for k in range(n)]
+        span = max(self._row_count(), 1)
+        query_of = np.concatenate([q for q, _, _ in found]).astype(np.int64)
+        distance_of = np.concatenate([d for _, _, d in found]).astype(np.int64)
+        row_of = np.concatenate([rows for _, rows, _ in found]).astype(np.int64)
+        # one key a (query, distance, row), sorted and each once (a row several bands reached has one distance)
+        keys = np.sort((query_of * (r + 1) + distance_of) * span + row_of)
+        if len(keys) > 1:  # (np.unique hashes first: several times slower than the sort)
+            keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
+        rows = keys % span
+        query_of, distance_of = np.divmod(keys // span, r + 1)
+        excluded = np.full(n, -1, dtype=np.int64)  # the row of each query's excluded ID, if it holds one
+        for k, (_, exclude) in enumerate(queries):
+            fp = self.get(exclude) if exclude is not None else None
+            if fp is not None:
+                row = self._row(fp)
+                assert row is not None
+                excluded[k] = row
+        sizes = self._sizes[rows].astype(np.int64) - (rows == excluded[query_of])
+        counts = np.bincount(query_of, weights=sizes, minlength=n).astype(np.int64).tolist()
+        bounds = np.searchsorted(query_of, np.arange(n + 1)).tolist()
+        results = []
+        for k, (_, exclude) in enumerate(queries):
+            lo, hi = bounds[k], bounds[k + 1]
+            listed = self._listed(rows[lo:hi], distance_of[lo:hi], sizes[lo:hi], exclude, limit) if hi > lo else []
+            results.append(SearchResult(counts[k], listed, int(verified[k]), bool(cut[k])))
+        return results
+
+    def _members_of(self, rows: np.ndarray) -> list[str | list[str] | None]:
+        """`_held` of each of `rows`: those made since the load gathered in one step (a storm's thousands of matches
+        are rows made since the copy's load), the loaded ones one by one."""
+        if not len(rows):
+            return []
+        made = rows - self._base_rows
+        if int(made.min()) >= 0:
+            got = operator.itemgetter(*made.tolist())(self._members)
+            return list(got) if len(rows) > 1 else [got]
+        return [self._held(row) for row in rows.tolist()]
+
+    def _listed(
+        self, rows: np.ndarray, distances: np.ndarray, sizes: np.ndarray, exclude: str | None, limit: int
+    ) -> list[tuple[str, int]]:
+        """The closest `limit` (0: all) members of `rows` (sorted by distance; `sizes` their members other than
+        `exclude`), sorted by distance, then ID in code point order. Every member of the distances before the one
+        the cap falls in is listed; of that one, the smallest IDs the cap has room for (a storm's thousands of rows
+        at one distance: only their IDs are compared)."""
+        whole, last, need, end = len(rows), 0, 0, len(rows)
+        if limit:
+            reached = np.cumsum(sizes)
+            if int(reached[-1]) > limit:
+                last = int(distances[int(np.searchsorted(reached, limit))])  # the distance where the cap falls
+                whole = int(np.searchsorted(distances, last, side="left"))
+                need = limit - (int(reached[whole - 1]) if whole else 0)
+                end = int(np.searchsorted(distances, last, side="right"))
+        members = self._members_of(rows[:end] if need else rows[:whole])
+        listed: list[tuple[int, str]] = []
+        twins: list[tuple[int, list[str]]] = []
+        for distance, held in zip(distances[:whole].tolist(), members[:whole], strict=True):
+            if isinstance(held, str):
+                listed.append((distance, held))
+            elif held is not None:
+                twins.append((distance, held))
+        for distance, group in twins:
+            listed.extend((distance, m) for m in group)
+        if exclude is not None:
+            listed = [pair for pair in listed if pair[1] != exclude]
+        listed.sort()
+        out = [(incident_id, distance) for distance, incident_id in listed]
+        if need:
+            ids: list[str] = []
+            for held in members[whole:]:
+                if isinstance(held, str):
+                    ids.append(held)
+                elif held is not None:
+                    # a row's members are sorted: its first `need` (and one more, for `exclude`) are all it can give
+                    ids.extend(held[: need + 1])
+            if exclude is not None:
+                ids = [m for m in ids if m != exclude]
+            ids.sort()
+            out.extend((incident_id, last) for incident_id in ids[:need])
+        return out
+
+
+_Hits = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""What a search found in the tiers or the tail: the query, the row and the distance of each match found."""
+
+_NO_HITS: _Hits = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint8))
 
 
 def _bounds(lengths: np.ndarray) -> tuple[list[int], list[int]]:

@@ -114,7 +114,7 @@ class StreamWorker:
             *parts,
             self.outcomes,
             upkeep=self.upkeep,
-            heartbeat=self.heartbeat,
+            heartbeat=lambda: self.presence.beat_after_work(self.processor.snapshot),
             stop=self._stop,
             log=self.log,
             replica=replica,

@@ -24,11 +24,25 @@ def _sizes(value: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{value!r} is not a comma-separated list of whole numbers") from None
 
 
+def _counts(value: str) -> list[int]:
+    counts = _sizes(value)
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: give numbers of workers, comma-separated, such as 1,2,4")
+    return counts
+
+
 def _layouts(value: str) -> list[str]:
     names = [name for name in value.split(",") if name]
     unknown = sorted(set(names) - set(LAYOUT_NAMES))
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"{value!r}: give one or more of {', '.join(LAYOUT_NAMES)}, comma-separated")
+    return names
+
+
+def _read_paths(value: str) -> list[str]:
+    names = [name for name in value.split(",") if name]
+    if not names or set(names) - {"primary", "snapshot"}:
+        raise argparse.ArgumentTypeError(f"{value!r}: give primary, snapshot or both, comma-separated")
     return names
 
 
@@ -74,6 +88,7 @@ def _bench(args: argparse.Namespace) -> int:
                     log=log,
                     budget=args.max_candidates,
                     flood_preload=args.flood_preload,
+                    read_paths=args.read_paths,
                 )
                 print(json.dumps(found, indent=2) if args.json else near_storm_markdown(found))
                 return EXIT_OK
@@ -96,10 +111,26 @@ def _bench(args: argparse.Namespace) -> int:
                 log=log,
                 layouts=args.layouts,
             )
+            if args.fleet:
+                from ..devtools.fleet import run_fleet
+
+                results["fleet"] = run_fleet(
+                    size=args.fleet_size,
+                    events=args.fleet_events,
+                    workers=args.fleet,
+                    seed=args.seed,
+                    repeat=args.fleet_repeat,
+                    by_command=True,
+                    log=log,
+                )
+                results["machine"]["load_average_at_end"] = results["fleet"]["load_average_at_end"]
         finally:
             if server is not None:
                 server.stop()
-    print(json.dumps(results, indent=2) if args.json else markdown(results))
+    if args.json:
+        print(json.dumps(results, indent=2))
+        return EXIT_OK
+    print(markdown(results))
     return EXIT_OK
 
 
@@ -113,8 +144,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "incident-worker bench --sizes 10000 --ingest 0 --json; incident-worker bench --sizes 10000000 --ingest 0 "
         "(ten million incidents, the default layout); incident-worker bench --storm 100000 (a storm of "
         "exact duplicates against distinct incidents); incident-worker bench --near-storm 12000 --flood 50000 (near "
-        "duplicates and a crafted flood, the per-event budget). Exit codes: 0 measured, 2 bad usage (no "
-        "redis-server on PATH, a non-empty Redis without --force)."
+        "duplicates and a crafted flood, the per-event budget); incident-worker bench --sizes 1000000 --ingest 0 "
+        "--fleet 1,2,4 (adds the fleet: the primary's CPU an event with 1, 2 and 4 snapshot workers, copies read "
+        "from the primary and from a replica, by part, projected to 8, 16 and 32 workers). Exit codes: 0 measured, "
+        "2 bad usage (no redis-server on PATH, a non-empty Redis without --force)."
     )
     parser.add_argument("--redis-url", help="use this Redis instead of starting one (it must be empty, or --force)")
     parser.add_argument("--force", action="store_true", help="with --redis-url: allow a non-empty database (FLUSHED)")
@@ -186,11 +219,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "setting's default)",
     )
     parser.add_argument(
+        "--read-paths",
+        type=_read_paths,
+        default="primary,snapshot",
+        metavar="PATHS",
+        help="with --near-storm: the read paths measured, comma-separated, of primary and snapshot (default both)",
+    )
+    parser.add_argument(
         "--verify",
         type=int,
         default=0,
         metavar="N",
         help="instead: time `verify` on an index of N incidents, clean, paced, and `--repair` with 1%% damaged",
+    )
+    parser.add_argument(
+        "--fleet",
+        type=_counts,
+        default=None,
+        metavar="K,K,...",
+        help="also measure the fleet: the primary's CPU an event with these numbers of snapshot-path worker "
+        "processes (say 1,2,4), their copies read from the primary and then from a replica, on a primary and a "
+        "replica of its own (redis-server on PATH, whatever --redis-url says); its parts (SLOWLOG of every command), "
+        "and its projection to 8, 16 and 32 workers with the primary's one-core ceiling (benchmarks/fleet.py alone)",
+    )
+    parser.add_argument(
+        "--fleet-size", type=int, default=100_000, metavar="N", help="with --fleet: incidents pre-loaded (100000)"
+    )
+    parser.add_argument("--fleet-events", type=int, default=6000, metavar="M", help="with --fleet: events a run (6000)")
+    parser.add_argument(
+        "--fleet-repeat", type=int, default=1, metavar="R", help="with --fleet: rounds of every run, medians shown (1)"
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.set_defaults(handler=_bench)

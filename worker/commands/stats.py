@@ -65,6 +65,7 @@ class Stats:
     recommended_bands: int
     recommendation: str
     streams: dict[str, dict[str, Any]]
+    inbox: dict[str, Any]
     group_name: str
     group: dict[str, Any] | None
     consumers: list[dict[str, Any]]
@@ -90,6 +91,7 @@ class Stats:
             "recommended_bands": self.recommended_bands,
             "recommendation": self.recommendation,
             "streams": self.streams,
+            "inbox": self.inbox,
             "group": self.group,
             "consumers": self.consumers,
             "workers": [beat.model_dump(exclude_none=True) for beat in self.workers],
@@ -268,6 +270,7 @@ def collect_stats(client: RedisClient, settings: Settings, dead_scan: int = DEAD
         )
     }
     group, consumers = _group(client, settings)
+    inbox = {"key": settings.keys.inbox, "length": int(client.llen(settings.keys.inbox))}
     positions = upkeep.group_positions(client, settings.events, settings.group, settings.stream_group_max_age_ms)
     kept = retention.state(client, settings.keys)
     lifecycle = {
@@ -289,6 +292,7 @@ def collect_stats(client: RedisClient, settings: Settings, dead_scan: int = DEAD
         recommended_bands=best,
         recommendation=advice,
         streams=streams,
+        inbox=inbox,
         group_name=settings.group,
         group=group,
         consumers=consumers,
@@ -298,8 +302,18 @@ def collect_stats(client: RedisClient, settings: Settings, dead_scan: int = DEAD
         event_groups=positions,
         lifecycle=lifecycle,
         migration=migration_status(client, settings.keys),
-        warnings=upkeep.warnings(client, settings, positions),
+        warnings=upkeep.warnings(client, settings, positions) + _inbox_warnings(inbox, workers),
     )
+
+
+def _inbox_warnings(inbox: dict[str, Any], workers: list[Heartbeat]) -> list[str]:
+    """Entries that wait in the inbox with no live worker to move them: producers' events not yet in the stream."""
+    if not inbox["length"] or workers:
+        return []
+    return [
+        f"{inbox['length']:,} entries wait in the inbox {inbox['key']} and no worker is running to move them into the "
+        "events stream: start one (incident-worker run)"
+    ]
 
 
 # -- printing -------------------------------------------------------------------------------------------------
@@ -387,6 +401,12 @@ def _print_streams(stats: Stats) -> None:
         ("STREAM", "KEY", "ENTRIES", "BOUNDED BY (this configuration)"),
         "  ",
         right=(2,),
+    )
+    inbox = stats.inbox
+    waiting = "empty" if not inbox["length"] else f"{inbox['length']:,} entries waiting"
+    print(
+        f"  inbox {inbox['key']}: {waiting} (producers append here; each worker's read round moves up to BATCH_SIZE "
+        "into the events stream)"
     )
 
 

@@ -1,7 +1,8 @@
 """BENCHMARKS.md from the benchmark's results files: `markdown` renders one run (worker/devtools/benchmark.py's
 `run_benchmark`) as the page's tables, and `update_page` renders every `<!-- bench-results: FILE -->` block of the
 page again, a new run replacing the table of the run with the same command (`python -m worker.devtools.benchmark
-NEW.json`; tests/test_benchmarks_page.py holds the page to its files and its top table to today's code).
+NEW.json`; tests/test_benchmarks_page.py holds the page to its files and its top table to today's code). The
+fleet's figures (`bench --fleet`, worker/devtools/fleet.py) are rendered here too, by `fleet_markdown`.
 """
 
 from __future__ import annotations
@@ -9,12 +10,31 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 from pathlib import Path
 from typing import Any
 
 from ..readpath import SNAPSHOT_SEND
 
-__all__ = ["PAGE_BLOCK", "main", "markdown", "page_blocks", "update_page"]
+__all__ = [
+    "CHANGE_US",
+    "PAGE_BLOCK",
+    "PROJECTED",
+    "decompose",
+    "fleet_markdown",
+    "main",
+    "markdown",
+    "page_blocks",
+    "update_page",
+]
+
+PROJECTED = (8, 16, 32)
+
+CHANGE_US = 0.12
+"""The primary's time a change of a call's validation window costs an event (reading it once per apply_batch of 16,
+filing it, and the calls' checks): 0.18 us measured alone by benchmarks/validation_cost.py on a quieter machine
+(journal: "The validation reads only what can change an answer"), times 0.65 for the windows filed by the send's own
+queries (journal: "The fleet by part"). What the projection's per-worker part owes to the widening windows."""
 
 
 def _bytes(layout: dict[str, Any]) -> str:
@@ -162,6 +182,8 @@ def markdown(results: dict[str, Any]) -> str:
         )
         footnote = " (* capped at the time limit.)" if capped_any else ""
         out.append(f"\nRatios: {', '.join(ratios)}.{footnote}")
+    if "fleet" in results:  # bench --fleet
+        out += ["", fleet_markdown(results["fleet"])]
     return "\n".join(out)
 
 
@@ -220,3 +242,121 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.page.write_text(update_page(args.page, args.results), encoding="utf-8")
     return 0
+
+
+# -- the fleet (worker/devtools/fleet.py) -------------------------------------------------------------------
+
+
+PARTS = {
+    "apply_batch": ("apply_batch", "apply"),
+    "read_new": ("read_new", "read_pending", "claim"),
+    "inbox": ("intake",),
+    "upkeep": ("lease", "trim_events", "trim_changes", "expiry_backfill", "expire", "set_retention", "memory", "time"),
+    "heartbeat": ("set", "zadd", "zremrangebyscore", "pexpire"),
+    "copies: log, floor, lag": ("xrange", "xrevrange", "hget", "hscan"),
+    "recovery, summary": ("xpending", "xinfo", "xautoclaim", "xclaim", "hlen", "zcard", "zrange"),
+}
+"""The decomposition's rows: the commands the workers send (FCALL by function), grouped by the part of the worker
+that sends them."""
+
+
+def decompose(row: dict[str, Any]) -> dict[str, list[float]]:
+    """The primary's time an event by part of the workers (calls an event, us an event), the benchmark's own
+    commands, and what the commands do not account for: the event loop, the sockets, feeding the replica (CPU less
+    the commands' time; below zero when the OS took the CPU from Redis mid-command, which the commands' time counts)."""
+    parts: dict[str, list[float]] = {}
+    for name, (calls, usec) in row["top_level"].items():
+        command = re.sub(r"^fcall(_ro)? \w+?_[0-9a-f]{10}_", "", name)  # FCALL by its function's short name
+        part = "benchmark: publishing, polling" if name == "benchmark" else "other"
+        part = next((p for p, names in PARTS.items() if command in names), part)
+        sums = parts.setdefault(part, [0.0, 0.0])
+        sums[0] += calls
+        sums[1] += usec
+    inside = sum(usec for _, usec in parts.values())
+    parts["outside commands (CPU less the above)"] = [0.0, row["primary_cpu_us_per_event"] - inside]
+    return parts
+
+
+def fleet_markdown(results: dict[str, Any]) -> str:
+    """The fleet's figures as Markdown: the runs, the primary's time by part (when measured), the projection."""
+    out: list[str] = []
+    rows = results["rows"]
+    load = results.get("load_average_at_end")
+    how = f"at {results['rate']:,.0f} events/s" if results.get("rate") else "all at once (a backlog)"
+    out.append(
+        f"**The fleet**: N = {results['size']:,}, {results['events']:,} events a run published {how}, seed "
+        f"{results['seed']}, medians of {results['repeat']} round(s)"
+        + (f"; load average at the end {load}" if load else "")
+    )
+    tails = results.get("tails") or []
+    if tails:
+        k = results["tail_followers"]
+        without = statistics.median(r["primary_cpu_us_per_event"] for r in tails if r["followers"] == 0)
+        with_ = statistics.median(r["primary_cpu_us_per_event"] for r in tails if r["followers"] == k)
+        out.append("")
+        out.append(
+            f"Tail alone: one worker on the replica, primary CPU {without:.1f} us/event; with {k} copies tailing the "
+            f"primary {with_:.1f}: {(with_ - without) / k:.2f} us/event a copy"
+        )
+    if not rows:
+        return "\n".join(out)
+    out.append("")
+    out.append(
+        "| copies read | workers | events/s | primary CPU us/event | of which FCALL | rest | replica CPU us/event "
+        "| changes validated/event |"
+    )
+    out.append("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        replica_cpu = "-" if r["replica_cpu_us_per_event"] is None else r["replica_cpu_us_per_event"]
+        out.append(
+            f"| {r['source']} | {r['workers']} | {r['events_per_s']:,.0f} | {r['primary_cpu_us_per_event']} "
+            f"| {r['primary_fcall_us_per_event']} | {r['primary_rest_us_per_event']} | {replica_cpu} "
+            f"| {r['changes_validated_per_event']} |"
+        )
+    if any(r["top_level"] for r in rows):
+        out += _parts_markdown(rows)
+    out.append("")
+    out.append(
+        "| copies read | fixed us/event | per worker us/event | changes validated/event: fixed + per worker "
+        f"| of which the windows (x {CHANGE_US} us) | " + " | ".join(f"{k} workers" for k in PROJECTED) + " |"
+    )
+    out.append("|---|---|---|---|---|" + "---|" * len(PROJECTED))
+    for source, f in results["projection"].items():
+        cells = [
+            f"{f['projected'][str(k)]['us']:.0f} us, ceiling {f['projected'][str(k)]['ceiling']:,}/s" for k in PROJECTED
+        ]
+        out.append(
+            f"| {source} | {f['fixed_us']} | {f['per_worker_us']} | {f['changes_validated']} + "
+            f"{f['changes_validated_per_worker']} | {f['window_per_worker_us']} us a worker | "
+            + " | ".join(cells)
+            + " |"
+        )
+    out.append("")
+    out.append("(ceiling: one core of the primary, 1e6 / us an event)")
+    return "\n".join(out)
+
+
+def _parts_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    """The primary's time an event by part (see decompose), us an event and, in brackets, calls an event."""
+    columns = [(r, decompose(r)) for r in rows]
+    names = list(dict.fromkeys(name for _, parts in columns for name in parts))
+    names.sort(key=lambda name: (name.startswith("benchmark"), name.startswith("outside")))  # theirs last
+    out = [
+        "",
+        "The primary's time an event by part, us (calls an event): the commands' time from SLOWLOG, which counts a "
+        "command's wall time, the OS's pauses of Redis included; the last row is CPU less the commands' time",
+        "",
+        "| part | " + " | ".join(f"{r['source']}, {r['workers']}" for r, _ in columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for name in names:
+        cells = []
+        for _, parts in columns:
+            calls, usec = parts.get(name, [0.0, 0.0])
+            cells.append(f"{usec:.1f}" + (f" ({calls:.3f})" if calls else ""))
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    out.append("| primary CPU | " + " | ".join(f"{r['primary_cpu_us_per_event']:.1f}" for r, _ in columns) + " |")
+    out.append(
+        "| changes validated | " + " | ".join(f"{r['changes_validated_per_event']:.1f}" for r, _ in columns) + " |"
+    )
+    return out

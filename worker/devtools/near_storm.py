@@ -1,8 +1,9 @@
 """The near-duplicate storm benchmark behind `incident-worker bench --near-storm N`
 (docs/contract.md, "The per-event budget").
 
-Three backlogs of N events each, on both read paths, each into an empty index on the same real Redis, with one
-worker process (the code of `incident-worker run`, default settings, so the default per-event budget):
+Three backlogs of N events each, on both read paths (or those `--read-paths` names), each into an empty index on the
+same real Redis, with one worker process (the code of `incident-worker run`, default settings, so the default
+per-event budget):
 
 * distinct: N distinct incidents of the synthetic workload;
 * near storm: one incident reworded N times: the same 16 tokens plus one of its own each (a request ID), so that
@@ -172,8 +173,9 @@ def run_near_storm(
     log: Any,
     budget: int | None = None,
     flood_preload: int = 0,
+    read_paths: tuple[str, ...] | list[str] = ("primary", "snapshot"),
 ) -> dict[str, Any]:
-    """Distinct, near storm and crafted flood backlogs on both read paths; see the module's docstring.
+    """Distinct, near storm and crafted flood backlogs on each of `read_paths`; see the module's docstring.
 
     `flood_preload` > 0: also a flood of that many incidents pre-loaded (bulk_load), then FLOOD_TAIL more flood
     events through the worker ("the crafted flood stays within the budget at 200,000")."""
@@ -191,6 +193,7 @@ def run_near_storm(
     results["max_candidates"] = DEFAULT_MAX_CANDIDATES if budget is None else budget
     results["snapshot_max_candidates"] = DEFAULT_SNAPSHOT_MAX_CANDIDATES if budget is None else budget
     results["flood_preload"] = flood_preload
+    results["read_paths"] = list(read_paths)
     preloaded: list[tuple[str, dict[str, int]]] = []
     tail: list[tuple[str, dict[str, int]]] = []
     if flood_preload:
@@ -198,7 +201,7 @@ def run_near_storm(
         bags = flood_bags(flood_preload + FLOOD_TAIL)
         preloaded = [(f"flood-{k}", bag) for k, bag in enumerate(bags[:flood_preload])]
         tail = [(f"flood-{k}", bag) for k, bag in enumerate(bags[flood_preload:], start=flood_preload)]
-    for read_path in ("primary", "snapshot"):
+    for read_path in read_paths:
         rows = {}
         for name, items in backlogs.items():
             log(f"{name} on the {read_path} path: {len(items):,} events into an empty index ...")
@@ -232,7 +235,8 @@ def near_storm_markdown(results: dict[str, Any]) -> str:
     labels = {"distinct": "distinct", "near_storm": "near storm (one token each)", "flood": "crafted flood"}
     if results.get("flood_preload"):
         labels["flood_preloaded"] = f"crafted flood after {results['flood_preload']:,} pre-loaded"
-    for read_path in ("primary", "snapshot"):
+    read_paths = [path for path in ("primary", "snapshot") if path in results]
+    for read_path in read_paths:
         rows = results[read_path]
         for name, label in labels.items():
             if name not in rows:
@@ -245,7 +249,7 @@ def near_storm_markdown(results: dict[str, Any]) -> str:
                 f"{r['candidates_max']:,} | {r['alerts_kept']:,} ({r['incomplete_alerts_kept']:,}) |"
             )
     out.append("")
-    for read_path in ("primary", "snapshot"):
+    for read_path in read_paths:
         rows = results[read_path]
         out.append(
             f"{read_path}: the near storm at {rows['throughput_ratio']}x the distinct events/s (target at least 0.5x); "

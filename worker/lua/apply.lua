@@ -8,52 +8,7 @@
 --- @include "snapshot"
 --- @include "apply_context"
 --- @include "groups"
-
-local JSON_ESCAPES = {['"'] = '\\"', ['\\'] = '\\\\', ['\b'] = '\\b', ['\f'] = '\\f',
-                      ['\n'] = '\\n', ['\r'] = '\\r', ['\t'] = '\\t'}
-
-local function json_string(s)
-  if string.find(s, '[%z\1-\31\127"\\]') then
-    s = string.gsub(s, '[%z\1-\31\127"\\]', function(c)
-      return JSON_ESCAPES[c] or string.format('\\u%04x', string.byte(c))
-    end)
-  end
-  return '"' .. s .. '"'
-end
-
--- The alert's `matches`: [{"incident_id":"<id>","distance":<d>},...], in pieces joined once (no string per match).
-local function matches_json(flat)
-  local parts, n = {'['}, 1
-  for i = 1, #flat, 2 do
-    parts[n + 1] = i == 1 and '{"incident_id":' or ',{"incident_id":'
-    parts[n + 2] = json_string(flat[i])
-    parts[n + 3] = ',"distance":'
-    parts[n + 4] = flat[i + 1]
-    parts[n + 5] = '}'
-    n = n + 5
-  end
-  parts[n + 1] = ']'
-  return table.concat(parts)
-end
-
--- Bytes an alert's `matches` may take: the closest matches that fit are listed (match_count still counts them all).
--- 100 matches of everyday IDs take about 4 KB; 100 of 256 four-byte characters took 100 KB, a hundred times the
--- event that made them, so that one producer could fill the alerts stream faster than the upkeep measures it.
-local MAX_MATCHES_BYTES = 8192
-
--- matches_json of the longest head of `flat` (id, d, ...) whose JSON fits in MAX_MATCHES_BYTES, at least one match.
-local function matches_json_within(flat)
-  local size, n = 2, 0
-  for i = 1, #flat, 2 do
-    size = size + #json_string(flat[i]) + #tostring(flat[i + 1]) + 27  -- {"incident_id":,"distance":} and a comma
-    if size > MAX_MATCHES_BYTES and n > 0 then break end
-    n = n + 2
-  end
-  if n == #flat then return matches_json(flat) end
-  local head = {}
-  for i = 1, n do head[i] = flat[i] end
-  return matches_json(head)
-end
+--- @include "alert_json"
 
 -- Append to `out` the keys of a call numbered first .. last that it has (1 .. nk), keys[ko + i] for its key i: the
 -- keys of a call of apply_batch are read in place, in the FCALL's keys (ko = the keys of the calls before it), not
@@ -172,15 +127,23 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
   local FIRST = 9
 
   -- the packed parts, read before anything is written
-  local position, claimed, complete, cut = '', 0, false, false
+  local position, claimed, complete, cut, holder = '', 0, false, false, nil
   local snapshot = args[ao + 16] or ''
   if snapshot ~= '' then
-    local count, all
-    position, count, all = string.match(snapshot, '^(%S+) (%d+) ([012])$')
-    if not position then
-      return redis.error_reply('ERR apply: snapshot "' .. snapshot .. '" is not "<position> <count> <0, 1 or 2>"')
+    local count, all, rest
+    position, count, all, rest = string.match(snapshot, '^(%S+) (%d+) ([012])()')
+    local held_by = position and string.sub(snapshot, rest, rest + 1)
+    if not position or not (held_by == '' or held_by == ' 0' or held_by == ' 1') or
+        (held_by ~= ' 1' and #snapshot > rest + 1) then
+      return redis.error_reply('ERR apply: snapshot "' .. string.sub(snapshot, 1, 80) ..
+        '" is not "<position> <count> <0, 1 or 2>", then " 0" or " 1<ID>" or nothing')
     end
     claimed, complete, cut = tonumber(count), all == '1', all == '2'
+    if held_by == ' 1' then
+      holder = string.sub(snapshot, rest + 2)
+    elseif held_by == ' 0' then
+      holder = false
+    end
   end
   local building, n_target = '', 0
   local migration = args[ao + 17] or ''
@@ -250,11 +213,11 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
   end
 
   -- A snapshot's claim is validated before anything is written: `unvalidated` must change nothing.
-  local verified, matched, flat, twin, held
+  local verified, matched, flat, twin, held, changed_holder
   local n_listed = na > ARGS and na - ARGS or 0
   if position ~= '' then
-    verified, matched, flat, held = validate_snapshot(context, meta_key, changes_key, fp, limit, id, cap, position,
-                                                      claimed, args, ao + ARGS, n_listed, complete, cut)
+    verified, matched, flat, held, changed_holder = validate_snapshot(context, meta_key, changes_key, fp, limit, id,
+      cap, position, claimed, args, ao + ARGS, n_listed, complete, cut)
     if not verified then return {'unvalidated', 0, 0, ''} end
   end
 
@@ -273,6 +236,12 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
     local twin_prefix = string.sub(new_group, 1, -17)
     verified, matched, flat, twin, cut = find_matches(fp_key, twin_prefix, probes, fp, limit, cap, budget)
     if cut and not twin then
+      twin = representative_of(fp_key, new_group, fp, call_keys({}, keys, ko, nk, FIRST, FIRST - 1 + n_new))
+    end
+  elseif holder ~= nil then
+    -- the copy said who held `fp` at its position: see claimed_twin
+    twin = claimed_twin(context, fp_key, id, fp, holder, changed_holder)
+    if twin == nil then
       twin = representative_of(fp_key, new_group, fp, call_keys({}, keys, ko, nk, FIRST, FIRST - 1 + n_new))
     end
   elseif not surely_unheld(held, claimed, args, ao + ARGS, n_listed) then
@@ -354,6 +323,14 @@ local function apply_batch(keys, args)
   if n > 1 then prefetch(context, keys, args, n) end
   local n_keys, n_args = #keys, #args
   local k, a = 0, 1 + 2 * n
+  -- each call's fingerprint (its third argument), for the validation's window (register_queries)
+  local queries = {}
+  for i = 1, n do
+    queries[i] = args[a + 3]
+    a = a + (tonumber(args[2 * i + 1]) or 0)
+  end
+  register_queries(context, queries)
+  a = 1 + 2 * n
   for i = 1, n do
     local nk, na = tonumber(args[2 * i]), tonumber(args[2 * i + 1])
     local ok, reply

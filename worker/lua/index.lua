@@ -27,10 +27,13 @@
 -- as one library named after a hash of it. One concern a file:
 --
 --   base.lua, meta.lua     helpers every part uses; what {N}:meta says to every call
+--   listing.lua            the order of matches and listing the closest of many (sort, heap, merge of twin groups)
 --   search.lua             distances, the search through the posting sets, postings and twin groups; `matches`
+--   window.lua             the snapshot validation's window of changes, filed by the bytes of their fingerprints
 --   snapshot.lua           the snapshot read path's validation of a copy's claim
 --   apply_context.lua      what the apply calls of one FCALL share
 --   groups.lua             the group of each incident, decided by the apply step: `group_merge`, `group_of`
+--   alert_json.lua         an alert's `matches` as JSON within its byte cap
 --   apply.lua              the apply step: `apply`, `apply_batch`
 --   streams.lua            reading entries, dead letters, consumers: `read_new`, `read_pending`, `claim`, ...
 --   inbox.lua              the producers' fenced way in: `submit`, and `intake` into the events stream
@@ -42,10 +45,13 @@
 
 --- @include "base"
 --- @include "meta"
+--- @include "listing"
 --- @include "search"
+--- @include "window"
 --- @include "snapshot"
 --- @include "apply_context"
 --- @include "groups"
+--- @include "alert_json"
 --- @include "apply"
 --- @include "streams"
 --- @include "inbox"

@@ -1,9 +1,10 @@
--- search.lua: the core of the index: the distance of two fingerprints, the order of matches, the search through
--- the posting sets (find_matches), and how an incident enters and leaves its postings and twin group. Registers
--- `matches`, the read-only search.
+-- search.lua: the core of the index: the distance of two fingerprints, the search through the posting sets
+-- (find_matches, listing its closest by listing.lua's order), and how an incident enters and leaves its postings and
+-- twin group. Registers `matches`, the read-only search.
 
 --- @include "base"
 --- @include "meta"
+--- @include "listing"
 
 -- ASCII code of a hex digit -> its value.
 local NIBBLE = {}
@@ -46,40 +47,25 @@ local function digit_rows(query)
   return unpack(rows)
 end
 
-local function id_order()
-  if 'B' < 'a' and '\195\169' > 'z' and 'a' < 'aa' then return nil end
-  return bytes_less
+-- find_matches's rows: DIGIT_DISTANCE's, where an upper-case digit (A-F: a fingerprint edited by hand; the worker
+-- writes lower case) adds UPPER_MARK to its bits. A sum is then whole exactly when the stored fingerprint is lower
+-- case, whose twin group's key is the prefix and the value as read: a match needs no string.lower (a string made)
+-- unless its sum has a fraction. 16 marks add at most 1/4, so a sum is within a limit exactly when it is below the
+-- limit + 1/2, and its whole part is the distance.
+local UPPER_MARK = 1 / 64
+local SEARCH_DISTANCE = {}
+for q = 0, 15 do
+  local row = {}
+  for c = 0, 255 do row[c] = DIGIT_DISTANCE[q][c] end
+  for c = 65, 70 do row[c] = row[c] + UPPER_MARK end
+  SEARCH_DISTANCE[q] = row
 end
 
-local function plain_less(a, b) return a < b end
-
--- The ID order of this FCALL (see id_order), a function in any case, found once for the calls of a batch.
-local function id_less_of(context)
-  local less = context.id_less
-  if not less then
-    less = id_order() or plain_less
-    context.id_less = less
-  end
-  return less
-end
-
--- Whether the match (ad, aid) comes before (bd, bid): by distance, then by ID in `less`'s order.
-local function pair_before(less, ad, aid, bd, bid)
-  if ad ~= bd then return ad < bd end
-  return less(aid, bid)
-end
-
--- Sort the first n of `list`, each {distance, ID}, by pair_before. Already in order (the claim's list, which the
--- worker sorted the same way, with nothing added) they are left as they are, after n - 1 comparisons: two pairs
--- neither of which comes first are the same pair, so any sort would give this order too.
-local function sort_pairs(list, n, less)
-  for i = 2, n do
-    local a, b = list[i - 1], list[i]
-    if pair_before(less, b[1], b[2], a[1], a[2]) then
-      table.sort(list, function(x, y) return pair_before(less, x[1], x[2], y[1], y[2]) end)
-      return
-    end
-  end
+local function search_rows(query)
+  local q = {string.byte(query, 1, 16)}
+  local rows = {}
+  for i = 1, 16 do rows[i] = SEARCH_DISTANCE[NIBBLE[q[i]]] end
+  return unpack(rows)
 end
 
 -- The candidates of a search bounded by `budget`, or nil when the posting sets `probe_keys` hold no more members
@@ -158,11 +144,13 @@ local function find_matches(fp_key, twin_prefix, probe_keys, query, limit, cap, 
   if n == 0 then return 0, 0, {}, nil, cut end
 
   local byte, lower = string.byte, string.lower
-  local T1, T2, T3, T4, T5, T6, T7, T8, T9, T10, T11, T12, T13, T14, T15, T16 = digit_rows(query)
+  local T1, T2, T3, T4, T5, T6, T7, T8, T9, T10, T11, T12, T13, T14, T15, T16 = search_rows(query)
+  local within = limit + 0.5  -- a sum below it is within the limit (see SEARCH_DISTANCE)
 
-  -- by_distance[d + 1] lists the representatives at distance d, each as {id, group key or false}
-  local by_distance = {}
-  for d = 0, limit do by_distance[d + 1] = {} end
+  -- the representatives at distance d: ids_at[d + 1][i], with groups_at[d + 1][i] the key of its twin group or
+  -- false (none), n_at[d + 1] of them (lists side by side: no table made a match)
+  local ids_at, groups_at, n_at = {}, {}, {}
+  for d = 0, limit do ids_at[d + 1], groups_at[d + 1], n_at[d + 1] = {}, {}, 0 end
   local matched, verified, twin = 0, 0, nil
   for first = 1, n, CHUNK do
     local last = first + CHUNK - 1
@@ -176,22 +164,31 @@ local function find_matches(fp_key, twin_prefix, probe_keys, query, limit, cap, 
         -- the first 8 digits (32 bits) already rule out nearly every candidate; only survivors read the rest
         local c1, c2, c3, c4, c5, c6, c7, c8 = byte(h, 1, 8)
         local d = T1[c1] + T2[c2] + T3[c3] + T4[c4] + T5[c5] + T6[c6] + T7[c7] + T8[c8]
-        if d <= limit then
+        if d < within then
           local c9, c10, c11, c12, c13, c14, c15, c16 = byte(h, 9, 16)
           d = d + T9[c9] + T10[c10] + T11[c11] + T12[c12] + T13[c13] + T14[c14] + T15[c15] + T16[c16]
-        end
-        if d <= limit then
-          local id = candidates[first + k - 1]
-          if d == 0 and not twin then twin = id end
-          local group = twin_prefix .. lower(h)
-          local size = redis.call('ZCARD', group)
-          local bucket = by_distance[d + 1]
-          if size > 1 then
-            bucket[#bucket + 1] = {id, group}
-            matched = matched + size
-          else
-            bucket[#bucket + 1] = {id, false}
-            matched = matched + 1
+          if d < within then
+            local id = candidates[first + k - 1]
+            local group
+            if d % 1 == 0 then
+              group = twin_prefix .. h
+            else
+              d = d - d % 1
+              group = twin_prefix .. lower(h)
+            end
+            if d == 0 and not twin then twin = id end
+            local size = redis.call('ZCARD', group)
+            local slot = d + 1
+            local i = n_at[slot] + 1
+            n_at[slot] = i
+            ids_at[slot][i] = id
+            if size > 1 then
+              groups_at[slot][i] = group
+              matched = matched + size
+            else
+              groups_at[slot][i] = false
+              matched = matched + 1
+            end
           end
         end
       end
@@ -201,30 +198,20 @@ local function find_matches(fp_key, twin_prefix, probe_keys, query, limit, cap, 
   local flat = {}
   if matched == 0 then return verified, 0, flat, twin, cut end
   local order = id_order()
+  local less = order or plain_less
   local want = matched
   if cap > 0 and cap < want then want = cap end
   local taken = 0
   for d = 0, limit do
     if taken == want then break end
-    local bucket = by_distance[d + 1]
-    if #bucket > 0 then
+    local count = n_at[d + 1]
+    if count > 0 then
       local need = want - taken
-      local ids
-      if #bucket == 1 and bucket[1][2] then
-        ids = redis.call('ZRANGE', bucket[1][2], 0, need - 1)  -- already in byte order
+      local ids, groups = ids_at[d + 1], groups_at[d + 1]
+      if count == 1 and groups[1] then
+        ids = redis.call('ZRANGE', groups[1], 0, need - 1)  -- already in byte order
       else
-        -- several representatives at one distance: the first `need` of each group, merged
-        ids = {}
-        for i = 1, #bucket do
-          local entry = bucket[i]
-          if entry[2] then
-            local members = redis.call('ZRANGE', entry[2], 0, need - 1)
-            for j = 1, #members do ids[#ids + 1] = members[j] end
-          else
-            ids[#ids + 1] = entry[1]
-          end
-        end
-        table.sort(ids, order)
+        ids = first_of_distance(ids, groups, count, need, less, order)
       end
       for i = 1, #ids do
         if taken == want then break end

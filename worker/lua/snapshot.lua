@@ -4,6 +4,8 @@
 --- @include "base"
 --- @include "meta"
 --- @include "search"
+--- @include "apply_context"
+--- @include "window"
 
 -- A snapshot whose position is more changes behind than this is not validated: the full search is cheaper.
 local MAX_VALIDATED_CHANGES = 4000
@@ -12,75 +14,8 @@ local MAX_VALIDATED_CHANGES = 4000
 -- first change after the position (what the copy saw), `latest[id]`, its fingerprint now ('' when deleted), `order`,
 -- the incidents in the order of their first change, and `count`, the changes. One view serves every call of a batch
 -- (apply_batch): the log is read once, and each call's own change is noted in it as it is written, so a later call
--- of the batch is validated against the earlier ones too, without reading the log again.
---
--- `bands` indexes every fingerprint noted (each `prev` that became a first_prev, each `fp`) by its 8 bytes: bands[k]
--- maps digits 2k - 1 and 2k (lower-cased, as two bytes: c * 256 + c') to the incident, or to a list of them. Two
--- fingerprints within 7 bits agree exactly on one of 8 disjoint 8-bit bands (otherwise each band differs in a bit at
--- least: 8 bits), so the incidents a query can be within 7 of, or equal to, are among those its own 8 bands name
--- (near_ids): validate_snapshot reads those instead of every change (about 1 in 32 of them, whatever the window).
-local function band_add(band, key, id)
-  local v = band[key]
-  if v == nil then
-    band[key] = id
-  elseif v ~= id then
-    if type(v) == 'table' then v[#v + 1] = id else band[key] = {v, id} end
-  end
-end
-
-local function note_bands(bands, id, h)
-  if #h ~= 16 then return end  -- '' (deleted, or none): within no distance, equal to no query
-  local c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 = string.byte(string.lower(h), 1, 16)
-  local b1, b2, b3, b4, b5, b6, b7, b8 = bands[1], bands[2], bands[3], bands[4], bands[5], bands[6], bands[7], bands[8]
-  local k
-  k = c1 * 256 + c2; if b1[k] == nil then b1[k] = id else band_add(b1, k, id) end
-  k = c3 * 256 + c4; if b2[k] == nil then b2[k] = id else band_add(b2, k, id) end
-  k = c5 * 256 + c6; if b3[k] == nil then b3[k] = id else band_add(b3, k, id) end
-  k = c7 * 256 + c8; if b4[k] == nil then b4[k] = id else band_add(b4, k, id) end
-  k = c9 * 256 + c10; if b5[k] == nil then b5[k] = id else band_add(b5, k, id) end
-  k = c11 * 256 + c12; if b6[k] == nil then b6[k] = id else band_add(b6, k, id) end
-  k = c13 * 256 + c14; if b7[k] == nil then b7[k] = id else band_add(b7, k, id) end
-  k = c15 * 256 + c16; if b8[k] == nil then b8[k] = id else band_add(b8, k, id) end
-end
-
-local function note_change(view, id, fp, prev)
-  view.count = view.count + 1
-  if view.first_prev[id] == nil then
-    view.first_prev[id] = prev
-    view.order[#view.order + 1] = id
-    note_bands(view.bands, id, prev)
-  end
-  view.latest[id] = fp
-  note_bands(view.bands, id, fp)
-end
-
--- The incidents of `bands` (see note_bands) that share one of its 8 bands with `query` (16 lowercase hex digits),
--- each once: a list and its length.
-local function near_ids(bands, query)
-  local q = {string.byte(query, 1, 16)}
-  local ids, n, seen = nil, 0, nil
-  for k = 1, 8 do
-    local v = bands[k][q[2 * k - 1] * 256 + q[2 * k]]
-    if v ~= nil then
-      if not seen then ids, seen = {}, {} end
-      if type(v) == 'table' then
-        for i = 1, #v do
-          local id = v[i]
-          if not seen[id] then
-            seen[id] = true
-            n = n + 1
-            ids[n] = id
-          end
-        end
-      elseif not seen[v] then
-        seen[v] = true
-        n = n + 1
-        ids[n] = v
-      end
-    end
-  end
-  return ids, n
-end
+-- of the batch is validated against the earlier ones too, without reading the log again. `bands` files them by byte
+-- (window.lua).
 
 -- `context` is what the calls of one FCALL share: the view of the changes after `context.position` in
 -- `context.key`, or false when those cannot be had (trimmed past the position, too many, or of an older format
@@ -106,7 +41,12 @@ local function changes_after(context, meta_key, changes_key, position)
       first = nil
     end
     if first and #changes - first + 1 <= MAX_VALIDATED_CHANGES then
-      view = {count = 0, first_prev = {}, latest = {}, order = {}, bands = {{}, {}, {}, {}, {}, {}, {}, {}}}
+      view = {count = 0, first_prev = {}, latest = {}, order = {}}
+      if context.qbands then
+        view.qbands, view.registered, view.near = context.qbands, context.registered, {}
+      else
+        view.bands = {{}, {}, {}, {}, {}, {}, {}, {}}
+      end
       for i = first, #changes do
         local f = changes[i][2]
         -- <op> <id> fp <new hex or ''> prev <old hex or ''>
@@ -148,10 +88,79 @@ local function surely_unheld(held, count, listed, lo, n)
   return not held
 end
 
+-- The incident that holds `fp` now, as the snapshot path knows it without reading the postings, when the claim
+-- said who held it at the copy's position (`holder`: an incident other than `self_id`, or false for nobody):
+-- `changed_holder` if an incident changed after the position holds it by its latest change (validate_snapshot),
+-- else the claimed holder if it has no change after the position, either only if {N}:fp holds `fp` for it (one
+-- field read: a value edited by hand into upper case is no holder for representative_of either); else false when
+-- nobody held it at the position (surely_unheld's argument, which the copy's exact look-up of `fp` makes for every
+-- claim, a cut one too); else nil: the caller reads the postings (representative_of).
+--
+-- Any holder serves: index_one adds the new incident to the group of `fp` beside it, and a fingerprint held by one
+-- incident has it in its postings. In a near storm each event's claim is cut at the budget and many are exact
+-- twins, so it was representative_of's SINTER of large posting sets, about half of the primary's time an event.
+local function claimed_twin(context, fp_key, self_id, fp, holder, changed_holder)
+  if changed_holder then
+    return stored_fp(context, fp_key, changed_holder) == fp and changed_holder or nil
+  end
+  if not holder then return false end
+  if holder ~= self_id and context.view and context.view.first_prev[holder] == nil and
+      stored_fp(context, fp_key, holder) == fp then
+    return holder
+  end
+  return nil
+end
+
 -- Append one change to {N}:changes, and note it in the view of this FCALL's calls (when they have one).
 local function log_change(context, changes_key, op, id, fp, prev)
   redis.call('XADD', changes_key, '*', op, id, 'fp', fp, 'prev', prev)
   if context.view and context.key == changes_key then note_change(context.view, id, fp, prev) end
+end
+
+-- validate_snapshot's answer when the listed matches no change touched are in order (their places in `listed`:
+-- kept[1 .. n_kept]): the same as sorting them with the additions (each {d, id}), but only the additions are sorted
+-- (the changes near the query, a few), then merged with the listed ones read in place, up to the cap. A storm's claim
+-- lists its cap of matches, and a table and a sort of them all cost each of its events about what the rest of the
+-- validation did. Returns count, flat, held (see validate_snapshot), or nil when the claim cannot be validated.
+local function merge_claim(count, listed, lo, n_listed, kept, n_kept, additions, n_additions, less, cap,
+                           complete, cut, held)
+  local adds, n_adds = additions or {}, n_additions
+  if not cut and not complete then
+    if n_listed == 0 then return nil end
+    -- what the copy did not list lies past its last listed match: a change past it may not be listed either
+    local bound_d, bound_id = tonumber(listed[lo + n_listed]), listed[lo + n_listed - 1]
+    adds, n_adds = {}, 0
+    for i = 1, n_additions do
+      local pair = additions[i]
+      if not pair_before(less, bound_d, bound_id, pair[1], pair[2]) then
+        n_adds = n_adds + 1
+        adds[n_adds] = pair
+      end
+    end
+  end
+  if n_adds > 1 then sort_pairs(adds, n_adds, less) end
+  local want = count
+  if cut then
+    want = n_kept + n_adds
+    if count < want then count = want end
+  end
+  if cap > 0 and cap < want then want = cap end
+  if n_kept + n_adds < want then return nil end
+  local flat = {}
+  local a, k = 1, 1
+  for out = 1, want do
+    local pair = adds[a]
+    local i = kept[k]
+    if pair and (not i or pair_before(less, pair[1], pair[2], tonumber(listed[lo + i + 1]), listed[lo + i])) then
+      flat[2 * out - 1], flat[2 * out] = pair[2], pair[1]
+      a = a + 1
+    else
+      flat[2 * out - 1], flat[2 * out] = listed[lo + i], tonumber(listed[lo + i + 1])
+      k = k + 1
+    end
+  end
+  if cut then held = true end
+  return count, flat, held
 end
 
 -- Snapshot reads (docs/contract.md, "Snapshot reads"). A worker searched its own copy of the index as it stood at
@@ -172,9 +181,10 @@ end
 -- covers the cap): the caller then answers `unvalidated` and the worker sends the full search.
 --
 -- Within a limit of 7 (the default), only the changes that share one of its 8 byte bands with `query` are read
--- (near_ids: about 1 in 32 of a window of random changes); every other one can neither count, nor be listed, nor
--- hold `query`, so leaving it out changes no answer. A change is indexed once per FCALL as it is noted (note_bands,
--- about 1 us), not compared once per call: a window's cost no longer grows with the calls that read it. Each change
+-- (near_ids, or near_of for a query its apply_batch registered: about 1 in 32 of a window of random changes); every
+-- other one can neither count, nor be listed, nor hold `query`, so leaving it out changes no answer. A change is
+-- indexed once per FCALL as it is noted (note_bands, or note_near), not compared once per call: a window's cost no
+-- longer grows with the calls that read it. Each change
 -- read costs table reads and additions only: the distance is summed from the per-digit rows of `query`
 -- (find_matches's), and only within the limit after the first 8 digits are the other 8 read (the sum only grows,
 -- so one past the limit there is past it in the end; its exact value is never used).
@@ -194,10 +204,14 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
   -- every change is, as the sums below always did.
   local ids, n_ids = order, #order
   if limit <= 7 and T1 and T2 and T3 and T4 and T5 and T6 and T7 and T8 and halves then
-    ids, n_ids = near_ids(view.bands, query)
+    if not view.qbands then
+      ids, n_ids = near_ids(view.bands, query)
+    elseif view.registered[query] then  -- (a query the send did not register reads every change)
+      ids, n_ids = near_of(view, query)
+    end
   end
 
-  local held = false
+  local held, changed_holder = false, nil
   local additions, n_additions = nil, 0
   for j = 1, n_ids do
     local id = ids[j]
@@ -218,7 +232,7 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
         end
       end
       if d_was <= limit then count = count - 1 end
-      if now == query then held = true end
+      if now == query then held, changed_holder = true, id end
       if d <= limit then
         count = count + 1
         n_additions = n_additions + 1
@@ -228,6 +242,33 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
     end
   end
 
+  -- the copy listed every match, or only those up to its last listed one: past that, nothing is known
+  local less = id_less_of(context)
+  if n_listed % 2 == 0 then
+    -- the listed matches no change touched, as their places in `listed` (no table a match), and whether they are
+    -- in order (the worker sorts them as pair_before does; a list out of order is sorted below, as it always was)
+    local kept, n_kept, in_order = {}, 0, true
+    local last_d, last_id = nil, nil
+    for i = 1, n_listed, 2 do
+      local id = listed[lo + i]
+      if first_prev[id] == nil then
+        local d = tonumber(listed[lo + i + 1])
+        if not d or (last_d and not pair_before(less, last_d, last_id, d, id)) then
+          in_order = false
+          break
+        end
+        n_kept = n_kept + 1
+        kept[n_kept] = i
+        last_d, last_id = d, id
+      end
+    end
+    if in_order then
+      local matched, flat, maybe = merge_claim(count, listed, lo, n_listed, kept, n_kept, additions, n_additions,
+                                               less, cap, complete, cut, held)
+      if not matched then return nil end
+      return view.count, matched, flat, maybe, changed_holder
+    end
+  end
   local kept, n_kept = {}, 0
   for i = 1, n_listed, 2 do
     local id = listed[lo + i]
@@ -237,8 +278,6 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
     end
   end
 
-  -- the copy listed every match, or only those up to its last listed one: past that, nothing is known
-  local less = id_less_of(context)
   if cut then
     for i = 1, n_additions do kept[n_kept + i] = additions[i] end
     n_kept = n_kept + n_additions
@@ -251,7 +290,7 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
       flat[2 * i - 1] = kept[i][2]
       flat[2 * i] = kept[i][1]
     end
-    return view.count, count, flat, true
+    return view.count, count, flat, true, changed_holder
   end
   local bound_d, bound_id = nil, nil
   if not complete then
@@ -274,5 +313,5 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
     flat[2 * i - 1] = kept[i][2]
     flat[2 * i] = kept[i][1]
   end
-  return view.count, count, flat, held
+  return view.count, count, flat, held, changed_holder
 end
