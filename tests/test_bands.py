@@ -209,6 +209,13 @@ def test_band_advice_on_the_snapshot_path_keeps_the_default(no_worker_env: None)
     assert best == 4 and "snapshot read path" in advice and "the layout in use" in advice
     best, advice = recommendation(1_000_000, 3, 7, on_copies=True)
     assert best == 4 and "incident-worker migrate --bands 4" in advice
+    # the copies' searches have their own budget (SNAPSHOT_MAX_CANDIDATES, 60,000): 4 bands stay within half of it
+    # to about 29M incidents on uniform fingerprints, then 3 bands are advised there too; with the primary's 3,000
+    # 4 bands would have been crowded from about 1.5M
+    assert recommendation(10_000_000, 4, 7, on_copies=True)[0] == 4
+    assert recommendation(10_000_000, 4, 7, on_copies=True, budget=3000)[0] == 3
+    best, advice = recommendation(40_000_000, 4, 7, on_copies=True)
+    assert best == 3 and "past the per-event budget of 60,000" in advice and "raise" not in advice
 
     auto = Settings(read_path="auto", snapshot_min_incidents=100_000)
     assert not _on_copies(auto, 99_999, []) and _on_copies(auto, 100_000, [])

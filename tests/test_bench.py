@@ -43,6 +43,12 @@ def test_small_benchmark_measures_every_layout_and_the_baseline() -> None:
     for layout in row["layouts"].values():
         assert 0 < layout["change_log_per_incident"] < layout["memory_per_incident"]
         assert layout["change_log_bytes_per_entry"] >= 16  # at least the fingerprint it carries
+        # the change log trimmed to a day's changes (N / 30: whole nodes of entries, so at least that many stay)
+        assert 400 // 30 <= layout["change_log_entries_after_trimming"] < 400
+        assert layout["memory_per_incident_after_trimming"] < layout["memory_per_incident"]
+        assert (
+            layout["posting_sets"] > 0 and layout["postings_per_incident"] > 0 and layout["keyspace_per_incident"] > 0
+        )
     # the classic 8 exact bands verify more candidates than 4 bands probed at radius 1, on the same events
     assert (
         row["layouts"]["classic"]["one_worker"]["candidates_mean"]
@@ -202,6 +208,85 @@ def test_near_storm_benchmark_cuts_the_flood_at_the_budget_on_both_read_paths() 
     assert results["primary"]["flood"]["candidates_max"] <= 50
     assert results["primary"]["flood_preloaded"]["candidates_max"] <= 50
     assert results["flood_preload"] == 3000
+
+
+def _run_figures(rate: float) -> dict[str, Any]:
+    return {
+        "events_per_s": rate,
+        "capped": False,
+        "candidates_mean": 1.0,
+        "candidates_p99": 2,
+        "fcall_usec_per_event": 10.0,
+        "redis_cpu_usec_per_event": 20.0,
+        "startup_s": 1.0,
+        "worker_max_rss_mb": 100.0,
+    }
+
+
+def test_above_a_million_the_benchmark_measures_the_layout_stats_advises_with_its_snapshot_path() -> None:
+    """Above a million the benchmark measures the layout `stats` advises for the snapshot read path (4 bands at ten
+    million, whose copy searches stay within the copy's own budget; 3 bands past about 29M), with that path;
+    --layouts default,recommended measures both, each with its snapshot read path."""
+    from worker.commands.stats import recommendation
+    from worker.devtools.benchmark import _measured, _with_snapshot
+    from worker.devtools.benchpage import markdown
+
+    [(name, bands)] = _measured(10_000_000, None)
+    assert name == "default" and bands == recommendation(10_000_000, 4, 7, on_copies=True)[0] == 4
+    assert _with_snapshot(10_000_000, name)
+    [(name, bands)] = _measured(40_000_000, None)
+    assert name == "recommended" and bands == recommendation(40_000_000, 4, 7, on_copies=True)[0] == 3
+    assert _with_snapshot(40_000_000, name)
+    both = _measured(10_000_000, ["default", "recommended"])
+    assert [n for n, _ in both] == ["default", "recommended"] and all(_with_snapshot(10_000_000, n) for n, _ in both)
+    # up to a million: every layout, the snapshot path on the default's alone, as before
+    assert [n for n, _ in _measured(1_000_000, None)] == ["default", "classic", "recommended"]
+    assert _with_snapshot(1_000_000, "default") and not _with_snapshot(1_000_000, "recommended")
+
+    layout = {
+        "bands": 3,
+        "probes": 508,
+        "memory_per_incident": 150.0,
+        "one_worker": _run_figures(100.0),
+        "two_workers": _run_figures(150.0),
+        "latency_half_load": {"p50_ms": 5.0, "p99_ms": 40.0},
+    }
+    layout["snapshot"] = {
+        "one_worker": _run_figures(4000.0),
+        "two_workers": _run_figures(5000.0),
+        "latency_half_load": {"p50_ms": 4.0, "p99_ms": 30.0},
+    }
+    results = {
+        "date": "today",
+        "command": "incident-worker bench --sizes 10000000",
+        "code": {
+            "commit": "x",
+            "uncommitted_changes": False,
+            "library": "l",
+            "tokenizer_version": 1,
+            "default_bands": 4,
+        },
+        "machine": {"cpus": 2, "platform": "p", "python": "3", "redis": "7", "load_average": [1, 1, 1]},
+        "workload": "w",
+        "fingerprint": {
+            "tokens_per_bag": 1,
+            "reference_us": 2,
+            "fast_repeating_us": 1,
+            "speedup_repeating": 2,
+            "fast_unique_us": 1,
+            "speedup_unique": 2,
+        },
+        "sizes": [
+            {
+                "indexed": 10_000_000,
+                "layouts": {"recommended": layout},
+                "copy_search": {"queries_per_s": 9000.0, "us_per_query": 111.0, "bands": 3},
+            }
+        ],
+    }
+    page = markdown(results)
+    assert "| recommended, snapshot read path" in page and "numpy, 3 bands" in page
+    assert "snapshot / recommended 40.00x" in page
 
 
 def test_near_storm_benchmark_measures_only_the_read_paths_asked() -> None:

@@ -126,6 +126,7 @@ def test_a_storm_past_the_budget_is_cut_and_its_alert_says_incomplete(
             claim_interval_ms=100,
             summary_interval_s=60,
             max_candidates=BUDGET,
+            snapshot_max_candidates=BUDGET,  # the copy's own budget (on the snapshot path the primary's is not read)
             read_path=read_path,
             batch_size=4,
         ),
@@ -149,6 +150,54 @@ def test_a_storm_past_the_budget_is_cut_and_its_alert_says_incomplete(
     assert worker.outcomes.stats.budget_exceeded >= len(cut)
     counted = worker.metrics.registry.get_sample_value("incident_worker_budget_exceeded_total")
     assert counted == worker.outcomes.stats.budget_exceeded
+
+
+@pytest.mark.parametrize("read_path", ["primary", "snapshot"])
+def test_the_copys_search_has_its_own_budget(
+    redis_client: redis.Redis, read_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MAX_CANDIDATES bounds the searches that run in Redis; the copy's search, which costs the worker's CPU, goes by
+    SNAPSHOT_MAX_CANDIDATES. The same storm and the same small MAX_CANDIDATES: cut on the primary path, answered
+    exactly (the brute-force truth) on the snapshot path, whose budget is its default."""
+    import worker.snapshot
+
+    monkeypatch.setattr(worker.snapshot, "_SEAL_AT", 3)  # the copy's rows in tiers, where a budget would apply
+    events = _near_storm_events(40)
+    fps = fingerprints(events)
+    publish(redis_client, events)
+    worker = StreamWorker(
+        redis_client,
+        Settings(
+            consumer="w1",
+            block_ms=50,
+            claim_interval_ms=100,
+            summary_interval_s=60,
+            max_candidates=BUDGET,
+            read_path=read_path,
+            batch_size=4,
+        ),
+    )
+    worker.run(until_idle=True)
+    published = alerts(redis_client)
+    order = [event["incident_id"] for event in events]
+    alert_of = {alert.incident_id: alert for alert in published}
+    exact = 0
+    for position, incident_id in enumerate(order):
+        truth = sorted(
+            ((other, d) for other in order[:position] if (d := (fps[incident_id] ^ fps[other]).bit_count()) <= 7),
+            key=lambda match: (match[1], match[0]),
+        )
+        alert = alert_of.get(incident_id)
+        if alert is None:
+            exact += not truth
+            continue
+        listed = [(m.incident_id, m.distance) for m in alert.matches]
+        if not alert.incomplete and alert.match_count == len(truth) and listed == truth[:100]:
+            exact += 1
+    if read_path == "snapshot":
+        assert exact == len(events) and worker.outcomes.stats.budget_exceeded == 0
+    else:
+        assert worker.outcomes.stats.budget_exceeded > 0 and exact < len(published)
 
 
 # -- the snapshot path ------------------------------------------------------------------------------------------

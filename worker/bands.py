@@ -213,3 +213,20 @@ def recommend_bands(indexed: int, max_distance: int = DEFAULT_MAX_DISTANCE) -> i
     default = query_cost_us(DEFAULT_BANDS, max_distance, indexed)
     saving = default - query_cost_us(best, max_distance, indexed)
     return best if saving >= max(100.0, default / 4) else DEFAULT_BANDS
+
+
+def copies_crowded(indexed: int, max_distance: int, budget: int) -> bool:
+    """Whether the default layout's searches would meet the `budget` of candidates where the workers search their
+    own copies (the snapshot read path): when they meet more than half of it on uniform fingerprints (real data
+    clusters: up to 2x more). Then fewer, wider bands are advised there too (`copies_bands`)."""
+    return bool(budget) and 2 * expected_candidates(DEFAULT_BANDS, max_distance, indexed) > budget
+
+
+def copies_bands(indexed: int, max_distance: int, budget: int) -> int:
+    """The band count advised where the workers search their own copies, with a copy's `budget`: the default (the
+    primary only validates, at a cost the layout does not change; the copies search 16-bit bands fastest, and they
+    cost Redis the least memory: 3 bands take about twice its memory an incident) until its searches would be
+    crowded (`copies_crowded`), then `recommend_bands`'."""
+    if probe_count(DEFAULT_BANDS, max_distance) <= MAX_PROBES and not copies_crowded(indexed, max_distance, budget):
+        return DEFAULT_BANDS
+    return recommend_bands(indexed, max_distance)

@@ -399,7 +399,9 @@ class Processor:
             and not item.full_search
         }
         found = (
-            self.snapshot.claims(list(wanted.values()), self.settings.max_matches, self.settings.max_candidates)
+            self.snapshot.claims(
+                list(wanted.values()), self.settings.max_matches, self.settings.snapshot_max_candidates
+            )
             if wanted
             else []
         )

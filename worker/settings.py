@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, validate
 from .keys import DEFAULT_NAMESPACE, IndexKeys, hash_tag, validate_namespace
-from .limits import ALERT_FIELDS, DEFAULT_MAX_CANDIDATES, EventLimits
+from .limits import ALERT_FIELDS, DEFAULT_MAX_CANDIDATES, DEFAULT_SNAPSHOT_MAX_CANDIDATES, EventLimits
 from .urls import check_url, safe_url, url_secrets
 
 __all__ = ["ENV_PREFIX", "REPLICA_OF_SENTINELS", "Settings", "parse_duration", "parse_size"]
@@ -237,6 +237,14 @@ class Settings(BaseSettings):
     )
     snapshot_min_incidents: int = Field(
         100_000, ge=0, description="Index size from which read_path=auto searches the worker's own copy."
+    )
+    snapshot_max_candidates: int = Field(
+        DEFAULT_SNAPSHOT_MAX_CANDIDATES,
+        ge=0,
+        description="The per-event budget of the search of the worker's own copy (the snapshot read path): most "
+        "candidates it verifies (0 = no bound). It costs the worker's CPU, not Redis's (the atomic step only "
+        "validates), so it is larger than max_candidates, which bounds the searches on the primary. Past it the "
+        "search stops, and its alert says incomplete (docs/contract.md).",
     )
     snapshot_replica_url: SecretStr | None = Field(
         None,

@@ -174,7 +174,7 @@ class MemoryIndex:
         self._fp_list: list[int] = []
         self._fps = np.zeros(1024, dtype=np.uint64)
         # every row's members counted (0: none), the base's rows and those made since, for the searches' counts
-        # (`_hits_of`): as long as the base's rows and `_fps` together
+        # (`_hits_of`): at least as long as the base's rows and `_fps` together
         self._sizes = np.zeros(1024, dtype=np.int32)
         self._free: list[int] = []  # rows of the tail whose fingerprint went, to be used again
         self._empty = 0  # rows of the tiers whose fingerprint went
@@ -231,13 +231,19 @@ class MemoryIndex:
 
     def nbytes(self) -> int:
         """Bytes the copy holds: its arrays, and an estimate of its Python objects (the changes since the load)."""
-        held: list[np.ndarray] = [self._fps, self._sizes, self._arena, self._gone, self._dead, *self._tier_arrays()]
+        held: list[np.ndarray] = [self._fps, self._gone, self._dead, *self._tier_arrays()]
         arrays = sum(a.nbytes for a in held)
+        # the arena's and the counts' reserves are not resident until written
+        arrays += self._arena_end() * self._arena.itemsize + self._row_count() * self._sizes.itemsize
         objects = 0
         if self._fp_of or self._members or self._over:
             # a dict entry, its key and value; a list slot and its members (measured with tracemalloc: about these)
             objects = 150 * len(self._fp_of) + 100 * len(self._row_of) + 100 * len(self._over)
         return arrays + (self._base.nbytes() if self._base is not None else 0) + objects
+
+    def _arena_end(self) -> int:
+        """Where the arena's last tier ends: what of it is written."""
+        return max((tier.at + tier.length for tier in self._tiers), default=0)
 
     def _tier_arrays(self) -> Iterable[np.ndarray]:
         for tier in self._tiers:
@@ -375,7 +381,10 @@ class MemoryIndex:
         self._gone = np.less(base.row_of, 0)  # the dropped repeats of an ID count as gone from the start
         self._dead = np.zeros(base.rows, dtype=bool)
         self._fps = np.zeros(1024, dtype=np.uint64)
-        self._sizes = np.concatenate([np.diff(base.row_start).astype(np.int32), np.zeros(1024, dtype=np.int32)])
+        # room for as many rows again, in pages mapped on their first write (as the arena's: `_tier_of`), so that rows
+        # made after the load do not copy the load's counts (40 MB at 10M) each time `_fps` doubles
+        self._sizes = np.zeros(2 * base.rows + 1024, dtype=np.int32)
+        self._sizes[: base.rows] = np.diff(base.row_start)
         self._arena = np.zeros(0, dtype=np.uint64)
         self._tiers = [self._build_tier(0, base.rows, at=0, every_row_live=True)]
         self._sealed = base.rows
@@ -419,8 +428,13 @@ class MemoryIndex:
         # million); those within the distance find their row beside them (`_Tier.rows`: a near storm's query has
         # thousands), or in a tier of loaded rows only, by a binary search of the load's fingerprints.
         length = len(fps) * self.layout.bands
-        if len(self._arena) < at + length:  # grown by a sixteenth at least: a copy's growth copies it a few times
-            grown = np.zeros(max(at + length, len(self._arena) * 17 // 16), dtype=np.uint64)
+        if len(self._arena) < at + length:
+            # Twice what is needed, in memory the system has not handed over yet (np.zeros of a large array: pages
+            # mapped on their first write), so the tiers sealed after a load are written behind the loaded one, not
+            # into a copy of it: copying a 10M copy's 320 MB arena into fresh pages stopped the worker for 0.3 to 1.3
+            # s at its first seal (the p99 of the snapshot path at 10M; benchmarks/journal/ten-million.md). What is
+            # reserved and never written costs no resident memory; `nbytes` counts what is written.
+            grown = np.zeros(2 * (at + length), dtype=np.uint64)
             grown[:at] = self._arena[:at]
             self._arena = grown
         starts, keys = [], []
@@ -562,7 +576,10 @@ class MemoryIndex:
             row = self._row_count()
             if row - self._base_rows == len(self._fps):
                 self._fps = np.concatenate([self._fps, np.zeros(len(self._fps), dtype=np.uint64)])
-                self._sizes = np.concatenate([self._sizes, np.zeros(len(self._fps) // 2, dtype=np.int32)])
+                if len(self._sizes) < self._base_rows + len(self._fps):
+                    grown = np.zeros(2 * (self._base_rows + len(self._fps)), dtype=np.int32)
+                    grown[: len(self._sizes)] = self._sizes
+                    self._sizes = grown
             self._members.append(None)
             self._fp_list.append(0)
         k = row - self._base_rows

@@ -215,7 +215,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="B",
-        help="with --near-storm: the workers' per-event budget (default: the setting's default)",
+        help="with --near-storm: the workers' per-event budget, on both read paths (default: each path's own "
+        "setting's default)",
     )
     parser.add_argument(
         "--read-paths",

@@ -12,11 +12,11 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from .. import retention, upkeep
-from ..bands import DEFAULT_BANDS, MAX_PROBES, expected_candidates, probe_count, recommend_bands
+from ..bands import DEFAULT_BANDS, copies_bands, expected_candidates, recommend_bands
 from ..connection import RedisClient
 from ..formats import Heartbeat
 from ..index import FingerprintIndex
-from ..limits import DEFAULT_MAX_CANDIDATES
+from ..limits import DEFAULT_MAX_CANDIDATES, DEFAULT_SNAPSHOT_MAX_CANDIDATES
 from ..migrate import MigrationStatus, migration_status
 from ..replies import consumers_info, entries, group_info, text
 from ..settings import Settings
@@ -135,7 +135,7 @@ def _on_copies(settings: Settings, count: int, workers: list[Heartbeat]) -> bool
 
 
 def recommendation(
-    count: int, bands: int, max_distance: int, on_copies: bool = False, budget: int = DEFAULT_MAX_CANDIDATES
+    count: int, bands: int, max_distance: int, on_copies: bool = False, budget: int | None = None
 ) -> tuple[int, str]:
     """The band count that would cost least at this size, and why, for people.
 
@@ -143,12 +143,15 @@ def recommendation(
     at a cost the layout does not change, and a copy searches the default's 16-bit bands fastest (direct tables; 3
     bands of 21 and 22 bits, in a copy's large tiers by direct tables too, take about 1.4x its time a query at 1M and
     about the same from 3M: benchmarks/journal/ten-million.md). So the default is the advice there until its searches
-    would meet the per-event `budget`: past about 1.5M incidents at the default 3,000, where 4 bands meet more
-    candidates than half of it on uniform fingerprints (real data clusters: up to 2x more; 17,000 a query at 10M),
-    and searches are cut and their alerts incomplete. Then the primary path's advice (fewer, wider bands) holds.
+    would meet the copy's `budget` (default: SNAPSHOT_MAX_CANDIDATES' on copies, MAX_CANDIDATES' otherwise): past
+    about 29M incidents at the default 60,000, where 4 bands meet more candidates than half of it on uniform
+    fingerprints (real data clusters: up to 2x more; 17,000 a query at 10M on the benchmark's workload, 58,830 at
+    most), and searches are cut and their alerts incomplete (`bands.copies_bands`). Then the primary path's advice
+    (fewer, wider bands) holds.
     """
-    crowded = bool(budget) and 2 * expected_candidates(DEFAULT_BANDS, max_distance, count) > budget
-    if on_copies and probe_count(DEFAULT_BANDS, max_distance) <= MAX_PROBES and not crowded:
+    if budget is None:
+        budget = DEFAULT_SNAPSHOT_MAX_CANDIDATES if on_copies else DEFAULT_MAX_CANDIDATES
+    if on_copies and copies_bands(count, max_distance, budget) == DEFAULT_BANDS:
         if bands == DEFAULT_BANDS:
             return bands, f"{bands} bands suit the snapshot read path the workers use: the layout in use"
         return DEFAULT_BANDS, (
@@ -165,7 +168,7 @@ def recommendation(
     if on_copies and best < bands:
         meets = expected_candidates(best, max_distance, count)
         also = (
-            f"; even so, raise MAX_CANDIDATES to about {2 * meets:,.0f} to keep every search exact"
+            f"; even so, raise SNAPSHOT_MAX_CANDIDATES to about {2 * meets:,.0f} to keep every search exact"
             if 2 * meets > budget
             else ""
         )
@@ -250,8 +253,12 @@ def collect_stats(client: RedisClient, settings: Settings, dead_scan: int = DEAD
         stored = (settings.bands, settings.max_distance)
     workers = live_heartbeats(client, settings.keys)
     count = int(index_stats["incidents"])
+    on_copies = _on_copies(settings, count, workers)
     best, advice = recommendation(
-        count, *stored, on_copies=_on_copies(settings, count, workers), budget=settings.max_candidates
+        count,
+        *stored,
+        on_copies=on_copies,
+        budget=settings.snapshot_max_candidates if on_copies else settings.max_candidates,
     )
     streams = {
         name: {"key": key, "length": int(client.xlen(key)), "maxlen": maxlen, "max_memory": budget}

@@ -39,14 +39,17 @@ from typing import Any
 import redis
 
 from .. import __version__, library
-from ..bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, BandLayout, recommend_bands
+from ..bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, BandLayout, copies_bands, recommend_bands
 from ..fingerprint import fingerprint, fingerprint_reference
 from ..formats import IncidentEvent
 from ..index import FingerprintIndex
 from ..keys import IndexKeys
+from ..library import FN_TRIM_CHANGES
+from ..limits import DEFAULT_SNAPSHOT_MAX_CANDIDATES
 from ..metrics import Metrics
 from ..readpath import SNAPSHOT_SEND
 from ..replies import group_info
+from ..replies import text as as_text
 from ..snapshot import MemoryIndex
 from ..text import TOKENIZER_VERSION
 from .benchpage import main, markdown, page_blocks, update_page
@@ -57,8 +60,18 @@ __all__ = ["code_version", "markdown", "page_blocks", "run_benchmark", "update_p
 CLASSIC_BANDS = 8
 
 LARGEST_ALL_LAYOUTS = 1_000_000
-"""Above this N the benchmark measures the default layout alone unless --layouts names others (the classic layout
-verifies about 4% of the index an event on the primary: hours at ten million), and skips the in-process baseline."""
+"""Above this N the benchmark measures one layout unless --layouts names others: the one `stats` advises where the
+workers search their own copies, with its snapshot read path (`bands.copies_bands` with the copy's default budget:
+the default's 4 bands at ten million, whose copy searches stay within SNAPSHOT_MAX_CANDIDATES; the classic layout
+verifies about 4% of the index an event on the primary: hours at ten million), and skips the in-process
+baseline."""
+
+CHANGE_LOG_DAYS = 30
+"""The pre-load's N incidents are taken as this many days of them (the issue's premise: 30 days at a few events a
+second, about ten million), so that the change log trimmed to CHANGES_KEEP's default day holds N / 30 changes."""
+
+TRIM_ENTRIES = 100_000
+"""Entries one call of the library's trim removes at most, when the benchmark trims the pre-load's change log."""
 
 PRELOAD_CHUNK = 200_000
 """Incidents a pre-load writes in one pipelined batch (worker/bulkload.py): fewer, larger posting-set commands."""
@@ -380,21 +393,73 @@ class Bench:
         return round((int(self.client.info("memory")["used_memory"]) - before) / max(count, 1), 1)
 
     def memory_breakdown(self, keys: IndexKeys, count: int, before: int) -> dict[str, Any]:
-        """Where Redis's memory an incident goes: `{N}:fp` (MEMORY USAGE, sampled), the posting sets (a sample of
-        200 of them, scaled to their number), and without the change log (which trimming empties down to the last
-        `changes_keep` of changes: the index's own share, the figure that grows with N)."""
+        """Where Redis's memory an incident goes: `{N}:fp` and the change log (MEMORY USAGE of every field or entry),
+        the posting sets and the twin groups (MEMORY USAGE of each, or of an even sample of 100,000 scaled to their
+        number), the keyspace's own table (MEMORY STATS: an entry and a bucket a key, which MEMORY USAGE leaves out),
+        and the total without the change log (which trimming empties down to the last `changes_keep` of changes: the
+        index's own share, the figure that grows with N)."""
         used = int(self.client.info("memory")["used_memory"])
-        fp_hash = int(self.client.memory_usage(keys.fingerprints, samples=1000) or 0)
+        fp_hash = int(self.client.memory_usage(keys.fingerprints, samples=0) or 0)
         changes = int(self.client.memory_usage(keys.changes, samples=0) or 0)
-        postings = [key for key in self.client.scan_iter(match=f"{keys.tag}:band:*", count=5000)]
-        sample = postings[:: max(1, len(postings) // 200)][:200]
-        sampled = sum(int(self.client.memory_usage(key, samples=0) or 0) for key in sample)
-        posting_bytes = sampled / max(len(sample), 1) * len(postings)
+        kinds: dict[str, list[bytes]] = {"band": [], "twins": []}
+        for key in self.client.scan_iter(match=f"{keys.tag}:*", count=10_000):
+            kind = key.split(b":", 2)[1].decode()
+            if kind in kinds:
+                kinds[kind].append(key)
+        shares: dict[str, float] = {}
+        for kind, names in kinds.items():
+            sample = names[:: max(1, len(names) // 100_000)]
+            sizes = 0
+            for start in range(0, len(sample), 10_000):
+                pipe = self.client.pipeline(transaction=False)
+                for key in sample[start : start + 10_000]:
+                    pipe.memory_usage(key, samples=0)
+                sizes += sum(int(size or 0) for size in pipe.execute())
+            shares[kind] = sizes / max(len(sample), 1) * len(names) / max(count, 1)
+        keyspace = int(self.client.memory_stats().get("db.0", {}).get("overhead.hashtable.main", 0))
         return {
             "fp_hash_per_incident": round(fp_hash / max(count, 1), 1),
-            "postings_per_incident": round(posting_bytes / max(count, 1), 1),
-            "posting_sets": len(postings),
+            "postings_per_incident": round(shares["band"], 1),
+            "posting_sets": len(kinds["band"]),
+            "twin_groups_per_incident": round(shares["twins"], 1),
+            "twin_groups": len(kinds["twins"]),
+            "keyspace_per_incident": round(keyspace / max(count, 1), 1),
             "memory_per_incident_without_change_log": round((used - before - changes) / max(count, 1), 1),
+        }
+
+    def trimmed(self, index: FingerprintIndex, count: int, before: int, loaded: int) -> dict[str, Any]:
+        """Redis's memory an incident once the upkeep has trimmed the change log to a day (CHANGES_KEEP's default):
+        N incidents being about CHANGE_LOG_DAYS days of them (the issue's premise), the log then holds the last
+        N / CHANGE_LOG_DAYS changes. The pre-load wrote all N at once, so they are trimmed here to that many, by the
+        library's own trim (whole nodes, `changes_trimmed_to` recorded first, as the upkeep does). `loaded`: used_memory
+        once the pre-load was written."""
+        keys = index.keys
+        log_before = int(self.client.memory_usage(keys.changes, samples=0) or 0)
+        keep = max(1, count // CHANGE_LOG_DAYS)
+        if int(self.client.xlen(keys.changes)) > keep:
+            # the ID of the keep-th entry from the end, read in pages of IDs (the entries themselves are small)
+            left, last = keep, "+"
+            bound: str | None = None
+            while left > 0:
+                page: list[Any] = list(
+                    self.client.xrevrange(keys.changes, last, "-", count=min(left, 50_000) + 1) or []
+                )
+                page = page[1:] if last != "+" else page
+                if not page:
+                    break
+                page = page[:left]
+                left -= len(page)
+                last = bound = as_text(page[-1][0])
+            if bound is not None:
+                while int(index.call(FN_TRIM_CHANGES, [keys.meta, keys.changes], [bound, TRIM_ENTRIES])):
+                    pass
+        # what the trim gave back, by MEMORY USAGE of the log (used_memory moves with client buffers too, which at
+        # small N outweigh it)
+        freed = log_before - int(self.client.memory_usage(keys.changes, samples=0) or 0)
+        return {
+            "change_log_days": CHANGE_LOG_DAYS,
+            "change_log_entries_after_trimming": int(self.client.xlen(keys.changes)),
+            "memory_per_incident_after_trimming": round((loaded - before - freed) / max(count, 1), 1),
         }
 
     def change_log_share(self, keys: IndexKeys, count: int) -> dict[str, float]:
@@ -496,11 +561,14 @@ class _Baseline:
         }
 
 
-def _copy_search(fps: Iterable[tuple[str, int]], items: list[tuple[str, dict[str, int]]]) -> dict[str, Any]:
-    """The snapshot path's search alone, in process: the worker's copy of `fps` (`MemoryIndex`, numpy), searched for
+def _copy_search(
+    fps: Iterable[tuple[str, int]], items: list[tuple[str, dict[str, int]]], bands: int = DEFAULT_BANDS
+) -> dict[str, Any]:
+    """The snapshot path's search alone, in process: the worker's copy of `fps` (`MemoryIndex`, numpy, `bands` bands:
+    the layout the snapshot path was measured on, the last if several), searched for
     each of `items` the way a worker searches a send (SNAPSHOT_SEND at a time), nothing indexed. The bare search a
     pipeline is measured against: no Redis, no stream, no fingerprinting (`items` are fingerprinted first)."""
-    copy = MemoryIndex(BandLayout(DEFAULT_BANDS, 7))
+    copy = MemoryIndex(BandLayout(bands, 7))
     started = time.perf_counter()
     copy.load(fps)
     load_s = time.perf_counter() - started
@@ -520,6 +588,7 @@ def _copy_search(fps: Iterable[tuple[str, int]], items: list[tuple[str, dict[str
         "matches_mean": round(found / max(len(queries), 1), 2),
         "load_s": round(load_s, 2),
         "bytes_per_incident": round(copy.nbytes() / max(len(copy), 1), 1),
+        "bands": bands,
     }
 
 
@@ -579,6 +648,24 @@ def _layouts(size: int, max_distance: int = 7) -> list[tuple[str, int]]:
     return layouts
 
 
+def _measured(size: int, chosen: list[str] | None) -> list[tuple[str, int]]:
+    """The layouts measured at `size`: `chosen` (--layouts), else all up to LARGEST_ALL_LAYOUTS and above it the one
+    `stats` advises for the snapshot read path (`bands.copies_bands`)."""
+    layouts = _layouts(size)
+    if chosen is not None:
+        return [(name, bands) for name, bands in layouts if name in chosen]
+    if size <= LARGEST_ALL_LAYOUTS:
+        return layouts
+    advised = copies_bands(size, 7, DEFAULT_SNAPSHOT_MAX_CANDIDATES)
+    return [next((name, bands) for name, bands in layouts if bands == advised)]
+
+
+def _with_snapshot(size: int, name: str) -> bool:
+    """Whether the snapshot read path is measured on layout `name` at `size`: the default's, and above
+    LARGEST_ALL_LAYOUTS the recommended's too (with --layouts naming it)."""
+    return name == "default" or (name == "recommended" and size > LARGEST_ALL_LAYOUTS)
+
+
 def run_benchmark(
     *,
     url: str,
@@ -621,11 +708,8 @@ def run_benchmark(
 
         follow = events.take(measure * 5)
         row: dict[str, Any] = {"indexed": size, "layouts": {}}
-        for name, bands in _layouts(size):
-            if (layouts is None and size > LARGEST_ALL_LAYOUTS and name != "default") or (
-                layouts is not None and name not in layouts
-            ):
-                continue
+        snapshot_bands = DEFAULT_BANDS
+        for name, bands in _measured(size, layouts):
             layout = BandLayout(bands, 7)
             log(f"N={size:,}: {name} layout, {layout.description} ...")
             bench.fresh("bench")
@@ -634,6 +718,7 @@ def run_benchmark(
             started = time.perf_counter()
             index.bulk_load(zip(ids, fp_list, strict=True), chunk=PRELOAD_CHUNK)
             loaded = time.perf_counter() - started
+            used = int(client.info("memory")["used_memory"])
             result: dict[str, Any] = {
                 "bands": bands,
                 "layout": layout.description,
@@ -644,13 +729,15 @@ def run_benchmark(
                 "memory_per_incident": bench.memory_per_incident(before, size),
                 **bench.change_log_share(IndexKeys("bench"), size),
                 **bench.memory_breakdown(IndexKeys("bench"), size, before),
+                **bench.trimmed(index, size, before, used),
             }
             one = bench.throughput("bench", bands, follow[:measure], 1)
             two = bench.throughput("bench", bands, follow[measure : 2 * measure], 2)
             result["one_worker"], result["two_workers"] = one, two
             result["latency_half_load"] = bench.latency("bench", bands, one["events_per_s"] / 2)
-            if name == "default":
-                log(f"N={size:,}: default layout, snapshot read path ...")
+            if _with_snapshot(size, name):
+                log(f"N={size:,}: {name} layout, snapshot read path ...")
+                snapshot_bands = bands
                 snap_one = bench.throughput("bench", bands, follow[2 * measure : 3 * measure], 1, read_path="snapshot")
                 snap_two = bench.throughput("bench", bands, follow[3 * measure : 4 * measure], 2, read_path="snapshot")
                 result["snapshot"] = {
@@ -667,7 +754,7 @@ def run_benchmark(
             baseline.load(zip(ids, fp_list, strict=True))
             row["baseline"] = baseline.throughput(follow[:measure], cap_s)
             del baseline
-        row["copy_search"] = _copy_search(zip(ids, fp_list, strict=True), follow[:measure])
+        row["copy_search"] = _copy_search(zip(ids, fp_list, strict=True), follow[:measure], snapshot_bands)
         del ids, fp_list
         results["sizes"].append(row)
     results["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
