@@ -103,18 +103,15 @@ def _near_storm_events(count: int) -> list[dict[str, Any]]:
     return [{"op": "add", "incident_id": f"s{k:02d}", "features": {**common, f"request-{k}": 1}} for k in range(count)]
 
 
-@pytest.fixture
-def fake_decodes() -> bool:
-    return False  # the worker refuses a client that decodes replies
-
-
-@pytest.mark.parametrize("read_path", ["primary", "snapshot"])
-def test_a_storm_past_the_budget_is_cut_and_its_alert_says_incomplete(
-    redis_client: redis.Redis, read_path: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _storm_through_a_worker(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, read_path: str, **budgets: int
+) -> tuple[list[dict[str, Any]], dict[str, int], StreamWorker]:
+    """40 events of a near storm published and run through one worker (batches of 4, the copy's rows in tiers of 3,
+    where a budget applies) with `budgets` (max_candidates, snapshot_max_candidates); the events, their fingerprints,
+    the worker."""
     import worker.snapshot
 
-    monkeypatch.setattr(worker.snapshot, "_SEAL_AT", 3)  # the copy's rows in tiers, where the budget applies
+    monkeypatch.setattr(worker.snapshot, "_SEAL_AT", 3)
     events = _near_storm_events(40)
     fps = fingerprints(events)
     publish(redis_client, events)
@@ -125,13 +122,28 @@ def test_a_storm_past_the_budget_is_cut_and_its_alert_says_incomplete(
             block_ms=50,
             claim_interval_ms=100,
             summary_interval_s=60,
-            max_candidates=BUDGET,
-            snapshot_max_candidates=BUDGET,  # the copy's own budget (on the snapshot path the primary's is not read)
             read_path=read_path,
             batch_size=4,
+            **budgets,
         ),
     )
     worker.run(until_idle=True)
+    return events, fps, worker
+
+
+@pytest.fixture
+def fake_decodes() -> bool:
+    return False  # the worker refuses a client that decodes replies
+
+
+@pytest.mark.parametrize("read_path", ["primary", "snapshot"])
+def test_a_storm_past_the_budget_is_cut_and_its_alert_says_incomplete(
+    redis_client: redis.Redis, read_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the copy's own budget too (on the snapshot path the primary's is not read)
+    events, fps, worker = _storm_through_a_worker(
+        redis_client, monkeypatch, read_path, max_candidates=BUDGET, snapshot_max_candidates=BUDGET
+    )
     published = alerts(redis_client)
     cut = [alert for alert in published if alert.incomplete]
     whole = [alert for alert in published if not alert.incomplete]
@@ -159,25 +171,7 @@ def test_the_copys_search_has_its_own_budget(
     """MAX_CANDIDATES bounds the searches that run in Redis; the copy's search, which costs the worker's CPU, goes by
     SNAPSHOT_MAX_CANDIDATES. The same storm and the same small MAX_CANDIDATES: cut on the primary path, answered
     exactly (the brute-force truth) on the snapshot path, whose budget is its default."""
-    import worker.snapshot
-
-    monkeypatch.setattr(worker.snapshot, "_SEAL_AT", 3)  # the copy's rows in tiers, where a budget would apply
-    events = _near_storm_events(40)
-    fps = fingerprints(events)
-    publish(redis_client, events)
-    worker = StreamWorker(
-        redis_client,
-        Settings(
-            consumer="w1",
-            block_ms=50,
-            claim_interval_ms=100,
-            summary_interval_s=60,
-            max_candidates=BUDGET,
-            read_path=read_path,
-            batch_size=4,
-        ),
-    )
-    worker.run(until_idle=True)
+    events, fps, worker = _storm_through_a_worker(redis_client, monkeypatch, read_path, max_candidates=BUDGET)
     published = alerts(redis_client)
     order = [event["incident_id"] for event in events]
     alert_of = {alert.incident_id: alert for alert in published}

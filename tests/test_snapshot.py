@@ -1094,6 +1094,29 @@ def _namespace_dump(redis_client, tag: str) -> dict[str, object]:
     return dump
 
 
+def _twin_namespaces(redis_client, seed, before, after, *, mangle=False):
+    """Two namespaces, v and w, given the same changes `before`, a copy of each loaded (its follower), then the same
+    changes `after`; with `mangle`, the stored fingerprint of each one's first incident edited by hand into upper case.
+    Returns the random source (seeded), the fingerprint pool and each namespace's (index, follower)."""
+    redis_client.flushall()
+    rng = random.Random(seed)
+    pool = clustered(rng, 10, 7, centers=2)
+    sides = {}
+    for tag in ("v", "w"):
+        index = FingerprintIndex(redis_client, tag, bands=4, max_distance=7)
+        index.open()
+        oracle = Oracle(7)
+        _run_ops(index, oracle, pool, before)
+        follower = ChangeFollower(redis_client, index.keys, index.layout)
+        follower.load()
+        _run_ops(index, oracle, pool, after)
+        if mangle and oracle.fps:
+            incident_id = sorted(oracle.fps)[0]
+            redis_client.hset(index.keys.fingerprints, incident_id, format_fingerprint(oracle.fps[incident_id]).upper())
+        sides[tag] = (index, follower)
+    return rng, pool, sides
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 2**32),
@@ -1117,19 +1140,7 @@ def test_a_batch_read_in_place_answers_and_writes_as_its_calls_one_by_one(
     arguments left out (`short`), and, with `shuffle`, each claim's list in reverse order but for its first pair
     (the closest, which says whether the copy holds the new fingerprint) and the last of an incomplete list (its
     bound)."""
-    redis_client.flushall()
-    rng = random.Random(seed)
-    pool = clustered(rng, 10, 7, centers=2)
-    sides = {}
-    for tag in ("v", "w"):
-        index = FingerprintIndex(redis_client, tag, bands=4, max_distance=7)
-        index.open()
-        oracle = Oracle(7)
-        _run_ops(index, oracle, pool, before)
-        follower = ChangeFollower(redis_client, index.keys, index.layout)
-        follower.load()
-        _run_ops(index, oracle, pool, after)
-        sides[tag] = (index, follower)
+    rng, pool, sides = _twin_namespaces(redis_client, seed, before, after)
     events = []
     for kind, n, which in batch:
         incident_id = f"i{n}"
@@ -1180,22 +1191,7 @@ def test_a_claim_naming_the_fingerprints_holder_writes_what_reading_the_postings
     exact twins, near twins, deletes and upserts, holders that left or came after the copy's position, claims cut at
     a budget, and (`mangle`) an incident whose stored fingerprint was edited by hand into upper case (no holder for
     the postings' read either)."""
-    redis_client.flushall()
-    rng = random.Random(seed)
-    pool = clustered(rng, 10, 7, centers=2)
-    sides = {}
-    for tag in ("v", "w"):
-        index = FingerprintIndex(redis_client, tag, bands=4, max_distance=7)
-        index.open()
-        oracle = Oracle(7)
-        _run_ops(index, oracle, pool, before)
-        follower = ChangeFollower(redis_client, index.keys, index.layout)
-        follower.load()
-        _run_ops(index, oracle, pool, after)
-        if mangle and oracle.fps:
-            incident_id = sorted(oracle.fps)[0]
-            redis_client.hset(index.keys.fingerprints, incident_id, format_fingerprint(oracle.fps[incident_id]).upper())
-        sides[tag] = (index, follower)
+    rng, pool, sides = _twin_namespaces(redis_client, seed, before, after, mangle=mangle)
     calls: dict[str, list] = {"v": [], "w": []}
     for kind, n, which in batch:
         incident_id = f"i{n}"
