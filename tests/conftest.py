@@ -254,6 +254,16 @@ def seal_at(request: pytest.FixtureRequest) -> Iterator[int]:
     worker.snapshot._SEAL_AT = saved
 
 
+@pytest.fixture(params=[2**62, 0], ids=["python-always", "arrays-always"])
+def few_hits(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """How a snapshot copy counts and lists a send's matches: in plain Python (as it does when they are few) or in
+    arrays (as it does a near storm's) whatever their number; in this process's copies."""
+    import worker.snapshot
+
+    monkeypatch.setattr(worker.snapshot, "_FEW_HITS", request.param)
+    return int(request.param)
+
+
 @pytest.fixture(params=["as-set", "tables-from-3-rows", "binary-searches"])
 def direct_tables(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """How a snapshot copy's tiers find a probe's postings: as configured (tables of every band value for bands up

@@ -38,7 +38,7 @@ def _expected(oracle: Oracle, fp: int, exclude: str | None, limit: int) -> tuple
     limit=st.sampled_from([0, 1, 3, 100]),
 )
 def test_search_equals_a_linear_scan_through_sets_deletes_and_twins(
-    layout, seed, ops, limit, seal_at, direct_tables
+    layout, seed, ops, limit, seal_at, direct_tables, few_hits
 ) -> None:
     bands, max_distance = layout
     rng = random.Random(seed)
@@ -101,7 +101,7 @@ def _loaded_then_changed(
     max_distance=st.sampled_from([None, 0, 2]),
 )
 def test_the_numpy_base_and_the_rows_made_after_it_search_like_a_linear_scan(
-    layout, seed, loaded, ops, limit, max_distance, seal_at, direct_tables
+    layout, seed, loaded, ops, limit, max_distance, seal_at, direct_tables, few_hits
 ) -> None:
     """A copy loaded in one go (one numpy tier), then changed (rows in the tail and in tiers, rows emptied) and
     compacted."""
@@ -129,7 +129,7 @@ def test_the_numpy_base_and_the_rows_made_after_it_search_like_a_linear_scan(
     max_distance=st.sampled_from([None, 1]),
 )
 def test_a_batch_of_searches_answers_each_as_a_linear_scan(
-    layout, seed, loaded, changed, limit, max_distance, seal_at, direct_tables
+    layout, seed, loaded, changed, limit, max_distance, seal_at, direct_tables, few_hits
 ) -> None:
     """search_many (one numpy pass over the base for a send's events) against the oracle, query by query; each the
     same as its own search, but for the candidates, fewer once a search built a tier anew without rows that went."""
@@ -516,7 +516,7 @@ _STORM_PREFIXES = ["b", "a", "B", "é", "Z", "ą", "😀", "a-", ""]
     budget=st.sampled_from([0, 0, 40]),
 )
 def test_a_near_storm_lists_its_closest_matches_in_id_order_and_counts_every_twin(
-    seed, loaded, added, deleted, limit, budget, seal_at, direct_tables
+    seed, loaded, added, deleted, limit, budget, seal_at, direct_tables, few_hits
 ) -> None:
     """Many incidents on a few fingerprints at distances 0 to 3 of one another (so that many matches share a distance
     and most fingerprints are held by twins), some loaded, some set after the load, some deleted, queried in sends

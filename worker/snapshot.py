@@ -66,6 +66,12 @@ the tail) keep binary searches: a table there costs more to build and hold than 
 _SEAL_AT = 2048
 """Rows in the tail (made after the last tier, compared one by one with each query) at which they become a tier."""
 
+_FEW_HITS = 256
+"""Matches found by a send's searches (rows, a row reached by several bands counted as often) up to which they are
+counted and listed in plain Python, a query's rows in a dict (`MemoryIndex._few_results`), not in arrays: the arrays'
+fixed cost, some twenty numpy calls a send, is most of an ordinary send's search (a match or none a query), and a
+near storm's thousands of matches a query need the arrays (`MemoryIndex._results`)."""
+
 _STALE_SHARE = 2
 """A tier is built anew, alone, once the rows that went since it was built reach 1/_STALE_SHARE of the rows it was
 built with, and _SEAL_AT. A rebuild of n rows costs O(n) and follows at least n/2 deletes in the tier: O(1) a delete
@@ -737,10 +743,16 @@ class MemoryIndex:
         """The row of each fingerprint `fps[k]` read at `positions[k]` of the arena (in one of `tiers`), the row it
         had when its tier was built: read beside it, or for a tier of loaded rows only, found by one binary search in
         the load's sorted fingerprints; instead of a look-up a match."""
+        few = len(fps) <= _FEW_HITS  # (an ordinary send's: a numpy call each tier would be most of the cost)
+        if len(tiers) == 1:
+            mine = np.arange(len(fps))
+            which: Iterable[tuple[int, np.ndarray]] = [(0, mine)]
+        else:
+            of = np.searchsorted(np.array([tier.at for tier in tiers], dtype=np.int64), positions, side="right") - 1
+            present = sorted(set(of.tolist())) if few else range(len(tiers))
+            which = ((k, np.flatnonzero(of == k)) for k in present)
         rows = np.empty(len(fps), dtype=np.int64)
-        which = np.searchsorted(np.array([tier.at for tier in tiers], dtype=np.int64), positions, side="right") - 1
-        for k in range(len(tiers)):
-            mine = np.flatnonzero(which == k)
+        for k, mine in which:
             if not len(mine):
                 continue
             tier = tiers[k]
@@ -749,7 +761,8 @@ class MemoryIndex:
                 continue
             assert self._base is not None
             # sorted first: a binary search of sorted values reads memory in order (several times faster, measured)
-            mine = mine[np.argsort(fps[mine])]
+            if not few:
+                mine = mine[np.argsort(fps[mine])]
             rows[mine] = np.searchsorted(self._base.fps, fps[mine])
         return rows
 
@@ -808,8 +821,9 @@ class MemoryIndex:
         meets thousands of matches to list 100 (benchmarks/journal/near-storms.md): a dict entry and a Python step
         for each had been most of its search."""
         n = len(queries)
-        if not found or not sum(len(q) for q, _, _ in found):
-            return [SearchResult(0, [], int(verified[k]), bool(cut[k])) for k in range(n)]
+        total = sum(len(q) for q, _, _ in found)
+        if total <= _FEW_HITS:
+            return self._few_results(found, queries, verified, cut, limit)
         span = max(self._row_count(), 1)
         query_of = np.concatenate([q for q, _, _ in found]).astype(np.int64)
         distance_of = np.concatenate([d for _, _, d in found]).astype(np.int64)
@@ -835,6 +849,58 @@ class MemoryIndex:
             lo, hi = bounds[k], bounds[k + 1]
             listed = self._listed(rows[lo:hi], distance_of[lo:hi], sizes[lo:hi], exclude, limit) if hi > lo else []
             results.append(SearchResult(counts[k], listed, int(verified[k]), bool(cut[k])))
+        return results
+
+    def _few_results(
+        self,
+        found: list[_Hits],
+        queries: Sequence[tuple[int, str | None]],
+        verified: np.ndarray,
+        cut: np.ndarray,
+        limit: int,
+    ) -> list[SearchResult]:
+        """`_results` of a send whose searches found few matches (_FEW_HITS), in plain Python: each query's rows in a
+        dict (row -> distance: a row several bands reached once), each row's members read, all of them sorted.
+
+        The same answers: the excluded ID's row is looked up only where a row of twins may hold it (a row of one
+        holds it if its one member is it), as `_results` takes it off its row."""
+        hits: dict[int, dict[int, int]] = {}
+        for query_of, rows, distances in found:
+            if len(query_of):
+                for k, row, distance in zip(query_of.tolist(), rows.tolist(), distances.tolist(), strict=True):
+                    hits.setdefault(k, {})[row] = distance
+        verified_of, cut_of = verified.tolist(), cut.tolist()
+        results = []
+        for k, (_, exclude) in enumerate(queries):
+            mine = hits.get(k)
+            if not mine:
+                results.append(SearchResult(0, [], verified_of[k], cut_of[k]))
+                continue
+            count = 0
+            listed: list[tuple[int, str]] = []
+            excluded: int | None = -1  # the excluded ID's row (None: it has none), looked up at the first row of twins
+            for row, distance in mine.items():
+                held = self._held(row)
+                if isinstance(held, str):
+                    if held != exclude:
+                        count += 1
+                        listed.append((distance, held))
+                    continue
+                if held is None:
+                    continue
+                count += len(held)
+                if exclude is not None:
+                    if excluded == -1:
+                        fp = self.get(exclude)
+                        excluded = self._row(fp) if fp is not None else None
+                    if row == excluded:
+                        count -= 1
+                # a row's members are sorted: its first `limit` (and one more, for `exclude`) are all it can give
+                listed.extend((distance, m) for m in (held[: limit + 1] if limit else held) if m != exclude)
+            listed.sort()
+            if limit:
+                del listed[limit:]
+            results.append(SearchResult(count, [(m, distance) for distance, m in listed], verified_of[k], cut_of[k]))
         return results
 
     def _members_of(self, rows: np.ndarray) -> list[str | list[str] | None]:
