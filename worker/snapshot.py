@@ -40,7 +40,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import copylisting
 from .bands import BandLayout
+from .copylisting import NO_HITS, Hits, SearchResult
 from .loadedrows import LoadedRows, RowsBuilder
 
 __all__ = ["MemoryIndex", "SearchResult"]
@@ -136,18 +138,6 @@ def _span(tier: _Tier) -> int:
 
 def _end(tier: _Tier) -> int:
     return tier.end
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    """What a search found: every match counted, the closest listed (sorted by distance, then ID)."""
-
-    match_count: int
-    matches: list[tuple[str, int]]
-    candidates: int
-    cut: bool = False
-    """The search stopped at its budget: `matches` are real matches, not necessarily the closest, and `match_count`
-    a lower bound."""
 
 
 class MemoryIndex:
@@ -656,7 +646,7 @@ class MemoryIndex:
         r = self.layout.max_distance if max_distance is None else min(max_distance, self.layout.max_distance)
         verified = np.zeros(len(queries), dtype=np.int64)
         cut = np.zeros(len(queries), dtype=bool)
-        found: list[_Hits] = []
+        found: list[Hits] = []
         if queries:
             queries_array = np.array([fp for fp, _ in queries], dtype=np.uint64)
             tiers = [tier for tier in self._tiers if tier.size]
@@ -674,7 +664,7 @@ class MemoryIndex:
         verified: np.ndarray,
         budget: int,
         cut: np.ndarray,
-    ) -> _Hits:
+    ) -> Hits:
         """The rows of each query's candidates in `tiers` within `r` (query, row, distance; a row several bands reach
         as often), with the candidates verified added to `verified`: the probes found once, looked up in each tier,
         all tiers' candidates gathered from the arena and verified in one pass, their rows found in one binary search
@@ -684,7 +674,7 @@ class MemoryIndex:
         for each query that lost some."""
         band_of, masks, first_slot, band_base = self._probes(r)
         if not len(band_of):
-            return _NO_HITS
+            return NO_HITS
         values = (queries[:, None] >> self._offsets) & self._width_masks  # query x band
         direct = [tier.starts for tier in tiers if tier.starts is not None]
         where = [(tier.keys, tier.at) for tier in tiers if tier.keys is not None]
@@ -723,7 +713,7 @@ class MemoryIndex:
             ends = starts + lengths
         positions = _ranges(starts, ends)  # in the arena
         if not len(positions):
-            return _NO_HITS
+            return NO_HITS
         verified += np.bincount(range_query, weights=lengths, minlength=len(queries)).astype(np.int64)
         candidates = self._arena.take(positions)  # (faster than indexing with them, by a fifth: measured)
         # each candidate against its query's fingerprint; the query of each near one found from its range (they are
@@ -790,7 +780,7 @@ class MemoryIndex:
         for k in due:
             self._rebuild(k)
 
-    def _tail_hits(self, queries: np.ndarray, r: int, verified: np.ndarray) -> _Hits:
+    def _tail_hits(self, queries: np.ndarray, r: int, verified: np.ndarray) -> Hits:
         """The rows of the tail within `r` of each query (query, row, distance), by comparing with each (one numpy
         pass), with the rows compared added to `verified`. Exact whatever `r` (no bands involved); rows freed since
         hold a stale fingerprint and no member: skipped."""
@@ -805,103 +795,16 @@ class MemoryIndex:
 
     def _results(
         self,
-        found: list[_Hits],
+        found: list[Hits],
         queries: Sequence[tuple[int, str | None]],
         r: int,
         verified: np.ndarray,
         cut: np.ndarray,
         limit: int,
     ) -> list[SearchResult]:
-        """Each query's result from the rows it `found` (query, row, distance): every match counted, the closest
-        `limit` (0: all) listed by distance, then ID; its excluded ID left out of both.
-
-        In arrays: a query's rows are sorted by distance once (a row found through several bands kept once), its
-        count is the sum of its rows' member counts, and only the rows the cap reaches are read in Python: those of
-        the distances before the one where the cap falls, and that one's, whose IDs are compared. A near storm's query
-        meets thousands of matches to list 100 (benchmarks/journal/near-storms.md): a dict entry and a Python step
-        for each had been most of its search."""
-        n = len(queries)
-        total = sum(len(q) for q, _, _ in found)
-        if total <= _FEW_HITS:
-            return self._few_results(found, queries, verified, cut, limit)
-        span = max(self._row_count(), 1)
-        query_of = np.concatenate([q for q, _, _ in found]).astype(np.int64)
-        distance_of = np.concatenate([d for _, _, d in found]).astype(np.int64)
-        row_of = np.concatenate([rows for _, rows, _ in found]).astype(np.int64)
-        # one key a (query, distance, row), sorted and each once (a row several bands reached has one distance)
-        keys = np.sort((query_of * (r + 1) + distance_of) * span + row_of)
-        if len(keys) > 1:  # (np.unique hashes first: several times slower than the sort)
-            keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
-        rows = keys % span
-        query_of, distance_of = np.divmod(keys // span, r + 1)
-        excluded = np.full(n, -1, dtype=np.int64)  # the row of each query's excluded ID, if it holds one
-        for k, (_, exclude) in enumerate(queries):
-            fp = self.get(exclude) if exclude is not None else None
-            if fp is not None:
-                row = self._row(fp)
-                assert row is not None
-                excluded[k] = row
-        sizes = self._sizes[rows].astype(np.int64) - (rows == excluded[query_of])
-        counts = np.bincount(query_of, weights=sizes, minlength=n).astype(np.int64).tolist()
-        bounds = np.searchsorted(query_of, np.arange(n + 1)).tolist()
-        results = []
-        for k, (_, exclude) in enumerate(queries):
-            lo, hi = bounds[k], bounds[k + 1]
-            listed = self._listed(rows[lo:hi], distance_of[lo:hi], sizes[lo:hi], exclude, limit) if hi > lo else []
-            results.append(SearchResult(counts[k], listed, int(verified[k]), bool(cut[k])))
-        return results
-
-    def _few_results(
-        self,
-        found: list[_Hits],
-        queries: Sequence[tuple[int, str | None]],
-        verified: np.ndarray,
-        cut: np.ndarray,
-        limit: int,
-    ) -> list[SearchResult]:
-        """`_results` of a send whose searches found few matches (_FEW_HITS), in plain Python: each query's rows in a
-        dict (row -> distance: a row several bands reached once), each row's members read, all of them sorted.
-
-        The same answers: the excluded ID's row is looked up only where a row of twins may hold it (a row of one
-        holds it if its one member is it), as `_results` takes it off its row."""
-        hits: dict[int, dict[int, int]] = {}
-        for query_of, rows, distances in found:
-            if len(query_of):
-                for k, row, distance in zip(query_of.tolist(), rows.tolist(), distances.tolist(), strict=True):
-                    hits.setdefault(k, {})[row] = distance
-        verified_of, cut_of = verified.tolist(), cut.tolist()
-        results = []
-        for k, (_, exclude) in enumerate(queries):
-            mine = hits.get(k)
-            if not mine:
-                results.append(SearchResult(0, [], verified_of[k], cut_of[k]))
-                continue
-            count = 0
-            listed: list[tuple[int, str]] = []
-            excluded: int | None = -1  # the excluded ID's row (None: it has none), looked up at the first row of twins
-            for row, distance in mine.items():
-                held = self._held(row)
-                if isinstance(held, str):
-                    if held != exclude:
-                        count += 1
-                        listed.append((distance, held))
-                    continue
-                if held is None:
-                    continue
-                count += len(held)
-                if exclude is not None:
-                    if excluded == -1:
-                        fp = self.get(exclude)
-                        excluded = self._row(fp) if fp is not None else None
-                    if row == excluded:
-                        count -= 1
-                # a row's members are sorted: its first `limit` (and one more, for `exclude`) are all it can give
-                listed.extend((distance, m) for m in (held[: limit + 1] if limit else held) if m != exclude)
-            listed.sort()
-            if limit:
-                del listed[limit:]
-            results.append(SearchResult(count, [(m, distance) for distance, m in listed], verified_of[k], cut_of[k]))
-        return results
+        """Each query's result from the rows it `found` (worker/copylisting.py), in plain Python for a send of at most
+        _FEW_HITS matching rows, in arrays for more."""
+        return copylisting.results(self, found, queries, r, verified, cut, limit, few=_FEW_HITS)
 
     def _members_of(self, rows: np.ndarray) -> list[str | list[str] | None]:
         """`_held` of each of `rows`: those made since the load gathered in one step (a storm's thousands of matches
@@ -913,55 +816,6 @@ class MemoryIndex:
             got = operator.itemgetter(*made.tolist())(self._members)
             return list(got) if len(rows) > 1 else [got]
         return [self._held(row) for row in rows.tolist()]
-
-    def _listed(
-        self, rows: np.ndarray, distances: np.ndarray, sizes: np.ndarray, exclude: str | None, limit: int
-    ) -> list[tuple[str, int]]:
-        """The closest `limit` (0: all) members of `rows` (sorted by distance; `sizes` their members other than
-        `exclude`), sorted by distance, then ID in code point order. Every member of the distances before the one
-        the cap falls in is listed; of that one, the smallest IDs the cap has room for (a storm's thousands of rows
-        at one distance: only their IDs are compared)."""
-        whole, last, need, end = len(rows), 0, 0, len(rows)
-        if limit:
-            reached = np.cumsum(sizes)
-            if int(reached[-1]) > limit:
-                last = int(distances[int(np.searchsorted(reached, limit))])  # the distance where the cap falls
-                whole = int(np.searchsorted(distances, last, side="left"))
-                need = limit - (int(reached[whole - 1]) if whole else 0)
-                end = int(np.searchsorted(distances, last, side="right"))
-        members = self._members_of(rows[:end] if need else rows[:whole])
-        listed: list[tuple[int, str]] = []
-        twins: list[tuple[int, list[str]]] = []
-        for distance, held in zip(distances[:whole].tolist(), members[:whole], strict=True):
-            if isinstance(held, str):
-                listed.append((distance, held))
-            elif held is not None:
-                twins.append((distance, held))
-        for distance, group in twins:
-            listed.extend((distance, m) for m in group)
-        if exclude is not None:
-            listed = [pair for pair in listed if pair[1] != exclude]
-        listed.sort()
-        out = [(incident_id, distance) for distance, incident_id in listed]
-        if need:
-            ids: list[str] = []
-            for held in members[whole:]:
-                if isinstance(held, str):
-                    ids.append(held)
-                elif held is not None:
-                    # a row's members are sorted: its first `need` (and one more, for `exclude`) are all it can give
-                    ids.extend(held[: need + 1])
-            if exclude is not None:
-                ids = [m for m in ids if m != exclude]
-            ids.sort()
-            out.extend((incident_id, last) for incident_id in ids[:need])
-        return out
-
-
-_Hits = tuple[np.ndarray, np.ndarray, np.ndarray]
-"""What a search found in the tiers or the tail: the query, the row and the distance of each match found."""
-
-_NO_HITS: _Hits = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint8))
 
 
 def _bounds(lengths: np.ndarray) -> tuple[list[int], list[int]]:
