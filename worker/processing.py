@@ -238,8 +238,8 @@ class Processor:
                 items = ahead.result() if ahead is not None else []
             while sent:
                 self._settle_batch(*sent.popleft(), calls.receive())
-        # one beat per round (at most about a second of batches), so `check` and `stats` show the count as of the
-        # last batch without a round trip per batch
+        # the round's count shown by a beat, at most about one a second (presence.py `beat_after_work`): `check` and
+        # `stats` show it without a round trip per batch, or per round when rounds are a few events each
         self.heartbeat()
         return total
 
