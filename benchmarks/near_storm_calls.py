@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,10 +24,9 @@ sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 import redis  # noqa: E402
 from snapshot_calls import function_calls  # noqa: E402
 
-from worker import library  # noqa: E402
 from worker.connection import connect  # noqa: E402
 from worker.devtools.near_storm import near_storm_bags  # noqa: E402
-from worker.devtools.redis_server import RedisServer  # noqa: E402
+from worker.devtools.redis_server import scratch_server  # noqa: E402
 from worker.formats import IncidentEvent  # noqa: E402
 from worker.index import FingerprintIndex  # noqa: E402
 from worker.logs import configure_logging  # noqa: E402
@@ -47,58 +45,52 @@ def main() -> None:
     path = sys.argv[3] if len(sys.argv) > 3 else "snapshot"
     configure_logging("json", "error")
     bags = near_storm_bags(warm + events)
-    with tempfile.TemporaryDirectory() as directory:
-        server = RedisServer(Path(directory))
-        server.start()
-        try:
-            client = redis.Redis.from_url(server.url)
-            library.load(client)
-            FingerprintIndex(client, "bench", bands=4).open()
-            settings = Settings(
-                redis_url=server.url, namespace="bench", read_path=path, batch_size=100, alerts_maxlen=10_000
-            )
-            worker = StreamWorker(connect(settings), settings)
-            worker.setup()
+    with scratch_server() as server:
+        client = redis.Redis.from_url(server.url)
+        FingerprintIndex(client, "bench", bands=4).open()
+        settings = Settings(
+            redis_url=server.url, namespace="bench", read_path=path, batch_size=100, alerts_maxlen=10_000
+        )
+        worker = StreamWorker(connect(settings), settings)
+        worker.setup()
 
-            def publish(first: int, end: int) -> None:
-                pipe = client.pipeline(transaction=False)
-                for k in range(first, end):
-                    event = IncidentEvent(incident_id=f"near-{k}", features=bags[k])
-                    pipe.xadd(settings.events_stream, event.to_fields())
-                pipe.execute()
+        def publish(first: int, end: int) -> None:
+            pipe = client.pipeline(transaction=False)
+            for k in range(first, end):
+                event = IncidentEvent(incident_id=f"near-{k}", features=bags[k])
+                pipe.xadd(settings.events_stream, event.to_fields())
+            pipe.execute()
 
-            publish(0, warm)
-            worker.run(until_idle=True)
-            publish(warm, warm + events)
-            client.config_set("slowlog-max-len", 1_000_000)
-            client.config_set("slowlog-log-slower-than", 0)
-            client.slowlog_reset()
-            client.config_resetstat()
-            server_cpu, started, cpu = _cpu(client), time.perf_counter(), time.process_time()
-            worker.run(until_idle=True)
-            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
-            server_cpu = _cpu(client) - server_cpu
-            stats = client.info("commandstats")
-            client.config_set("slowlog-log-slower-than", 10_000)
-            calls = function_calls(client.slowlog_get(1_000_000))
+        publish(0, warm)
+        worker.run(until_idle=True)
+        publish(warm, warm + events)
+        client.config_set("slowlog-max-len", 1_000_000)
+        client.config_set("slowlog-log-slower-than", 0)
+        client.slowlog_reset()
+        client.config_resetstat()
+        server_cpu, started, cpu = _cpu(client), time.perf_counter(), time.process_time()
+        worker.run(until_idle=True)
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+        server_cpu = _cpu(client) - server_cpu
+        stats = client.info("commandstats")
+        client.config_set("slowlog-log-slower-than", 10_000)
+        calls = function_calls(client.slowlog_get(1_000_000))
+        print(
+            f"{path}, near storm after {warm:,}, {events:,} events: {events / elapsed:,.0f} events/s (one worker, "
+            f"in process), worker CPU {cpu * 1e6 / events:,.0f} us/event, Redis CPU "
+            f"{server_cpu * 1e6 / events:,.0f} us/event"
+        )
+        for name, row in sorted(stats.items(), key=lambda kv: -kv[1]["usec"])[:10]:
             print(
-                f"{path}, near storm after {warm:,}, {events:,} events: {events / elapsed:,.0f} events/s (one worker, "
-                f"in process), worker CPU {cpu * 1e6 / events:,.0f} us/event, Redis CPU "
-                f"{server_cpu * 1e6 / events:,.0f} us/event"
+                f"  {name.removeprefix('cmdstat_'):>12}: {row['calls'] / events:6.2f} calls/event, "
+                f"{row['usec'] / events:7.1f} us/event"
             )
-            for name, row in sorted(stats.items(), key=lambda kv: -kv[1]["usec"])[:10]:
-                print(
-                    f"  {name.removeprefix('cmdstat_'):>12}: {row['calls'] / events:6.2f} calls/event, "
-                    f"{row['usec'] / events:7.1f} us/event"
-                )
-            print("  FCALL by function (SLOWLOG):")
-            for name, durations in sorted(calls.items(), key=lambda kv: -sum(kv[1]))[:4]:
-                print(
-                    f"  {name:>12}: {len(durations) / events:6.2f} calls/event, "
-                    f"{sum(durations) / events:7.1f} us/event, median call {statistics.median(durations):,.0f} us"
-                )
-        finally:
-            server.stop()
+        print("  FCALL by function (SLOWLOG):")
+        for name, durations in sorted(calls.items(), key=lambda kv: -sum(kv[1]))[:4]:
+            print(
+                f"  {name:>12}: {len(durations) / events:6.2f} calls/event, "
+                f"{sum(durations) / events:7.1f} us/event, median call {statistics.median(durations):,.0f} us"
+            )
 
 
 if __name__ == "__main__":

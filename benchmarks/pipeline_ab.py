@@ -24,7 +24,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -33,8 +32,7 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without ins
 
 import redis  # noqa: E402
 
-from worker import library  # noqa: E402
-from worker.devtools.redis_server import RedisServer  # noqa: E402
+from worker.devtools.redis_server import scratch_server  # noqa: E402
 from worker.devtools.workload import Workload  # noqa: E402
 from worker.fingerprint import fingerprint  # noqa: E402
 from worker.formats import IncidentEvent  # noqa: E402
@@ -179,47 +177,41 @@ def main() -> None:
     parser.add_argument("--profile", default="", help="cProfile the last checkout's worker in the last round")
     args = parser.parse_args()
     print(f"load average at the start: {os.getloadavg()}", flush=True)
-    with tempfile.TemporaryDirectory() as directory:
-        server = RedisServer(Path(directory))
-        server.start()
-        try:
-            client = redis.Redis.from_url(server.url)
-            library.load(client)
-            workload = Workload(seed=args.seed)
-            index = FingerprintIndex(client, "bench", bands=4)
-            index.open()
-            started = time.perf_counter()
-            index.bulk_load([(i, fingerprint(bag)) for i, bag in workload.take(args.size)])
-            print(f"pre-loaded {args.size:,} in {time.perf_counter() - started:.1f} s", flush=True)
-            for code in {str(code).partition("@")[0] for code in args.code}:  # each checkout's own library
-                loader = "import sys, redis; sys.path.insert(0, sys.argv[1]); from worker import library; "
-                loader += "library.load(redis.Redis.from_url(sys.argv[2]))"
-                subprocess.run([sys.executable, "-c", loader, code, server.url], check=True)
-            rates: dict[str, list[dict[str, float]]] = {str(code): [] for code in args.code}
-            for round_ in range(args.rounds):
-                for k, code in enumerate(args.code):
-                    pipe = client.pipeline(transaction=False)
-                    for incident_id, bag in workload.take(args.events):
-                        fields = IncidentEvent(incident_id=incident_id, features=bag).to_fields()
-                        pipe.xadd(IndexKeys("bench").events_stream, fields)  # type: ignore[arg-type]
-                    pipe.execute()
-                    last = round_ == args.rounds - 1 and k == len(args.code) - 1
-                    result = run_one(server.url, code, client, args.events, args.profile if last else "")
-                    rates[str(code)].append(result)
-                    print(
-                        f"round {round_ + 1} {code}: " + json.dumps({k: round(v, 1) for k, v in result.items()}),
-                        flush=True,
-                    )
-            print(f"load average at the end: {os.getloadavg()}")
-            for code, results in rates.items():
-                keep = results[:-1] if args.profile and code == str(args.code[-1]) and len(results) > 1 else results
+    with scratch_server() as server:
+        client = redis.Redis.from_url(server.url)
+        workload = Workload(seed=args.seed)
+        index = FingerprintIndex(client, "bench", bands=4)
+        index.open()
+        started = time.perf_counter()
+        index.bulk_load([(i, fingerprint(bag)) for i, bag in workload.take(args.size)])
+        print(f"pre-loaded {args.size:,} in {time.perf_counter() - started:.1f} s", flush=True)
+        for code in {str(code).partition("@")[0] for code in args.code}:  # each checkout's own library
+            loader = "import sys, redis; sys.path.insert(0, sys.argv[1]); from worker import library; "
+            loader += "library.load(redis.Redis.from_url(sys.argv[2]))"
+            subprocess.run([sys.executable, "-c", loader, code, server.url], check=True)
+        rates: dict[str, list[dict[str, float]]] = {str(code): [] for code in args.code}
+        for round_ in range(args.rounds):
+            for k, code in enumerate(args.code):
+                pipe = client.pipeline(transaction=False)
+                for incident_id, bag in workload.take(args.events):
+                    fields = IncidentEvent(incident_id=incident_id, features=bag).to_fields()
+                    pipe.xadd(IndexKeys("bench").events_stream, fields)  # type: ignore[arg-type]
+                pipe.execute()
+                last = round_ == args.rounds - 1 and k == len(args.code) - 1
+                result = run_one(server.url, code, client, args.events, args.profile if last else "")
+                rates[str(code)].append(result)
                 print(
-                    f"{code}: median events/s {statistics.median(r['events_per_s'] for r in keep):,.0f}, "
-                    f"worker CPU {statistics.median(r['worker_cpu_us'] for r in keep):.1f} us/event, "
-                    f"primary CPU {statistics.median(r['primary_cpu_us'] for r in keep):.1f} us/event"
+                    f"round {round_ + 1} {code}: " + json.dumps({k: round(v, 1) for k, v in result.items()}),
+                    flush=True,
                 )
-        finally:
-            server.stop()
+        print(f"load average at the end: {os.getloadavg()}")
+        for code, results in rates.items():
+            keep = results[:-1] if args.profile and code == str(args.code[-1]) and len(results) > 1 else results
+            print(
+                f"{code}: median events/s {statistics.median(r['events_per_s'] for r in keep):,.0f}, "
+                f"worker CPU {statistics.median(r['worker_cpu_us'] for r in keep):.1f} us/event, "
+                f"primary CPU {statistics.median(r['primary_cpu_us'] for r in keep):.1f} us/event"
+            )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -27,8 +26,7 @@ sys.path.insert(0, str(args.code.resolve()))  # the checkout measured (its Pytho
 
 import redis  # noqa: E402
 
-from worker import library  # noqa: E402
-from worker.devtools.redis_server import RedisServer  # noqa: E402
+from worker.devtools.redis_server import scratch_server  # noqa: E402
 from worker.devtools.workload import Workload  # noqa: E402
 from worker.fingerprint import fingerprint  # noqa: E402
 from worker.index import FingerprintIndex  # noqa: E402
@@ -37,48 +35,42 @@ from worker.readpath import ChangeFollower  # noqa: E402
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as directory:
-        server = RedisServer(Path(directory))
-        server.start()
-        try:
-            client = redis.Redis.from_url(server.url)
-            library.load(client)
-            workload = Workload(seed=7)
-            index = FingerprintIndex(client, "bench", bands=4)
-            index.open()
-            index.bulk_load([(i, fingerprint(bag)) for i, bag in workload.take(args.size)])
-            print(f"{args.code}: N = {args.size:,}, batches of 16, {args.batches} batches a window")
-            follower = ChangeFollower(client, index.keys, index.layout)
-            follower.load()
-            for window in (int(k) for k in args.windows.split(",")):
-                usec, events = 0.0, 0
-                for _ in range(args.batches):
-                    follower.catch_up()  # the copy at the end of the log, then `window` changes after it
-                    for incident_id, bag in workload.take(window):
-                        index.execute([index.apply_command("add", incident_id, fingerprint(bag))])
-                    copy = follower.index
-                    items = [(i, fingerprint(bag)) for i, bag in workload.take(16)]
-                    results = copy.search_many([(fp, i) for i, fp in items], limit=116)
-                    commands = [
-                        index.apply_command(
-                            "add",
-                            i,
-                            fp,
-                            snapshot=SnapshotClaim(
-                                copy.position, r.match_count, r.matches, len(r.matches) == r.match_count
-                            ),
-                        )
-                        for (i, fp), r in zip(items, results, strict=True)
-                    ]
-                    before = float(client.info("commandstats")["cmdstat_fcall"]["usec"])
-                    [reply] = index.execute([apply_batch(commands)])
-                    usec += float(client.info("commandstats")["cmdstat_fcall"]["usec"]) - before
-                    statuses = {r[0].decode() if isinstance(r[0], bytes) else r[0] for r in reply}
-                    assert statuses == {"indexed"}, statuses
-                    events += 16
-                print(f"  window {window:5}: {usec / events:8.1f} us an event")
-        finally:
-            server.stop()
+    with scratch_server() as server:
+        client = redis.Redis.from_url(server.url)
+        workload = Workload(seed=7)
+        index = FingerprintIndex(client, "bench", bands=4)
+        index.open()
+        index.bulk_load([(i, fingerprint(bag)) for i, bag in workload.take(args.size)])
+        print(f"{args.code}: N = {args.size:,}, batches of 16, {args.batches} batches a window")
+        follower = ChangeFollower(client, index.keys, index.layout)
+        follower.load()
+        for window in (int(k) for k in args.windows.split(",")):
+            usec, events = 0.0, 0
+            for _ in range(args.batches):
+                follower.catch_up()  # the copy at the end of the log, then `window` changes after it
+                for incident_id, bag in workload.take(window):
+                    index.execute([index.apply_command("add", incident_id, fingerprint(bag))])
+                copy = follower.index
+                items = [(i, fingerprint(bag)) for i, bag in workload.take(16)]
+                results = copy.search_many([(fp, i) for i, fp in items], limit=116)
+                commands = [
+                    index.apply_command(
+                        "add",
+                        i,
+                        fp,
+                        snapshot=SnapshotClaim(
+                            copy.position, r.match_count, r.matches, len(r.matches) == r.match_count
+                        ),
+                    )
+                    for (i, fp), r in zip(items, results, strict=True)
+                ]
+                before = float(client.info("commandstats")["cmdstat_fcall"]["usec"])
+                [reply] = index.execute([apply_batch(commands)])
+                usec += float(client.info("commandstats")["cmdstat_fcall"]["usec"]) - before
+                statuses = {r[0].decode() if isinstance(r[0], bytes) else r[0] for r in reply}
+                assert statuses == {"indexed"}, statuses
+                events += 16
+            print(f"  window {window:5}: {usec / events:8.1f} us an event")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,11 @@ import random
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -167,3 +170,16 @@ class RedisServer:
 
     def client(self, **kwargs: object) -> redis.Redis:
         return redis.Redis(port=self.port, **kwargs)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def scratch_server(**options: Any) -> Iterator[RedisServer]:
+    """A started redis-server of its own in a temporary directory (the functions library loaded, unless `options`
+    say otherwise), stopped at the end: what a benchmark script measures on."""
+    with tempfile.TemporaryDirectory() as directory:
+        server = RedisServer(Path(directory), **options)
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
