@@ -52,8 +52,9 @@ def _argsort_uint64(values: np.ndarray) -> np.ndarray:
     low = np.uint64((1 << shift) - 1)
     keys = (values & ~low) | np.arange(count, dtype=np.uint64)
     keys.sort()
-    order = (keys & low).astype(np.int64)
     tops = keys >> np.uint64(shift)
+    keys &= low
+    order = keys.view(np.int64)
     del keys
     tie = tops[1:] == tops[:-1]
     del tops
@@ -166,7 +167,7 @@ class LoadedRows:
         same = np.flatnonzero(tops[1:] == tops[:-1])
         del tops
         if len(same):
-            self._drop_repeats((table & low).astype(np.int64), same, keep)
+            self._drop_repeats((table & low).view(np.int64), same, keep)
         fps = np.asarray(fps, dtype=np.uint64)
         kept: np.ndarray | None = None  # the incidents kept, when some were dropped
         if keep.all():
@@ -191,7 +192,10 @@ class LoadedRows:
         self.row_start = np.append(starts, len(order)).astype(np.int64)
         self.members = (order if kept is None else kept[order]).astype(index_type)  # incidents, row after row
         self.row_of = np.full(count, -1, dtype=index_type)  # each incident's row (-1: dropped)
-        self.row_of[self.members] = (np.cumsum(first) - 1).astype(index_type)
+        row: np.ndarray = np.cumsum(first, dtype=index_type)
+        np.subtract(row, 1, out=row)
+        self.row_of[self.members] = row
+        del row
         counts = np.diff(self.row_start)
         del first, starts, order, kept
         twins = np.flatnonzero(counts > 1)
