@@ -2,9 +2,12 @@
 
 A copy of ten million incidents held as Python objects (a dict of str -> int, a list of members) costs over 200
 bytes an incident; here it is a few arrays: the IDs' UTF-8 bytes one after the other (and where each starts), a
-table of their 64-bit hashes sorted (and whose each is), each incident's row, and each row's fingerprint and members
-(a CSR), about 40 bytes an incident besides the fingerprints' bands. Lookups stay exact: an ID's hash only says where
-to look, the bytes themselves are compared, so IDs that hash alike are told apart.
+sorted table of their hashes (each with its incident in its low bits), each incident's row, and each row's fingerprint
+and members (a CSR), about 36 bytes an incident besides the fingerprints' bands. Lookups stay exact: an ID's hash only
+says where to look, the bytes themselves are compared, so IDs that hash alike are told apart.
+
+Built by sorts of the keys themselves, never an argsort: at 10M an argsort of 64-bit values took 1.7 s against 0.3 s
+for a sort here (it reads the values it compares from all over memory), and the load sorted twice.
 
 Nothing here changes after it is built: the copy keeps its own record of what changed since (which incidents went,
 which rows were given other members) in front of it (worker/snapshot.py).
