@@ -34,7 +34,6 @@ import redis  # noqa: E402
 
 from worker.devtools.redis_server import scratch_server  # noqa: E402
 from worker.devtools.workload import Workload  # noqa: E402
-from worker.fingerprint import fingerprint  # noqa: E402
 from worker.formats import IncidentEvent  # noqa: E402
 from worker.index import FingerprintIndex  # noqa: E402
 from worker.keys import IndexKeys  # noqa: E402
@@ -183,7 +182,9 @@ def main() -> None:
         index = FingerprintIndex(client, "bench", bands=4)
         index.open()
         started = time.perf_counter()
-        index.bulk_load([(i, fingerprint(bag)) for i, bag in workload.take(args.size)])
+        ids, fps = workload.fingerprints(args.size)  # numpy: the bench's own pre-load, minutes faster at 10M
+        index.bulk_load(zip(ids, fps.tolist(), strict=True))
+        del ids, fps
         print(f"pre-loaded {args.size:,} in {time.perf_counter() - started:.1f} s", flush=True)
         for code in {str(code).partition("@")[0] for code in args.code}:  # each checkout's own library
             loader = "import sys, redis; sys.path.insert(0, sys.argv[1]); from worker import library; "
