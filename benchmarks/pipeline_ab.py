@@ -8,7 +8,8 @@ first read until the group is idle: events/s, and the primary's CPU and FCALL ti
 own Functions library (their names carry their hash), so both run against the same index. With `--profile FILE`
 the worker of the last checkout given runs under cProfile in the last round, its stats written to FILE and its
 read-ahead thread's to FILE.ahead (cProfile slows it: its rate is not comparable); a FILE ending in .txt samples both
-threads with py-spy instead (`pip install py-spy` into the venv; raw collapsed stacks). `AB_PHASES=1` adds the main
+threads with py-spy instead (`pip install py-spy` into the venv; raw collapsed stacks; `AB_GIL=1`: only the samples
+of the thread holding the GIL, i.e. the worker's Python CPU). `AB_PHASES=1` adds the main
 thread's wall time an event per phase (refresh, search, build, execute, settle) to each round's line; a checkout
 given as DIR@SECONDS runs with sys.setswitchinterval(SECONDS).
 
@@ -143,6 +144,7 @@ def run_one(url: str, code: Path, client: redis.Redis, events: int, profile: str
                 "-o",
                 profile,
                 "--nonblocking",
+                *(["--gil"] if os.environ.get("AB_GIL") else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -403,11 +403,15 @@ def pack_snapshot(snapshot: SnapshotClaim | None) -> tuple[str, list[Any]]:
     """A snapshot's claim as `ApplyArgs.snapshot` and `ApplyArgs.listed` ('' and [] without one)."""
     if snapshot is None:
         return "", []
-    listed = [part for pair in snapshot.listed for part in pair]
+    return pack_claim(snapshot), [part for pair in snapshot.listed for part in pair]
+
+
+def pack_claim(snapshot: SnapshotClaim) -> str:
+    """`ApplyArgs.snapshot` of a claim: its position, count, completeness and holder."""
     complete = 2 if snapshot.cut else 1 if snapshot.complete else 0
     holder = snapshot.holder
     held = "" if holder is True else " 0" if holder is None or holder is False else f" 1{holder}"
-    return f"{snapshot.position} {snapshot.count} {complete}{held}", listed
+    return f"{snapshot.position} {snapshot.count} {complete}{held}"
 
 
 def pack_limits(max_matches: int, max_candidates: int) -> str:
