@@ -105,7 +105,7 @@ class ConnectionTransport(Transport):
         try:
             # no health check here: its PING would read the replies of the batch in flight
             self._connection.send_packed_command(
-                [b"".join([c if type(c) is Packed else _pack_command(c) for c in commands])],
+                [b"".join([c if isinstance(c, Packed) else _pack_command(c) for c in commands])],
                 check_health=False,
             )
         except BaseException:
@@ -165,7 +165,7 @@ class PipelineTransport(Transport):
 
 def open_transport(client: RedisClient) -> Transport:
     """The fastest transport the client allows: its own connection for a standalone client, else pipelines."""
-    if sends_packed(client):
+    if isinstance(client, Redis) and sends_packed(client):
         return ConnectionTransport(client.connection_pool)
     return PipelineTransport(client)
 
