@@ -438,8 +438,14 @@ class SnapshotReader:
         results = index.search_many(queries, limit=cap + CLAIM_EXTRA if cap else 0, budget=budget)
         position = index.position
         return [
-            SnapshotClaim(position, result.match_count, result.matches, len(result.matches) == result.match_count,
-                          result.cut, holder)
+            SnapshotClaim(
+                position,
+                result.match_count,
+                result.matches,
+                len(result.matches) == result.match_count,
+                result.cut,
+                holder,
+            )
             for result, holder in zip(results, index.holders(queries), strict=True)
         ]
 
