@@ -107,7 +107,7 @@ worker of the fleet, for an inbox that may never be used (producers that XADD). 
 waits that much longer; an idle worker polls less often than this anyway (up to block_ms)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Item:
     """One stream entry on its way through a batch."""
 
