@@ -84,6 +84,9 @@ do (a row of a tier is read only when a probe reaches it). Rows that went close 
 than their share: searches near them rebuild their tier sooner (`MemoryIndex._waste`)."""
 
 
+_MAX_FP = (1 << 64) - 1
+
+
 def _tile(values: np.ndarray, times: int) -> np.ndarray:
     """`np.tile` of a 1-d array (times >= 1), without its Python-level steps (a numpy function called for each send
     costs microseconds of dispatch: the search calls the arrays' own methods for that reason too)."""
@@ -547,7 +550,8 @@ class MemoryIndex:
             return
         row = self._row(fp)  # unlinking `old` (another fingerprint) does not change it
         # a new row's fingerprint as numpy holds it: one outside 64 bits raises OverflowError here, before any change
-        value = np.uint64(fp) if row is None else None
+        # (a plain int within 64 bits goes in as it is: numpy's scalar costs more than the rest of the step)
+        value = (fp if type(fp) is int and 0 <= fp <= _MAX_FP else np.uint64(fp)) if row is None else None
         if old is not None:
             self._forget(incident_id)
             self._unlink(incident_id, old)
@@ -580,7 +584,7 @@ class MemoryIndex:
                 return self._base.fp_of(incident)
         return old
 
-    def _new_row(self, incident_id: str, fp: int, value: np.uint64) -> None:
+    def _new_row(self, incident_id: str, fp: int, value: int | np.uint64) -> None:
         """A row for `fp`, held by `incident_id` alone; `value` is `fp` as numpy's (converted first by the caller, so
         that a fingerprint outside 64 bits changes nothing)."""
         if self._free:
