@@ -543,11 +543,17 @@ class FingerprintIndex(GroupReads):
         n_keys = bulk(str(8 + layout.bands))
         twin_prefix, posting_keys, pack_claim = keys.twin_prefix, self.posting_keys, library.pack_claim
         n_twins = len(twin_prefix) + 16  # a twin key's length, of a fingerprint of 64 bits (16 hex digits)
-        # each band's keys by value with the length they all share (a narrow band's table), for its postings
-        tables = [(band.table, offset, mask) for band, offset, mask in self._band_bits]
-        narrow = [(table, offset, mask, f"${len(table[0])}\r\n") for table, offset, mask in tables if table]
-        if len(narrow) < len(tables):
-            narrow = []
+        # a band of whole hex digits (the default layout's 16 bits at 0, 16, 32, 48) names its posting key by the
+        # fingerprint's own digits: its key is prefix + hex_fp[start:end], no look-up (others: `posting_keys`)
+        sliced = [
+            (f"${len(band.prefix) + digits}\r\n{band.prefix}", 16 - (offset + width) // 4, 16 - offset // 4)
+            for band, offset, width, digits in zip(
+                self._band_keys, layout.offsets, layout.widths, layout.hex_digits, strict=True
+            )
+            if offset % 4 == 0 and width == 4 * digits
+        ]
+        if len(sliced) < layout.bands:
+            sliced = []
         distances = _BULK_DISTANCES
         key_parts: list[str] = []
         counts: list[str] = []
@@ -557,8 +563,8 @@ class FingerprintIndex(GroupReads):
             hex_fp = f"{fp:016x}"
             if len(hex_fp) != 16:
                 return None  # not a fingerprint of 64 bits (apply_command sends it, for the call to refuse)
-            if narrow:
-                postings = "".join([f"{pre}{table[(fp >> offset) & mask]}\r\n" for table, offset, mask, pre in narrow])
+            if sliced:
+                postings = "".join([f"{pre}{hex_fp[start:end]}\r\n" for pre, start, end in sliced])
             else:
                 postings = "".join([f"${len(k)}\r\n{k}\r\n" for k in posting_keys(fp)])
             key_parts.append(

@@ -247,11 +247,6 @@ class BandKeys:
         elif width <= 32:
             self._high = _key_table(prefix, width - 16, digits - 4)
 
-    @property
-    def table(self) -> list[str] | None:
-        """Every posting key of the band, by value, when the band is narrow enough to hold them all (16 bits)."""
-        return self._full
-
     def key(self, value: int) -> str:
         """The posting key of band value `value`."""
         if self._full is not None:
