@@ -577,6 +577,26 @@ def test_the_copy_names_the_holder_of_a_fingerprint_whatever_the_budget() -> Non
     assert index.holder(center) == "é"
 
 
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32), steps=st.integers(0, 60))
+def test_a_sends_holders_are_each_ones_holder(seed: int, steps: int) -> None:
+    """`holders` (one numpy look-up for a send, as SnapshotReader.claims asks) names what `holder` names for each
+    (fingerprint, excluded ID): rows loaded or made since, twins, rows that went, IDs held or not."""
+    rng = random.Random(seed)
+    fps = [rng.getrandbits(64) for _ in range(12)]
+    index = MemoryIndex(BandLayout(4, 7))
+    index.load({f"n{k}": fps[k % 8] for k in range(20)})
+    for _ in range(steps):  # sets (new rows, twins, moves) and deletes after the load
+        incident = f"n{rng.randrange(26)}"
+        if rng.random() < 0.3:
+            index.delete(incident)
+        else:
+            index.set(incident, rng.choice(fps))
+    queries = [(rng.choice(fps), rng.choice([None, f"n{rng.randrange(26)}"])) for _ in range(16)]
+    assert index.holders(queries) == [index.holder(fp, exclude) for fp, exclude in queries]
+    assert index.holders([]) == []
+
+
 def test_ids_sort_in_utf8_byte_order_as_redis_sorts_them() -> None:
     index = MemoryIndex(BandLayout(4, 7))
     ids = ["é", "z", "Z", "a", "aa", "\U0001f600", "\uffff"]

@@ -81,7 +81,8 @@ def results(
     distance_of = np.concatenate([d for _, _, d in found]).astype(np.int64)
     row_of = np.concatenate([rows for _, rows, _ in found]).astype(np.int64)
     # one key a (query, distance, row), sorted and each once (a row several bands reached has one distance)
-    keys = np.sort((query_of * (r + 1) + distance_of) * span + row_of)
+    keys = (query_of * (r + 1) + distance_of) * span + row_of
+    keys.sort()
     if len(keys) > 1:  # (np.unique hashes first: several times slower than the sort)
         keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
     rows = keys % span
@@ -95,7 +96,7 @@ def results(
             excluded[k] = row
     sizes = copy._sizes[rows].astype(np.int64) - (rows == excluded[query_of])
     counts = np.bincount(query_of, weights=sizes, minlength=n).astype(np.int64).tolist()
-    bounds = np.searchsorted(query_of, np.arange(n + 1)).tolist()
+    bounds = query_of.searchsorted(np.arange(n + 1)).tolist()
     results = []
     for k, (_, exclude) in enumerate(queries):
         lo, hi = bounds[k], bounds[k + 1]
@@ -166,12 +167,12 @@ def _listed(
     at one distance: only their IDs are compared)."""
     whole, last, need, end = len(rows), 0, 0, len(rows)
     if limit:
-        reached = np.cumsum(sizes)
+        reached = sizes.cumsum()
         if int(reached[-1]) > limit:
-            last = int(distances[int(np.searchsorted(reached, limit))])  # the distance where the cap falls
-            whole = int(np.searchsorted(distances, last, side="left"))
+            last = int(distances[int(reached.searchsorted(limit))])  # the distance where the cap falls
+            whole = int(distances.searchsorted(last, side="left"))
             need = limit - (int(reached[whole - 1]) if whole else 0)
-            end = int(np.searchsorted(distances, last, side="right"))
+            end = int(distances.searchsorted(last, side="right"))
     members = copy._members_of(rows[:end] if need else rows[:whole])
     listed: list[tuple[int, str]] = []
     twins: list[tuple[int, list[str]]] = []

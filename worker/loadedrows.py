@@ -180,7 +180,7 @@ class LoadedRows:
             return -1  # not an ID the rows can hold (`RowsBuilder.add_pairs`)
         wanted = _id_hash(key)
         hashes = self.hashes
-        at = int(np.searchsorted(hashes, wanted))
+        at = int(hashes.searchsorted(wanted))
         while at < len(hashes) and hashes[at] == wanted:
             incident = int(self.by_hash[at])
             if self.id_bytes(incident) == key:

@@ -84,14 +84,23 @@ do (a row of a tier is read only when a probe reaches it). Rows that went close 
 than their share: searches near them rebuild their tier sooner (`MemoryIndex._waste`)."""
 
 
+_MAX_FP = (1 << 64) - 1
+
+
+def _tile(values: np.ndarray, times: int) -> np.ndarray:
+    """`np.tile` of a 1-d array (times >= 1), without its Python-level steps (a numpy function called for each send
+    costs microseconds of dispatch: the search calls the arrays' own methods for that reason too)."""
+    return values if times == 1 else np.concatenate([values] * times)
+
+
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """starts[0]..ends[0], starts[1]..ends[1], ... (each end left out) as one array, without a Python loop."""
     counts = ends - starts
-    offsets = np.cumsum(counts)
+    offsets = counts.cumsum()
     if not len(offsets) or not offsets[-1]:
         return np.zeros(0, dtype=np.int64)
     # the k-th element of range i is starts[i] + k, at position offsets[i] - counts[i] + k of the result
-    return np.repeat(starts - offsets + counts, counts) + np.arange(int(offsets[-1]))
+    return (starts - offsets + counts).repeat(counts) + np.arange(int(offsets[-1]))
 
 
 def _value_dtype(width: int) -> type[np.unsignedinteger]:
@@ -211,7 +220,18 @@ class MemoryIndex:
         """The first (in ID order) incident other than `exclude` holding `fp` exactly, or None: one look-up, whatever
         a search's budget."""
         row = self._row(fp)
-        members = self._held(row) if row is not None else None
+        return self._first_other(row, exclude) if row is not None else None
+
+    def holders(self, queries: Sequence[tuple[int, str | None]]) -> list[str | None]:
+        """`holder` of each (fingerprint, excluded ID), their rows found in one numpy step (a send's claims)."""
+        if not queries:
+            return []
+        rows = self._rows_of(np.array([fp for fp, _ in queries], dtype=np.uint64)).tolist()
+        first_other = self._first_other
+        return [None if row < 0 else first_other(row, exclude) for row, (_, exclude) in zip(rows, queries, strict=True)]
+
+    def _first_other(self, row: int, exclude: str | None) -> str | None:
+        members = self._held(row)
         if isinstance(members, str):
             return members if members != exclude else None
         if members:
@@ -289,7 +309,7 @@ class MemoryIndex:
         row = self._row_of.get(fp)
         if row is None and self._base_rows:
             fps = self._base.fps  # type: ignore[union-attr]
-            at = int(np.searchsorted(fps, np.uint64(fp)))
+            at = int(fps.searchsorted(np.uint64(fp)))
             if at < self._base_rows and fps[at] == fp and not self._dead[at]:
                 return at
         return row
@@ -299,12 +319,12 @@ class MemoryIndex:
         rows = np.full(len(fps), -1, dtype=np.int64)
         if self._base_rows:
             base_fps = self._base.fps  # type: ignore[union-attr]
-            at = np.minimum(np.searchsorted(base_fps, fps), self._base_rows - 1)
+            at = np.minimum(base_fps.searchsorted(fps), self._base_rows - 1)
             found = (base_fps[at] == fps) & ~self._dead[at]
             rows[found] = at[found]
         if self._row_of:
             row_of = self._row_of
-            missing = np.flatnonzero(rows < 0)
+            missing = (rows < 0).nonzero()[0]
             for k, fp in zip(missing.tolist(), fps[missing].tolist(), strict=True):
                 rows[k] = row_of.get(fp, -1)
         return rows
@@ -530,7 +550,8 @@ class MemoryIndex:
             return
         row = self._row(fp)  # unlinking `old` (another fingerprint) does not change it
         # a new row's fingerprint as numpy holds it: one outside 64 bits raises OverflowError here, before any change
-        value = np.uint64(fp) if row is None else None
+        # (a plain int within 64 bits goes in as it is: numpy's scalar costs more than the rest of the step)
+        value = (fp if type(fp) is int and 0 <= fp <= _MAX_FP else np.uint64(fp)) if row is None else None
         if old is not None:
             self._forget(incident_id)
             self._unlink(incident_id, old)
@@ -563,7 +584,7 @@ class MemoryIndex:
                 return self._base.fp_of(incident)
         return old
 
-    def _new_row(self, incident_id: str, fp: int, value: np.uint64) -> None:
+    def _new_row(self, incident_id: str, fp: int, value: int | np.uint64) -> None:
         """A row for `fp`, held by `incident_id` alone; `value` is `fp` as numpy's (converted first by the caller, so
         that a fingerprint outside 64 bits changes nothing)."""
         if self._free:
@@ -685,15 +706,15 @@ class MemoryIndex:
             after = slots + 1
             starts_of += [table[slots] for table in direct]
             ends_of += [table[after] for table in direct]
-            query_of_ranges.append(np.tile(np.repeat(np.arange(len(queries)), len(band_of)), len(direct)))
+            query_of_ranges.append(_tile(np.arange(len(queries)).repeat(len(band_of)), len(direct)))
         if where:
             # binary searches of sorted probes: 2.6x faster than of the same probes in query order (measured)
             probes = ((values[:, band_of] ^ masks) | band_base).ravel()
-            order = np.argsort(probes)
+            order = probes.argsort()
             probes = probes[order]
-            starts_of += [np.searchsorted(keys, probes, side="left") + at for keys, at in where]
-            ends_of += [np.searchsorted(keys, probes, side="right") + at for keys, at in where]
-            query_of_ranges.append(np.tile(order // len(band_of), len(where)))
+            starts_of += [keys.searchsorted(probes, side="left") + at for keys, at in where]
+            ends_of += [keys.searchsorted(probes, side="right") + at for keys, at in where]
+            query_of_ranges.append(_tile(order // len(band_of), len(where)))
         # positions in the arena (int64 whatever a table's type), tier x probe
         starts = np.concatenate(starts_of).astype(np.int64, copy=False)
         ends = np.concatenate(ends_of).astype(np.int64, copy=False)
@@ -701,12 +722,12 @@ class MemoryIndex:
         lengths = ends - starts
         if budget > 0:
             # each query's ranges in order, and what comes before each within its query: what is left of the budget
-            order = np.argsort(range_query, kind="stable")
+            order = range_query.argsort(kind="stable")
             ordered = lengths[order]
-            before = np.cumsum(ordered) - ordered
-            first_of = np.searchsorted(range_query[order], range_query[order], side="left")
+            before = ordered.cumsum() - ordered
+            first_of = range_query[order].searchsorted(range_query[order], side="left")
             before = before - before[first_of]
-            allowed = np.clip(budget - before, 0, ordered)
+            allowed = (budget - before).clip(0, ordered)
             cut[range_query[order][allowed < ordered]] = True
             lengths = lengths.copy()
             lengths[order] = allowed
@@ -718,9 +739,9 @@ class MemoryIndex:
         candidates = self._arena.take(positions)  # (faster than indexing with them, by a fifth: measured)
         # each candidate against its query's fingerprint; the query of each near one found from its range (they are
         # few: cheaper than the query of every candidate, gathered)
-        distances = np.bitwise_count(candidates ^ np.repeat(queries[range_query], lengths))
-        near = np.flatnonzero(distances <= r)
-        query_of_near = range_query[np.searchsorted(np.cumsum(lengths), near, side="right")]
+        distances = np.bitwise_count(candidates ^ queries[range_query].repeat(lengths))
+        near = (distances <= r).nonzero()[0]
+        query_of_near = range_query[lengths.cumsum().searchsorted(near, side="right")]
         positions = positions[near]
         rows = self._rows_at(tiers, positions, candidates[near])
         # A row no incident holds any more is skipped: its fingerprint went (if it is held again, it is in a newer row)
@@ -738,9 +759,9 @@ class MemoryIndex:
             mine = np.arange(len(fps))
             which: Iterable[tuple[int, np.ndarray]] = [(0, mine)]
         else:
-            of = np.searchsorted(np.array([tier.at for tier in tiers], dtype=np.int64), positions, side="right") - 1
+            of = np.array([tier.at for tier in tiers], dtype=np.int64).searchsorted(positions, side="right") - 1
             present = sorted(set(of.tolist())) if few else range(len(tiers))
-            which = ((k, np.flatnonzero(of == k)) for k in present)
+            which = ((k, (of == k).nonzero()[0]) for k in present)
         rows = np.empty(len(fps), dtype=np.int64)
         for k, mine in which:
             if not len(mine):
@@ -752,8 +773,8 @@ class MemoryIndex:
             assert self._base is not None
             # sorted first: a binary search of sorted values reads memory in order (several times faster, measured)
             if not few:
-                mine = mine[np.argsort(fps[mine])]
-            rows[mine] = np.searchsorted(self._base.fps, fps[mine])
+                mine = mine[fps[mine].argsort()]
+            rows[mine] = self._base.fps.searchsorted(fps[mine])
         return rows
 
     def _waste(self, positions: np.ndarray) -> None:
@@ -786,7 +807,7 @@ class MemoryIndex:
         hold a stale fingerprint and no member: skipped."""
         first, end = self._sealed, self._row_count()
         distances = np.bitwise_count(self._row_fps(first, end)[None, :] ^ queries[:, None])
-        which, rows = np.nonzero(distances <= r)
+        which, rows = (distances <= r).nonzero()
         near = distances[which, rows]
         rows = rows + first
         live = self._sizes[rows] > 0
@@ -820,5 +841,5 @@ class MemoryIndex:
 
 def _bounds(lengths: np.ndarray) -> tuple[list[int], list[int]]:
     """Where each of consecutive pieces of `lengths` starts and ends."""
-    ends = np.cumsum(lengths)
+    ends = lengths.cumsum()
     return (ends - lengths).tolist(), ends.tolist()
