@@ -681,6 +681,9 @@ class MemoryIndex:
         values = (queries[:, None] >> self._offsets) & self._width_masks  # query x band
         direct = [tier.starts for tier in tiers if tier.starts is not None]
         where = [(tier.keys, tier.at) for tier in tiers if tier.keys is not None]
+        # the tier of each range, ranges tier by tier (those with tables first)
+        tier_order = [k for k, tier in enumerate(tiers) if tier.starts is not None]
+        tier_order += [k for k, tier in enumerate(tiers) if tier.starts is None]
         starts_of, ends_of, query_of_ranges, probe_of_ranges = [], [], [], []
         if direct:
             # a query's probes together
@@ -716,27 +719,43 @@ class MemoryIndex:
             lengths = lengths.copy()
             lengths[order] = allowed
             ends = starts + lengths
-        positions = _ranges(starts, ends)  # in the arena
-        if not len(positions):
+        total = int(lengths.sum())
+        if not total:
             return NO_HITS, True
         verified += np.bincount(range_query, weights=lengths, minlength=len(queries)).astype(np.int64)
-        candidates = self._arena.take(positions)  # (faster than indexing with them, by a fifth: measured)
-        # each candidate against its query's fingerprint; the query of each near one found from its range (they are
-        # few: cheaper than the query of every candidate, gathered)
-        apart = candidates ^ np.repeat(queries[range_query], lengths)
-        distances = np.bitwise_count(apart)
-        close = distances <= r
-        once = len(positions) > _FEW_HITS
-        if once:
-            # a near storm: a row several bands reach is kept once a query, from the first (`_later_bands`)
+        once = total > _FEW_HITS
+        if not once:
+            positions = _ranges(starts, ends)  # in the arena
+            candidates = self._arena.take(positions)  # (faster than indexing with them, by a fifth: measured)
+            # each candidate against its query's fingerprint; the query of each near one found from its range (they
+            # are few: cheaper than the query of every candidate, gathered)
+            apart = candidates ^ np.repeat(queries[range_query], lengths)
+            distances = np.bitwise_count(apart)
+            near = np.flatnonzero(distances <= r)
+            query_of_near = range_query[np.searchsorted(np.cumsum(lengths), near, side="right")]
+            tier_of_near = None
+        else:
+            # a near storm's thousands of candidates a query: the range of each, then what each range gives it by
+            # small gathers (one repeat of the ranges' numbers instead of one of each array, and no binary search)
+            range_of = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
+            positions = np.arange(total, dtype=np.int64)
+            positions += (starts - np.cumsum(lengths) + lengths)[range_of]
+            candidates = self._arena.take(positions)
+            apart = candidates ^ queries[range_query][range_of]
+            distances = np.bitwise_count(apart)
+            close = distances <= r
+            # a row several bands reach is kept once a query, from the first (`_later_bands`)
             range_band = band_of[np.concatenate(probe_of_ranges)].astype(np.int8)
             if cut.any():
                 range_band[cut[range_query]] = 0  # (a cut query's: all kept)
-            close &= ~self._later_bands(apart, np.repeat(range_band, lengths), r)
-        near = np.flatnonzero(close)
-        query_of_near = range_query[np.searchsorted(np.cumsum(lengths), near, side="right")]
+            close &= ~self._later_bands(apart, range_band[range_of], r)
+            near = np.flatnonzero(close)
+            range_of = range_of[near]
+            query_of_near = range_query[range_of]
+            per_tier = len(lengths) // len(tiers)
+            tier_of_near = np.array(tier_order, dtype=np.int64)[range_of // per_tier]
         positions = positions[near]
-        rows = self._rows_at(tiers, positions, candidates[near])
+        rows = self._rows_at(tiers, positions, candidates[near], tier_of_near)
         # A row no incident holds any more is skipped: its fingerprint went (if it is held again, it is in a newer row)
         live = self._sizes[rows] > 0
         if not live.all():
@@ -777,7 +796,9 @@ class MemoryIndex:
             weight += np.bitwise_count((apart >> offset) & width_mask) <= radius
         return weight
 
-    def _rows_at(self, tiers: list[_Tier], positions: np.ndarray, fps: np.ndarray) -> np.ndarray:
+    def _rows_at(
+        self, tiers: list[_Tier], positions: np.ndarray, fps: np.ndarray, of: np.ndarray | None = None
+    ) -> np.ndarray:
         """The row of each fingerprint `fps[k]` read at `positions[k]` of the arena (in one of `tiers`), the row it
         had when its tier was built: read beside it, or for a tier of loaded rows only, found by one binary search in
         the load's sorted fingerprints; instead of a look-up a match."""
@@ -786,7 +807,9 @@ class MemoryIndex:
             mine = np.arange(len(fps))
             which: Iterable[tuple[int, np.ndarray]] = [(0, mine)]
         else:
-            of = np.searchsorted(np.array([tier.at for tier in tiers], dtype=np.int64), positions, side="right") - 1
+            if of is None:  # (the tier of each, when the caller does not know it)
+                ats = np.array([tier.at for tier in tiers], dtype=np.int64)
+                of = np.searchsorted(ats, positions, side="right") - 1
             present = sorted(set(of.tolist())) if few else range(len(tiers))
             which = ((k, np.flatnonzero(of == k)) for k in present)
         rows = np.empty(len(fps), dtype=np.int64)
