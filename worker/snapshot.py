@@ -829,7 +829,8 @@ class MemoryIndex:
 
     def _waste(self, positions: np.ndarray, weight: np.ndarray | None = None) -> None:
         """Count against their tiers the candidates a search found within its distance but of rows that went (the
-        arena's `positions` of them), and build anew each tier whose count reaches its size and _SEAL_AT.
+        arena's `positions` of them; `weight`: how many times the search met each, once if not given), and build anew
+        each tier whose count reaches its size and _SEAL_AT.
 
         Rows that went are counted on delete, too (`_unlink`), but how much they cost depends on where they are: a
         storm of near-duplicates shares its band values, so a query near it reads and verifies every row of it that
