@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import copylisting
-from .bands import BandLayout
+from .bands import BandLayout, probe_radii
 from .copylisting import NO_HITS, Hits, SearchResult
 from .loadedrows import LoadedRows, RowsBuilder
 
@@ -668,14 +668,16 @@ class MemoryIndex:
         verified = np.zeros(len(queries), dtype=np.int64)
         cut = np.zeros(len(queries), dtype=bool)
         found: list[Hits] = []
+        unique = True  # each (query, row) found once (the tail's are; the tiers' when made so)
         if queries:
             queries_array = np.array([fp for fp, _ in queries], dtype=np.uint64)
             tiers = [tier for tier in self._tiers if tier.size]
             if tiers:
-                found.append(self._tier_hits(tiers, queries_array, r, verified, budget, cut))
+                hits, unique = self._tier_hits(tiers, queries_array, r, verified, budget, cut)
+                found.append(hits)
             if self._row_count() > self._sealed:
                 found.append(self._tail_hits(queries_array, r, verified))
-        return self._results(found, queries, r, verified, cut, limit)
+        return copylisting.results(self, found, queries, r, verified, cut, limit, few=_FEW_HITS, unique=unique)
 
     def _tier_hits(
         self,
@@ -685,21 +687,25 @@ class MemoryIndex:
         verified: np.ndarray,
         budget: int,
         cut: np.ndarray,
-    ) -> Hits:
+    ) -> tuple[Hits, bool]:
         """The rows of each query's candidates in `tiers` within `r` (query, row, distance; a row several bands reach
         as often), with the candidates verified added to `verified`: the probes found once, looked up in each tier,
         all tiers' candidates gathered from the arena and verified in one pass, their rows found in one binary search
         a tier. A fingerprint held again after its row in a tier went empty is found under its new row, where it is
         now. With `budget` (> 0), each query's candidate ranges are shortened so that it reads at most that many,
         before any is gathered (a flood sharing one band value then costs the budget, not the flood); `cut[k]` is set
-        for each query that lost some."""
+        for each query that lost some. With more than _FEW_HITS candidates, a row several bands reach is kept once
+        (`_later_bands`); the second value says whether every (query, row) is then found once (no query was cut)."""
         band_of, masks, first_slot, band_base = self._probes(r)
         if not len(band_of):
-            return NO_HITS
+            return NO_HITS, True
         values = (queries[:, None] >> self._offsets) & self._width_masks  # query x band
         direct = [tier.starts for tier in tiers if tier.starts is not None]
         where = [(tier.keys, tier.at) for tier in tiers if tier.keys is not None]
-        starts_of, ends_of, query_of_ranges = [], [], []
+        # the tier of each range, ranges tier by tier (those with tables first)
+        tier_order = [k for k, tier in enumerate(tiers) if tier.starts is not None]
+        tier_order += [k for k, tier in enumerate(tiers) if tier.starts is None]
+        starts_of, ends_of, query_of_ranges, probe_of_ranges = [], [], [], []
         if direct:
             # a query's probes together
             slots = (first_slot + (values[:, band_of] ^ masks).astype(np.int64)).ravel()
@@ -707,6 +713,7 @@ class MemoryIndex:
             starts_of += [table[slots] for table in direct]
             ends_of += [table[after] for table in direct]
             query_of_ranges.append(_tile(np.arange(len(queries)).repeat(len(band_of)), len(direct)))
+            probe_of_ranges.append(_tile(np.arange(len(band_of)), len(queries) * len(direct)))
         if where:
             # binary searches of sorted probes: 2.6x faster than of the same probes in query order (measured)
             probes = ((values[:, band_of] ^ masks) | band_base).ravel()
@@ -715,6 +722,7 @@ class MemoryIndex:
             starts_of += [keys.searchsorted(probes, side="left") + at for keys, at in where]
             ends_of += [keys.searchsorted(probes, side="right") + at for keys, at in where]
             query_of_ranges.append(_tile(order // len(band_of), len(where)))
+            probe_of_ranges.append(_tile(order % len(band_of), len(where)))
         # positions in the arena (int64 whatever a table's type), tier x probe
         starts = np.concatenate(starts_of).astype(np.int64, copy=False)
         ends = np.concatenate(ends_of).astype(np.int64, copy=False)
@@ -732,25 +740,86 @@ class MemoryIndex:
             lengths = lengths.copy()
             lengths[order] = allowed
             ends = starts + lengths
-        positions = _ranges(starts, ends)  # in the arena
-        if not len(positions):
-            return NO_HITS
+        total = int(lengths.sum())
+        if not total:
+            return NO_HITS, True
         verified += np.bincount(range_query, weights=lengths, minlength=len(queries)).astype(np.int64)
-        candidates = self._arena.take(positions)  # (faster than indexing with them, by a fifth: measured)
-        # each candidate against its query's fingerprint; the query of each near one found from its range (they are
-        # few: cheaper than the query of every candidate, gathered)
-        distances = np.bitwise_count(candidates ^ queries[range_query].repeat(lengths))
-        near = (distances <= r).nonzero()[0]
-        query_of_near = range_query[lengths.cumsum().searchsorted(near, side="right")]
+        once = total > _FEW_HITS
+        if not once:
+            positions = _ranges(starts, ends)  # in the arena
+            candidates = self._arena.take(positions)  # (faster than indexing with them, by a fifth: measured)
+            # each candidate against its query's fingerprint; the query of each near one found from its range (they
+            # are few: cheaper than the query of every candidate, gathered)
+            apart = candidates ^ np.repeat(queries[range_query], lengths)
+            distances = np.bitwise_count(apart)
+            near = np.flatnonzero(distances <= r)
+            query_of_near = range_query[np.searchsorted(np.cumsum(lengths), near, side="right")]
+            tier_of_near = None
+        else:
+            # a near storm's thousands of candidates a query: the range of each, then what each range gives it by
+            # small gathers (one repeat of the ranges' numbers instead of one of each array, and no binary search)
+            range_of = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
+            positions = np.arange(total, dtype=np.int64)
+            positions += (starts - np.cumsum(lengths) + lengths)[range_of]
+            candidates = self._arena.take(positions)
+            apart = candidates ^ queries[range_query][range_of]
+            distances = np.bitwise_count(apart)
+            close = distances <= r
+            # a row several bands reach is kept once a query, from the first (`_later_bands`)
+            range_band = band_of[np.concatenate(probe_of_ranges)].astype(np.int8)
+            if cut.any():
+                range_band[cut[range_query]] = 0  # (a cut query's: all kept)
+            close &= ~self._later_bands(apart, range_band[range_of], r)
+            near = np.flatnonzero(close)
+            range_of = range_of[near]
+            query_of_near = range_query[range_of]
+            per_tier = len(lengths) // len(tiers)
+            tier_of_near = np.array(tier_order, dtype=np.int64)[range_of // per_tier]
         positions = positions[near]
-        rows = self._rows_at(tiers, positions, candidates[near])
+        rows = self._rows_at(tiers, positions, candidates[near], tier_of_near)
         # A row no incident holds any more is skipped: its fingerprint went (if it is held again, it is in a newer row)
         live = self._sizes[rows] > 0
         if not live.all():
-            self._waste(positions[~live])
-        return query_of_near[live], rows[live], distances[near][live]
+            dead = ~live
+            weight = None
+            if once:  # counted as often as the search met it, as it was before it was kept once
+                weight = self._bands_reaching(apart[near[dead]], r)
+                weight[cut[query_of_near[dead]]] = 1
+            self._waste(positions[dead], weight)
+        return (query_of_near[live], rows[live], distances[near][live]), once and not cut.any()
 
-    def _rows_at(self, tiers: list[_Tier], positions: np.ndarray, fps: np.ndarray) -> np.ndarray:
+    def _band_tests(self, r: int) -> list[tuple[int, np.uint64, np.uint64, int]]:
+        """Each band a query within `r` probes (a prefix of the bands): its number, offset, mask and probe radius."""
+        return [
+            (band, offset, width_mask, radius)
+            for band, (offset, width_mask, radius) in enumerate(
+                zip(self._offsets, self._width_masks, probe_radii(self.layout.bands, r), strict=True)
+            )
+            if radius >= 0
+        ]
+
+    def _later_bands(self, apart: np.ndarray, band_of: np.ndarray, r: int) -> np.ndarray:
+        """Which candidates (`apart`: each XOR its query's fingerprint, read through the band `band_of[k]`) an earlier
+        band reached too: its own values there differ from the query's in at most that band's probe radius (its
+        probes are every mask of that many bits or fewer, `BandLayout.masks`). For a query whose ranges were all read
+        whole, that band's read found the same row: the later ones are the same match again (a storm's query reaches
+        half of its rows through two bands or more: twice the arrays to read on, and a sort to make them unique)."""
+        again = np.zeros(len(apart), dtype=bool)
+        for band, offset, width_mask, radius in self._band_tests(r)[:-1]:
+            reached = np.bitwise_count((apart >> offset) & width_mask) <= radius
+            again |= reached & (band_of > band)
+        return again
+
+    def _bands_reaching(self, apart: np.ndarray, r: int) -> np.ndarray:
+        """Through how many bands a query's probes reach each candidate (`apart`: it XOR the query's fingerprint)."""
+        weight = np.zeros(len(apart), dtype=np.int64)
+        for _, offset, width_mask, radius in self._band_tests(r):
+            weight += np.bitwise_count((apart >> offset) & width_mask) <= radius
+        return weight
+
+    def _rows_at(
+        self, tiers: list[_Tier], positions: np.ndarray, fps: np.ndarray, of: np.ndarray | None = None
+    ) -> np.ndarray:
         """The row of each fingerprint `fps[k]` read at `positions[k]` of the arena (in one of `tiers`), the row it
         had when its tier was built: read beside it, or for a tier of loaded rows only, found by one binary search in
         the load's sorted fingerprints; instead of a look-up a match."""
@@ -759,7 +828,9 @@ class MemoryIndex:
             mine = np.arange(len(fps))
             which: Iterable[tuple[int, np.ndarray]] = [(0, mine)]
         else:
-            of = np.array([tier.at for tier in tiers], dtype=np.int64).searchsorted(positions, side="right") - 1
+            if of is None:  # (the tier of each, when the caller does not know it)
+                ats = np.array([tier.at for tier in tiers], dtype=np.int64)
+                of = ats.searchsorted(positions, side="right") - 1
             present = sorted(set(of.tolist())) if few else range(len(tiers))
             which = ((k, (of == k).nonzero()[0]) for k in present)
         rows = np.empty(len(fps), dtype=np.int64)
@@ -777,9 +848,10 @@ class MemoryIndex:
             rows[mine] = self._base.fps.searchsorted(fps[mine])
         return rows
 
-    def _waste(self, positions: np.ndarray) -> None:
+    def _waste(self, positions: np.ndarray, weight: np.ndarray | None = None) -> None:
         """Count against their tiers the candidates a search found within its distance but of rows that went (the
-        arena's `positions` of them), and build anew each tier whose count reaches its size and _SEAL_AT.
+        arena's `positions` of them; `weight`: how many times the search met each, once if not given), and build anew
+        each tier whose count reaches its size and _SEAL_AT.
 
         Rows that went are counted on delete, too (`_unlink`), but how much they cost depends on where they are: a
         storm of near-duplicates shares its band values, so a query near it reads and verifies every row of it that
@@ -791,7 +863,9 @@ class MemoryIndex:
         thrown-away candidates add up to the tier's size.
         """
         ats = np.array([tier.at for tier in self._tiers], dtype=np.int64)
-        counts = np.bincount(np.searchsorted(ats, positions, side="right") - 1, minlength=len(self._tiers))
+        counts = np.bincount(
+            np.searchsorted(ats, positions, side="right") - 1, weights=weight, minlength=len(self._tiers)
+        ).astype(np.int64)
         due = []
         for k in np.flatnonzero(counts).tolist():
             tier = self._tiers[k]
@@ -813,19 +887,6 @@ class MemoryIndex:
         live = self._sizes[rows] > 0
         verified += end - first
         return which[live], rows[live], near[live]
-
-    def _results(
-        self,
-        found: list[Hits],
-        queries: Sequence[tuple[int, str | None]],
-        r: int,
-        verified: np.ndarray,
-        cut: np.ndarray,
-        limit: int,
-    ) -> list[SearchResult]:
-        """Each query's result from the rows it `found` (worker/copylisting.py), in plain Python for a send of at most
-        _FEW_HITS matching rows, in arrays for more."""
-        return copylisting.results(self, found, queries, r, verified, cut, limit, few=_FEW_HITS)
 
     def _members_of(self, rows: np.ndarray) -> list[str | list[str] | None]:
         """`_held` of each of `rows`: those made since the load gathered in one step (a storm's thousands of matches
