@@ -1358,13 +1358,34 @@ def test_redis_conf_is_accepted_by_redis_7_with_aof_and_the_acl(tmp_path: Path) 
             assert c.config_get("aclfile") == {"aclfile": str(acl)}
             assert c.config_get("save") == {"save": ""}
             assert WORKER_USER in c.acl_users()
+            library.load(c)
         with server.client(username=WORKER_USER, password=PASSWORDS["REDIS_WORKER_PASSWORD"]) as worker:
             assert worker.ping()
+            # 1,000 incidents sharing band 0's value: their posting set stays an intset (Redis's default, 512,
+            # would make it a hash table of about 50 bytes a member)
+            FingerprintIndex(worker).bulk_load([(str(k), k << 16) for k in range(1, 1001)])
+            assert worker.scard("{incidents}:band:0:0000") == 1000
+        with server.client(username="admin", password=PASSWORDS["REDIS_ADMIN_PASSWORD"]) as c:
+            assert c.object("encoding", "{incidents}:band:0:0000") == b"intset"
         with server.client(retry=Retry(NoBackoff(), 0)) as anonymous, pytest.raises(AuthenticationError):
             anonymous.ping()
         assert (tmp_path / "appendonlydir").is_dir(), "no append-only file was started"
     finally:
         server.stop()
+
+
+def test_servers_the_tests_and_benchmarks_start_run_with_the_shipped_redis_conf_settings() -> None:
+    """A benchmark's figures (memory an incident above all) are those of the Redis the project ships."""
+    from worker.devtools.redis_server import SHIPPED_SETTINGS
+
+    conf = dict(line.split(None, 1) for line in REDIS_CONF.read_text().splitlines() if line.strip() and line[0] != "#")
+    names = SHIPPED_SETTINGS[::2]
+    assert all(name.startswith("--") for name in names)
+    assert {name[2:]: conf.get(name[2:]) for name in names} == dict(
+        zip([name[2:] for name in names], SHIPPED_SETTINGS[1::2], strict=True)
+    )
+    assert "set-max-intset-entries" in conf
+    assert list(SHIPPED_SETTINGS) == RedisServer(Path("/nonexistent")).command()[-len(SHIPPED_SETTINGS) :]
 
 
 def test_worker_pods_wait_for_the_functions_in_an_init_container() -> None:

@@ -563,6 +563,62 @@ def test_a_near_storm_lists_its_closest_matches_in_id_order_and_counts_every_twi
             assert len(result.matches) == min(limit, result.match_count)
 
 
+def _storm_copy(
+    seed: int, layout: tuple[int, int], loaded: int, added: int, deleted: int
+) -> tuple[MemoryIndex, list[int]]:
+    """A copy of near-duplicates of one center (1 to 5 bits from it, some twins), some loaded, some set after the
+    load, some deleted (rows that went stay in their tiers: searches throw them away, `_waste`)."""
+    rng = random.Random(seed)
+    center = rng.getrandbits(64)
+    pool = [flip(center, rng.randint(1, 5), rng) for _ in range((loaded + added) // 2 + 1)]
+    index = MemoryIndex(BandLayout(*layout))
+    index.load({f"l{k}": rng.choice(pool) for k in range(loaded)})
+    for k in range(added):
+        index.set(f"a{k}", rng.choice(pool))
+    for k in rng.sample(range(loaded), min(deleted, loaded)):
+        index.delete(f"l{k}")
+    return index, pool
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**32),
+    layout=st.sampled_from([(4, 7), (3, 7), (5, 7), (6, 12), (2, 3)]),
+    loaded=st.integers(0, 300),
+    added=st.integers(0, 200),
+    deleted=st.integers(0, 200),
+    limit=st.sampled_from([0, 1, 17, 100]),
+    budget=st.sampled_from([0, 30, 150, 600]),
+    max_distance=st.sampled_from([None, 2, 5]),
+    mixed=st.booleans(),
+)
+def test_a_storm_searched_in_arrays_answers_and_counts_as_the_plain_way(
+    seed, layout, loaded, added, deleted, limit, budget, max_distance, mixed, seal_at, direct_tables, monkeypatch
+) -> None:
+    """A send of storm queries searched with its matches in arrays (a row several bands reach kept once, from the
+    first band that reaches it: `_later_bands`, and listed without sorting them all) and in plain Python (every
+    band's read kept, made unique in a dict) on two copies made alike: the same results, cut ones included (a cut
+    query's earlier band may have lost the row a later band found: all its matches are kept), and the same candidates
+    thrown away against each tier (`_waste`: a row that went counts once for each band that reached it). `mixed`:
+    tiers of an even number of rows get tables, the others binary searches, so that a tier of either kind may come
+    before one of the other."""
+    results, wasted = [], []
+    with monkeypatch.context() as patch:  # (undone after each example: the next may have another layout)
+        if mixed and max(BandLayout(*layout).widths) <= 16:  # (tables of wider bands in every tier: too much memory)
+            patch.setattr(MemoryIndex, "_direct", lambda self, rows: rows % 2 == 0)
+        for few in (0, 2**62):
+            patch.setattr(worker.snapshot, "_FEW_HITS", few)
+            index, pool = _storm_copy(seed, layout, loaded, added, deleted)
+            rng = random.Random(seed + 1)
+            queries = [
+                (flip(rng.choice(pool), rng.randint(0, 3), rng), rng.choice([None, "a0", "l1"])) for _ in range(9)
+            ]
+            results.append(index.search_many(queries, limit=limit, budget=budget, max_distance=max_distance))
+            wasted.append(([tier.wasted for tier in index._tiers], index.tier_rebuilds))
+    assert results[0] == results[1]
+    assert wasted[0] == wasted[1]
+
+
 def test_the_copy_names_the_holder_of_a_fingerprint_whatever_the_budget() -> None:
     """`holder`: the first ID in code point order holding the fingerprint exactly, other than the excluded one, found
     without the postings (a search cut at its budget may not reach it)."""
@@ -579,6 +635,26 @@ def test_the_copy_names_the_holder_of_a_fingerprint_whatever_the_budget() -> Non
     index.delete("z")
     assert index.holder(center, exclude="é") is None
     assert index.holder(center) == "é"
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32), steps=st.integers(0, 60))
+def test_a_sends_holders_are_each_ones_holder(seed: int, steps: int) -> None:
+    """`holders` (one numpy look-up for a send, as SnapshotReader.claims asks) names what `holder` names for each
+    (fingerprint, excluded ID): rows loaded or made since, twins, rows that went, IDs held or not."""
+    rng = random.Random(seed)
+    fps = [rng.getrandbits(64) for _ in range(12)]
+    index = MemoryIndex(BandLayout(4, 7))
+    index.load({f"n{k}": fps[k % 8] for k in range(20)})
+    for _ in range(steps):  # sets (new rows, twins, moves) and deletes after the load
+        incident = f"n{rng.randrange(26)}"
+        if rng.random() < 0.3:
+            index.delete(incident)
+        else:
+            index.set(incident, rng.choice(fps))
+    queries = [(rng.choice(fps), rng.choice([None, f"n{rng.randrange(26)}"])) for _ in range(16)]
+    assert index.holders(queries) == [index.holder(fp, exclude) for fp, exclude in queries]
+    assert index.holders([]) == []
 
 
 def test_ids_sort_in_utf8_byte_order_as_redis_sorts_them() -> None:

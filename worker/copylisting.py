@@ -3,13 +3,14 @@ the closest `limit` listed by distance, then ID in code point order, its exclude
 
 A send's searches give the rows they found (query, row, distance). With few of them (an ordinary send), each query's
 rows go in a dict and every member is listed and sorted in plain Python; with many (a near storm: thousands of
-matches a query to list 100, benchmarks/journal/near-storms.md), in arrays: a query's rows sorted by distance once,
-its count the sum of its rows' member counts, and only the rows the cap reaches read in Python. Both give the same
-answers (tests/test_snapshot.py runs the property tests through each).
+matches a query to list 100, benchmarks/journal/near-storms.md), in arrays: a query's count the sum of its rows'
+member counts, the distance where its cap falls found from its counts by distance, and only the rows the cap reaches
+sorted and read in Python. Both give the same answers (tests/test_snapshot.py runs the property tests through each).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -63,29 +64,32 @@ def results(
     limit: int,
     *,
     few: int,
+    unique: bool = False,
 ) -> list[SearchResult]:
     """Each query's result from the rows it `found` (query, row, distance): every match counted, the closest
-    `limit` (0: all) listed by distance, then ID; its excluded ID left out of both.
+    `limit` (0: all) listed by distance, then ID; its excluded ID left out of both. `unique`: `found` holds each
+    (query, row) once (else a row several bands reached is made unique here).
 
-    In arrays: a query's rows are sorted by distance once (a row found through several bands kept once), its
-    count is the sum of its rows' member counts, and only the rows the cap reaches are read in Python: those of
-    the distances before the one where the cap falls, and that one's, whose IDs are compared. A near storm's query
-    meets thousands of matches to list 100 (benchmarks/journal/near-storms.md): a dict entry and a Python step
-    for each had been most of its search."""
+    In arrays: a query's count is the sum of its rows' member counts; the distance where its cap falls is found
+    from its member counts by distance, and only the rows the cap reaches are read in Python and sorted: those of
+    the distances before that one, and that one's, whose IDs are compared. A near storm's query meets thousands of
+    matches to list 100 (benchmarks/journal/near-storms.md): a dict entry and a Python step for each had been most
+    of its search, then a sort of them all."""
     n = len(queries)
     total = sum(len(q) for q, _, _ in found)
     if total <= few:
         return _few_results(copy, found, queries, verified, cut, limit)
-    span = max(copy._row_count(), 1)
     query_of = np.concatenate([q for q, _, _ in found]).astype(np.int64)
     distance_of = np.concatenate([d for _, _, d in found]).astype(np.int64)
-    row_of = np.concatenate([rows for _, rows, _ in found]).astype(np.int64)
-    # one key a (query, distance, row), sorted and each once (a row several bands reached has one distance)
-    keys = np.sort((query_of * (r + 1) + distance_of) * span + row_of)
-    if len(keys) > 1:  # (np.unique hashes first: several times slower than the sort)
-        keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
-    rows = keys % span
-    query_of, distance_of = np.divmod(keys // span, r + 1)
+    rows = np.concatenate([rows for _, rows, _ in found]).astype(np.int64)
+    if not unique:
+        # one key a (query, distance, row), sorted and each once (a row several bands reached has one distance)
+        span = max(copy._row_count(), 1)
+        keys = np.sort((query_of * (r + 1) + distance_of) * span + rows)
+        if len(keys) > 1:  # (np.unique hashes first: several times slower than the sort)
+            keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
+        rows = keys % span
+        query_of, distance_of = np.divmod(keys // span, r + 1)
     excluded = np.full(n, -1, dtype=np.int64)  # the row of each query's excluded ID, if it holds one
     for k, (_, exclude) in enumerate(queries):
         fp = copy.get(exclude) if exclude is not None else None
@@ -94,13 +98,30 @@ def results(
             assert row is not None
             excluded[k] = row
     sizes = copy._sizes[rows].astype(np.int64) - (rows == excluded[query_of])
-    counts = np.bincount(query_of, weights=sizes, minlength=n).astype(np.int64).tolist()
-    bounds = np.searchsorted(query_of, np.arange(n + 1)).tolist()
+    cell = query_of * (r + 1) + distance_of  # (query, distance)
+    # each query's members by distance, and how many lie within each distance
+    within = np.cumsum(np.bincount(cell, weights=sizes, minlength=n * (r + 1)).reshape(n, r + 1), axis=1)
+    counts = within[:, r].astype(np.int64)
+    # the distance where each query's cap falls (r + 1: its every match is listed) and how many of it are listed
+    last = np.full(n, r + 1, dtype=np.int64)
+    need = np.zeros(n, dtype=np.int64)
+    if limit:
+        over = counts > limit
+        last[over] = np.argmax(within[over] >= limit, axis=1)
+        shifted = np.concatenate([np.zeros((n, 1)), within[:, :-1]], axis=1)
+        need[over] = limit - shifted[over, last[over]].astype(np.int64)
+        read = np.flatnonzero(distance_of <= last[query_of])  # the rows the cap reaches
+        cell, rows = cell[read], rows[read]
+    order = np.argsort(cell, kind="stable")
+    cell, rows = cell[order], rows[order]
+    members = copy._members_of(rows)
+    bounds = np.searchsorted(cell, np.arange(n + 1) * (r + 1)).tolist()
+    distances = (cell % (r + 1)).tolist()
     results = []
     for k, (_, exclude) in enumerate(queries):
         lo, hi = bounds[k], bounds[k + 1]
-        listed = _listed(copy, rows[lo:hi], distance_of[lo:hi], sizes[lo:hi], exclude, limit) if hi > lo else []
-        results.append(SearchResult(counts[k], listed, int(verified[k]), bool(cut[k])))
+        listed = _listed(members[lo:hi], distances[lo:hi], int(last[k]), int(need[k]), exclude) if hi > lo else []
+        results.append(SearchResult(int(counts[k]), listed, int(verified[k]), bool(cut[k])))
     return results
 
 
@@ -158,24 +179,16 @@ def _few_results(
 
 
 def _listed(
-    copy: ListingRows, rows: np.ndarray, distances: np.ndarray, sizes: np.ndarray, exclude: str | None, limit: int
+    members: list[str | list[str] | None], distances: list[int], last: int, need: int, exclude: str | None
 ) -> list[tuple[str, int]]:
-    """The closest `limit` (0: all) members of `rows` (sorted by distance; `sizes` their members other than
-    `exclude`), sorted by distance, then ID in code point order. Every member of the distances before the one
-    the cap falls in is listed; of that one, the smallest IDs the cap has room for (a storm's thousands of rows
-    at one distance: only their IDs are compared)."""
-    whole, last, need, end = len(rows), 0, 0, len(rows)
-    if limit:
-        reached = np.cumsum(sizes)
-        if int(reached[-1]) > limit:
-            last = int(distances[int(np.searchsorted(reached, limit))])  # the distance where the cap falls
-            whole = int(np.searchsorted(distances, last, side="left"))
-            need = limit - (int(reached[whole - 1]) if whole else 0)
-            end = int(np.searchsorted(distances, last, side="right"))
-    members = copy._members_of(rows[:end] if need else rows[:whole])
+    """A query's listing from the `members` of the rows its cap reaches, sorted by their `distances`: every member
+    of the distances before `last` (the one its cap falls in; beyond r: none), sorted by distance, then ID in code
+    point order; then of `last`'s, the `need` smallest IDs (a storm's hundreds of rows at one distance: only their
+    IDs are compared). `exclude` is left out."""
+    whole = bisect.bisect_left(distances, last)
     listed: list[tuple[int, str]] = []
     twins: list[tuple[int, list[str]]] = []
-    for distance, held in zip(distances[:whole].tolist(), members[:whole], strict=True):
+    for distance, held in zip(distances[:whole], members[:whole], strict=True):
         if isinstance(held, str):
             listed.append((distance, held))
         elif held is not None:

@@ -279,7 +279,7 @@ class SnapshotClaim:
     then needs no read of the postings to find the fingerprint's twin (docs/contract.md, "Snapshot reads")."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ApplyResult:
     """What one atomic index step did.
 
@@ -321,7 +321,10 @@ _LOWER_HEX = frozenset("0123456789abcdef")
 def parse_count(value: Any) -> tuple[int, bool]:
     """A match count as the functions reply it: the number, and whether the search was cut at the budget (the reply
     then says '<n>+': n matches found, more may exist)."""
-    raw = text(value) if isinstance(value, bytes | str) else str(value)
+    if type(value) is bytes:  # (the usual reply: one type test, not text's and a union's)
+        raw = value.decode("utf-8", "surrogateescape")
+    else:
+        raw = text(value) if isinstance(value, bytes | str) else str(value)
     if raw.endswith("+"):
         return int(raw[:-1]), True
     return int(raw), False
@@ -335,16 +338,21 @@ def parse_apply(reply: Sequence[Any]) -> ApplyResult:
         return ApplyResult(status, stored=stored_value(extra))
     match_count, incomplete = parse_count(reply[1])
     # indexed and repeat carry the incident's group before the matches (worker/lua/apply.lua, apply_at's header)
-    grouped = status in ("indexed", "repeat") and len(reply) >= 6
+    if (status == "indexed" or status == "repeat") and len(reply) >= 6:
+        listed = reply[6:]
+        return ApplyResult(
+            status,
+            match_count,
+            int(reply[2]),
+            extra or None,
+            pairs(listed) if listed else [],
+            None,
+            incomplete,
+            text(reply[4]),
+            int(reply[5]),
+        )
     return ApplyResult(
-        status,
-        match_count=match_count,
-        candidates=int(reply[2]),
-        alert_id=extra or None,
-        matches=pairs(reply[6:] if grouped else reply[4:]),
-        incomplete=incomplete,
-        group_id=text(reply[4]) if grouped else None,
-        group_size=int(reply[5]) if grouped else 0,
+        status, match_count, int(reply[2]), extra or None, pairs(reply[4:]), incomplete=incomplete, group_id=None
     )
 
 
@@ -403,11 +411,15 @@ def pack_snapshot(snapshot: SnapshotClaim | None) -> tuple[str, list[Any]]:
     """A snapshot's claim as `ApplyArgs.snapshot` and `ApplyArgs.listed` ('' and [] without one)."""
     if snapshot is None:
         return "", []
-    listed = [part for pair in snapshot.listed for part in pair]
+    return pack_claim(snapshot), [part for pair in snapshot.listed for part in pair]
+
+
+def pack_claim(snapshot: SnapshotClaim) -> str:
+    """`ApplyArgs.snapshot` of a claim: its position, count, completeness and holder."""
     complete = 2 if snapshot.cut else 1 if snapshot.complete else 0
     holder = snapshot.holder
     held = "" if holder is True else " 0" if holder is None or holder is False else f" 1{holder}"
-    return f"{snapshot.position} {snapshot.count} {complete}{held}", listed
+    return f"{snapshot.position} {snapshot.count} {complete}{held}"
 
 
 def pack_limits(max_matches: int, max_candidates: int) -> str:

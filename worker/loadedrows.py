@@ -273,7 +273,7 @@ class LoadedRows:
         shift = self._shift
         top = (_id_hash(key) & _ALL_BITS) >> shift
         table = self.hashes
-        at = int(np.searchsorted(table, np.uint64(top << shift)))
+        at = int(table.searchsorted(np.uint64(top << shift)))
         while at < len(table) and int(table[at]) >> shift == top:
             incident = int(table[at]) & ((1 << shift) - 1)
             if self.id_bytes(incident) == key:

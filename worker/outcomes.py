@@ -16,7 +16,7 @@ from typing import Any
 from .fingerprint import format_fingerprint
 from .formats import MAX_INCIDENT_ID_LENGTH, IncidentEvent
 from .library import ApplyResult
-from .metrics import Metrics
+from .metrics import Metrics, observe_each
 from .replies import entry_time_ms, text
 
 __all__ = ["DEAD", "FAILED", "NOT_PENDING", "Outcomes", "WorkerStats"]
@@ -46,7 +46,8 @@ class WorkerStats:
 class Outcomes:
     """Counts each entry's outcome in `stats` and `metrics` and writes its log line.
 
-    The events counter of /metrics is added to once an outcome and batch (`flush`), not once an event."""
+    /metrics is added to once a batch (`flush`), not once an event: the events counter once an outcome, the alerts
+    and groups counters, and the histograms of candidates and end-to-end time (`metrics.observe_each`)."""
 
     def __init__(self, metrics: Metrics, log: Any) -> None:
         self.stats = WorkerStats()
@@ -57,6 +58,9 @@ class Outcomes:
         self._cut_logged_at = float("-inf")
         self._opened = 0
         self._joined = 0
+        self._alerted = 0
+        self._candidates: list[int] = []  # the histograms' values since the last flush, observed by it
+        self._latencies: list[float] = []
 
     def record(
         self,
@@ -82,7 +86,7 @@ class Outcomes:
         stats.outcomes[outcome] = stats.outcomes.get(outcome, 0) + 1
         self._unflushed[outcome] = self._unflushed.get(outcome, 0) + 1
         if outcome == NOT_PENDING:
-            if self._logs_debug():
+            if self._logs(logging.DEBUG):
                 shown = event.incident_id if event is not None else _incident_id(incident_id)
                 self.log.debug("entry already processed by another consumer", entry_id=entry_id, incident_id=shown)
         elif outcome == FAILED:
@@ -123,10 +127,10 @@ class Outcomes:
 
     def _applied(self, entry_id: str, event: IncidentEvent, result: ApplyResult) -> None:
         self.stats.processed += 1
-        self.metrics.candidates.observe(result.candidates)
+        self._candidates.append(result.candidates)
         if result.incomplete:
             self._cut(entry_id, event, result)
-        self.metrics.end_to_end_seconds.observe(max(0.0, time.time() - entry_time_ms(entry_id) / 1000))
+        self._latencies.append(max(0.0, time.time() - entry_time_ms(entry_id) / 1000))
         if result.status == "indexed":  # (each indexed incident opens a group or joins its closest match's)
             if result.match_count:
                 self._joined += 1
@@ -134,7 +138,9 @@ class Outcomes:
                 self._opened += 1
         if result.alert_id:
             self.stats.alerts += 1
-            self.metrics.alerts.inc()
+            self._alerted += 1
+            if not self._logs(logging.INFO):  # the line's arguments are built only when it is written
+                return
             self.log.info(
                 "alert",
                 entry_id=entry_id,
@@ -146,7 +152,7 @@ class Outcomes:
                 alert_entry=result.alert_id,
                 **({"incomplete": True} if result.incomplete else {}),
             )
-        elif self._logs_debug():  # the line's arguments are built only when it is written
+        elif self._logs(logging.DEBUG):
             self.log.debug(
                 result.status,
                 entry_id=entry_id,
@@ -179,24 +185,30 @@ class Outcomes:
 
     def flush(self) -> None:
         """Add the outcomes recorded since the last flush to /metrics."""
+        observe_each(self.metrics.candidates, self._candidates)
+        observe_each(self.metrics.end_to_end_seconds, self._latencies)
+        self._candidates.clear()
+        self._latencies.clear()
         for outcome, count in self._unflushed.items():
             self.metrics.events.labels(outcome).inc(count)
         self._unflushed.clear()
+        if self._alerted:
+            self.metrics.alerts.inc(self._alerted)
         if self._opened:
             self.metrics.groups_opened.inc(self._opened)
         if self._joined:
             self.metrics.groups_joined.inc(self._joined)
-        self._opened = self._joined = 0
+        self._opened = self._joined = self._alerted = 0
 
     def batch_done(self, seconds: float) -> None:
         """Count one batch and how long it took."""
         self.stats.batches += 1
         self.metrics.batch_seconds.observe(seconds)
 
-    def _logs_debug(self) -> bool:
-        """Whether the logger writes debug lines (structlog's filtering loggers say so; others: assume)."""
+    def _logs(self, level: int) -> bool:
+        """Whether the logger writes lines of `level` (structlog's filtering loggers say so; others: assume)."""
         enabled = getattr(self.log, "is_enabled_for", None)
-        return enabled is None or bool(enabled(logging.DEBUG))
+        return enabled is None or bool(enabled(level))
 
 
 def _incident_id(raw: Any) -> str | None:

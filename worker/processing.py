@@ -41,7 +41,7 @@ from .entries import Entry, parse_entries
 from .errors import DamagedMetaError, DuplicateIncidentError
 from .formats import DeadLetter, IncidentEvent, decode_fields, event_error
 from .inbox import intake
-from .index import FingerprintIndex, retry_while_stale
+from .index import FingerprintIndex, SnapshotAdd, retry_while_stale
 from .keytypes import diagnose, incident_keys, is_wrong_type, search_keys, wrong_types
 from .library import (
     FN_APPLY,
@@ -50,6 +50,7 @@ from .library import (
     StreamTarget,
     apply_batch,
     dead_letter_command,
+    pack_alert_extra,
     parse_apply,
 )
 from .outcomes import DEAD, FAILED, NOT_PENDING, Outcomes
@@ -57,7 +58,7 @@ from .readpath import SNAPSHOT_SEND, SnapshotLostError, SnapshotReader
 from .replies import text
 from .settings import ALERT_EVENT_FIELD_CHARS, Settings
 from .text import TOKENIZER_VERSION
-from .transport import Command
+from .transport import Command, Packed
 from .upkeep import Upkeep
 
 __all__ = ["Processor", "read_sizes", "waits_out"]
@@ -106,7 +107,7 @@ worker of the fleet, for an inbox that may never be used (producers that XADD). 
 waits that much longer; an idle worker polls less often than this anyway (up to block_ms)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Item:
     """One stream entry on its way through a batch."""
 
@@ -382,10 +383,45 @@ class Processor:
                 return replies + self.index.execute([self._command(item, expected) for item in items[start:]])
             send = items[start : start + SNAPSHOT_SEND]
             claims = self._claims(send)
+            packed = self._snapshot_adds(send, claims)
+            if packed is not None:  # the usual send: adds only, their call written at once
+                [batch] = self.index.execute([packed])
+                replies += [batch] * len(send) if isinstance(batch, Exception) else batch
+                continue
             replies += self._send_batched(
                 [self._command(item, expected, claim) for item, claim in zip(send, claims, strict=True)]
             )
         return replies
+
+    def _snapshot_adds(self, items: list[_Item], claims: list[SnapshotClaim | None]) -> Packed | None:
+        """The apply_batch call of a send whose every item is an add with its claim, packed (the calls `_command`
+        would build, `FingerprintIndex.snapshot_adds`); None for any other send."""
+        adds: list[SnapshotAdd] = []
+        settings = self.settings
+        fields = bool(settings.alert_event_field_names)
+        for item, claim in zip(items, claims, strict=True):
+            event = item.event
+            if claim is None or event is None or event.op != "add" or event.fingerprint is None:
+                return None
+            text = event.text
+            adds.append(
+                SnapshotAdd(
+                    event.incident_id,
+                    event.fingerprint,
+                    item.entry_id,
+                    claim,
+                    text[: settings.alert_text_chars] if text else "",
+                    self._tokenizer if text is not None else "",
+                    pack_alert_extra(settings.group_open_alerts, self._alert_fields(item)) if fields else None,
+                )
+            )
+        return self.index.snapshot_adds(
+            adds,
+            stream=self.target,
+            max_matches=settings.max_matches,
+            max_candidates=settings.max_candidates,
+            alert_extra=pack_alert_extra(settings.group_open_alerts),
+        )
 
     def _claims(self, items: list[_Item]) -> list[SnapshotClaim | None]:
         """What the snapshot finds for each item that indexes a fingerprint (None for the others), searched together."""

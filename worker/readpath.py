@@ -484,19 +484,19 @@ class SnapshotReader:
         send together, and say what was found, for the apply calls to validate. A search past `budget` candidates
         (0: none) stops there, and its claim says so (`cut`)."""
         index = self.follower.index
-        results = index.search_many(
-            [(fp, incident_id) for incident_id, fp in wanted], limit=cap + CLAIM_EXTRA if cap else 0, budget=budget
-        )
+        queries = [(fp, incident_id) for incident_id, fp in wanted]
+        results = index.search_many(queries, limit=cap + CLAIM_EXTRA if cap else 0, budget=budget)
+        position = index.position
         return [
             SnapshotClaim(
-                index.position,
+                position,
                 result.match_count,
                 result.matches,
                 len(result.matches) == result.match_count,
-                cut=result.cut,
-                holder=index.holder(fp, incident_id),
+                result.cut,
+                holder,
             )
-            for result, (incident_id, fp) in zip(results, wanted, strict=True)
+            for result, holder in zip(results, index.holders(queries), strict=True)
         ]
 
     def describe(self) -> dict[str, Any]:

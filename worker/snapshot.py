@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import copylisting
-from .bands import BandLayout
+from .bands import BandLayout, probe_radii
 from .copylisting import NO_HITS, Hits, SearchResult
 from .loadedrows import LoadedRows, RowsBuilder
 
@@ -84,14 +84,23 @@ do (a row of a tier is read only when a probe reaches it). Rows that went close 
 than their share: searches near them rebuild their tier sooner (`MemoryIndex._waste`)."""
 
 
+_MAX_FP = (1 << 64) - 1
+
+
+def _tile(values: np.ndarray, times: int) -> np.ndarray:
+    """`np.tile` of a 1-d array (times >= 1), without its Python-level steps (a numpy function called for each send
+    costs microseconds of dispatch: the search calls the arrays' own methods for that reason too)."""
+    return values if times == 1 else np.concatenate([values] * times)
+
+
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """starts[0]..ends[0], starts[1]..ends[1], ... (each end left out) as one array, without a Python loop."""
     counts = ends - starts
-    offsets = np.cumsum(counts)
+    offsets = counts.cumsum()
     if not len(offsets) or not offsets[-1]:
         return np.zeros(0, dtype=np.int64)
     # the k-th element of range i is starts[i] + k, at position offsets[i] - counts[i] + k of the result
-    return np.repeat(starts - offsets + counts, counts) + np.arange(int(offsets[-1]))
+    return (starts - offsets + counts).repeat(counts) + np.arange(int(offsets[-1]))
 
 
 def _value_dtype(width: int) -> type[np.unsignedinteger]:
@@ -211,7 +220,18 @@ class MemoryIndex:
         """The first (in ID order) incident other than `exclude` holding `fp` exactly, or None: one look-up, whatever
         a search's budget."""
         row = self._row(fp)
-        members = self._held(row) if row is not None else None
+        return self._first_other(row, exclude) if row is not None else None
+
+    def holders(self, queries: Sequence[tuple[int, str | None]]) -> list[str | None]:
+        """`holder` of each (fingerprint, excluded ID), their rows found in one numpy step (a send's claims)."""
+        if not queries:
+            return []
+        rows = self._rows_of(np.array([fp for fp, _ in queries], dtype=np.uint64)).tolist()
+        first_other = self._first_other
+        return [None if row < 0 else first_other(row, exclude) for row, (_, exclude) in zip(rows, queries, strict=True)]
+
+    def _first_other(self, row: int, exclude: str | None) -> str | None:
+        members = self._held(row)
         if isinstance(members, str):
             return members if members != exclude else None
         if members:
@@ -289,7 +309,7 @@ class MemoryIndex:
         row = self._row_of.get(fp)
         if row is None and self._base_rows:
             fps = self._base.fps  # type: ignore[union-attr]
-            at = int(np.searchsorted(fps, np.uint64(fp)))
+            at = int(fps.searchsorted(np.uint64(fp)))
             if at < self._base_rows and fps[at] == fp and not self._dead[at]:
                 return at
         return row
@@ -299,12 +319,12 @@ class MemoryIndex:
         rows = np.full(len(fps), -1, dtype=np.int64)
         if self._base_rows:
             base_fps = self._base.fps  # type: ignore[union-attr]
-            at = np.minimum(np.searchsorted(base_fps, fps), self._base_rows - 1)
+            at = np.minimum(base_fps.searchsorted(fps), self._base_rows - 1)
             found = (base_fps[at] == fps) & ~self._dead[at]
             rows[found] = at[found]
         if self._row_of:
             row_of = self._row_of
-            missing = np.flatnonzero(rows < 0)
+            missing = (rows < 0).nonzero()[0]
             for k, fp in zip(missing.tolist(), fps[missing].tolist(), strict=True):
                 rows[k] = row_of.get(fp, -1)
         return rows
@@ -530,7 +550,8 @@ class MemoryIndex:
             return
         row = self._row(fp)  # unlinking `old` (another fingerprint) does not change it
         # a new row's fingerprint as numpy holds it: one outside 64 bits raises OverflowError here, before any change
-        value = np.uint64(fp) if row is None else None
+        # (a plain int within 64 bits goes in as it is: numpy's scalar costs more than the rest of the step)
+        value = (fp if type(fp) is int and 0 <= fp <= _MAX_FP else np.uint64(fp)) if row is None else None
         if old is not None:
             self._forget(incident_id)
             self._unlink(incident_id, old)
@@ -563,7 +584,7 @@ class MemoryIndex:
                 return self._base.fp_of(incident)
         return old
 
-    def _new_row(self, incident_id: str, fp: int, value: np.uint64) -> None:
+    def _new_row(self, incident_id: str, fp: int, value: int | np.uint64) -> None:
         """A row for `fp`, held by `incident_id` alone; `value` is `fp` as numpy's (converted first by the caller, so
         that a fingerprint outside 64 bits changes nothing)."""
         if self._free:
@@ -647,14 +668,16 @@ class MemoryIndex:
         verified = np.zeros(len(queries), dtype=np.int64)
         cut = np.zeros(len(queries), dtype=bool)
         found: list[Hits] = []
+        unique = True  # each (query, row) found once (the tail's are; the tiers' when made so)
         if queries:
             queries_array = np.array([fp for fp, _ in queries], dtype=np.uint64)
             tiers = [tier for tier in self._tiers if tier.size]
             if tiers:
-                found.append(self._tier_hits(tiers, queries_array, r, verified, budget, cut))
+                hits, unique = self._tier_hits(tiers, queries_array, r, verified, budget, cut)
+                found.append(hits)
             if self._row_count() > self._sealed:
                 found.append(self._tail_hits(queries_array, r, verified))
-        return self._results(found, queries, r, verified, cut, limit)
+        return copylisting.results(self, found, queries, r, verified, cut, limit, few=_FEW_HITS, unique=unique)
 
     def _tier_hits(
         self,
@@ -664,36 +687,42 @@ class MemoryIndex:
         verified: np.ndarray,
         budget: int,
         cut: np.ndarray,
-    ) -> Hits:
+    ) -> tuple[Hits, bool]:
         """The rows of each query's candidates in `tiers` within `r` (query, row, distance; a row several bands reach
         as often), with the candidates verified added to `verified`: the probes found once, looked up in each tier,
         all tiers' candidates gathered from the arena and verified in one pass, their rows found in one binary search
         a tier. A fingerprint held again after its row in a tier went empty is found under its new row, where it is
         now. With `budget` (> 0), each query's candidate ranges are shortened so that it reads at most that many,
         before any is gathered (a flood sharing one band value then costs the budget, not the flood); `cut[k]` is set
-        for each query that lost some."""
+        for each query that lost some. With more than _FEW_HITS candidates, a row several bands reach is kept once
+        (`_later_bands`); the second value says whether every (query, row) is then found once (no query was cut)."""
         band_of, masks, first_slot, band_base = self._probes(r)
         if not len(band_of):
-            return NO_HITS
+            return NO_HITS, True
         values = (queries[:, None] >> self._offsets) & self._width_masks  # query x band
         direct = [tier.starts for tier in tiers if tier.starts is not None]
         where = [(tier.keys, tier.at) for tier in tiers if tier.keys is not None]
-        starts_of, ends_of, query_of_ranges = [], [], []
+        # the tier of each range, ranges tier by tier (those with tables first)
+        tier_order = [k for k, tier in enumerate(tiers) if tier.starts is not None]
+        tier_order += [k for k, tier in enumerate(tiers) if tier.starts is None]
+        starts_of, ends_of, query_of_ranges, probe_of_ranges = [], [], [], []
         if direct:
             # a query's probes together
             slots = (first_slot + (values[:, band_of] ^ masks).astype(np.int64)).ravel()
             after = slots + 1
             starts_of += [table[slots] for table in direct]
             ends_of += [table[after] for table in direct]
-            query_of_ranges.append(np.tile(np.repeat(np.arange(len(queries)), len(band_of)), len(direct)))
+            query_of_ranges.append(_tile(np.arange(len(queries)).repeat(len(band_of)), len(direct)))
+            probe_of_ranges.append(_tile(np.arange(len(band_of)), len(queries) * len(direct)))
         if where:
             # binary searches of sorted probes: 2.6x faster than of the same probes in query order (measured)
             probes = ((values[:, band_of] ^ masks) | band_base).ravel()
-            order = np.argsort(probes)
+            order = probes.argsort()
             probes = probes[order]
-            starts_of += [np.searchsorted(keys, probes, side="left") + at for keys, at in where]
-            ends_of += [np.searchsorted(keys, probes, side="right") + at for keys, at in where]
-            query_of_ranges.append(np.tile(order // len(band_of), len(where)))
+            starts_of += [keys.searchsorted(probes, side="left") + at for keys, at in where]
+            ends_of += [keys.searchsorted(probes, side="right") + at for keys, at in where]
+            query_of_ranges.append(_tile(order // len(band_of), len(where)))
+            probe_of_ranges.append(_tile(order % len(band_of), len(where)))
         # positions in the arena (int64 whatever a table's type), tier x probe
         starts = np.concatenate(starts_of).astype(np.int64, copy=False)
         ends = np.concatenate(ends_of).astype(np.int64, copy=False)
@@ -701,35 +730,96 @@ class MemoryIndex:
         lengths = ends - starts
         if budget > 0:
             # each query's ranges in order, and what comes before each within its query: what is left of the budget
-            order = np.argsort(range_query, kind="stable")
+            order = range_query.argsort(kind="stable")
             ordered = lengths[order]
-            before = np.cumsum(ordered) - ordered
-            first_of = np.searchsorted(range_query[order], range_query[order], side="left")
+            before = ordered.cumsum() - ordered
+            first_of = range_query[order].searchsorted(range_query[order], side="left")
             before = before - before[first_of]
-            allowed = np.clip(budget - before, 0, ordered)
+            allowed = (budget - before).clip(0, ordered)
             cut[range_query[order][allowed < ordered]] = True
             lengths = lengths.copy()
             lengths[order] = allowed
             ends = starts + lengths
-        positions = _ranges(starts, ends)  # in the arena
-        if not len(positions):
-            return NO_HITS
+        total = int(lengths.sum())
+        if not total:
+            return NO_HITS, True
         verified += np.bincount(range_query, weights=lengths, minlength=len(queries)).astype(np.int64)
-        candidates = self._arena.take(positions)  # (faster than indexing with them, by a fifth: measured)
-        # each candidate against its query's fingerprint; the query of each near one found from its range (they are
-        # few: cheaper than the query of every candidate, gathered)
-        distances = np.bitwise_count(candidates ^ np.repeat(queries[range_query], lengths))
-        near = np.flatnonzero(distances <= r)
-        query_of_near = range_query[np.searchsorted(np.cumsum(lengths), near, side="right")]
+        once = total > _FEW_HITS
+        if not once:
+            positions = _ranges(starts, ends)  # in the arena
+            candidates = self._arena.take(positions)  # (faster than indexing with them, by a fifth: measured)
+            # each candidate against its query's fingerprint; the query of each near one found from its range (they
+            # are few: cheaper than the query of every candidate, gathered)
+            apart = candidates ^ np.repeat(queries[range_query], lengths)
+            distances = np.bitwise_count(apart)
+            near = np.flatnonzero(distances <= r)
+            query_of_near = range_query[np.searchsorted(np.cumsum(lengths), near, side="right")]
+            tier_of_near = None
+        else:
+            # a near storm's thousands of candidates a query: the range of each, then what each range gives it by
+            # small gathers (one repeat of the ranges' numbers instead of one of each array, and no binary search)
+            range_of = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
+            positions = np.arange(total, dtype=np.int64)
+            positions += (starts - np.cumsum(lengths) + lengths)[range_of]
+            candidates = self._arena.take(positions)
+            apart = candidates ^ queries[range_query][range_of]
+            distances = np.bitwise_count(apart)
+            close = distances <= r
+            # a row several bands reach is kept once a query, from the first (`_later_bands`)
+            range_band = band_of[np.concatenate(probe_of_ranges)].astype(np.int8)
+            if cut.any():
+                range_band[cut[range_query]] = 0  # (a cut query's: all kept)
+            close &= ~self._later_bands(apart, range_band[range_of], r)
+            near = np.flatnonzero(close)
+            range_of = range_of[near]
+            query_of_near = range_query[range_of]
+            per_tier = len(lengths) // len(tiers)
+            tier_of_near = np.array(tier_order, dtype=np.int64)[range_of // per_tier]
         positions = positions[near]
-        rows = self._rows_at(tiers, positions, candidates[near])
+        rows = self._rows_at(tiers, positions, candidates[near], tier_of_near)
         # A row no incident holds any more is skipped: its fingerprint went (if it is held again, it is in a newer row)
         live = self._sizes[rows] > 0
         if not live.all():
-            self._waste(positions[~live])
-        return query_of_near[live], rows[live], distances[near][live]
+            dead = ~live
+            weight = None
+            if once:  # counted as often as the search met it, as it was before it was kept once
+                weight = self._bands_reaching(apart[near[dead]], r)
+                weight[cut[query_of_near[dead]]] = 1
+            self._waste(positions[dead], weight)
+        return (query_of_near[live], rows[live], distances[near][live]), once and not cut.any()
 
-    def _rows_at(self, tiers: list[_Tier], positions: np.ndarray, fps: np.ndarray) -> np.ndarray:
+    def _band_tests(self, r: int) -> list[tuple[int, np.uint64, np.uint64, int]]:
+        """Each band a query within `r` probes (a prefix of the bands): its number, offset, mask and probe radius."""
+        return [
+            (band, offset, width_mask, radius)
+            for band, (offset, width_mask, radius) in enumerate(
+                zip(self._offsets, self._width_masks, probe_radii(self.layout.bands, r), strict=True)
+            )
+            if radius >= 0
+        ]
+
+    def _later_bands(self, apart: np.ndarray, band_of: np.ndarray, r: int) -> np.ndarray:
+        """Which candidates (`apart`: each XOR its query's fingerprint, read through the band `band_of[k]`) an earlier
+        band reached too: its own values there differ from the query's in at most that band's probe radius (its
+        probes are every mask of that many bits or fewer, `BandLayout.masks`). For a query whose ranges were all read
+        whole, that band's read found the same row: the later ones are the same match again (a storm's query reaches
+        half of its rows through two bands or more: twice the arrays to read on, and a sort to make them unique)."""
+        again = np.zeros(len(apart), dtype=bool)
+        for band, offset, width_mask, radius in self._band_tests(r)[:-1]:
+            reached = np.bitwise_count((apart >> offset) & width_mask) <= radius
+            again |= reached & (band_of > band)
+        return again
+
+    def _bands_reaching(self, apart: np.ndarray, r: int) -> np.ndarray:
+        """Through how many bands a query's probes reach each candidate (`apart`: it XOR the query's fingerprint)."""
+        weight = np.zeros(len(apart), dtype=np.int64)
+        for _, offset, width_mask, radius in self._band_tests(r):
+            weight += np.bitwise_count((apart >> offset) & width_mask) <= radius
+        return weight
+
+    def _rows_at(
+        self, tiers: list[_Tier], positions: np.ndarray, fps: np.ndarray, of: np.ndarray | None = None
+    ) -> np.ndarray:
         """The row of each fingerprint `fps[k]` read at `positions[k]` of the arena (in one of `tiers`), the row it
         had when its tier was built: read beside it, or for a tier of loaded rows only, found by one binary search in
         the load's sorted fingerprints; instead of a look-up a match."""
@@ -738,9 +828,11 @@ class MemoryIndex:
             mine = np.arange(len(fps))
             which: Iterable[tuple[int, np.ndarray]] = [(0, mine)]
         else:
-            of = np.searchsorted(np.array([tier.at for tier in tiers], dtype=np.int64), positions, side="right") - 1
+            if of is None:  # (the tier of each, when the caller does not know it)
+                ats = np.array([tier.at for tier in tiers], dtype=np.int64)
+                of = ats.searchsorted(positions, side="right") - 1
             present = sorted(set(of.tolist())) if few else range(len(tiers))
-            which = ((k, np.flatnonzero(of == k)) for k in present)
+            which = ((k, (of == k).nonzero()[0]) for k in present)
         rows = np.empty(len(fps), dtype=np.int64)
         for k, mine in which:
             if not len(mine):
@@ -752,13 +844,14 @@ class MemoryIndex:
             assert self._base is not None
             # sorted first: a binary search of sorted values reads memory in order (several times faster, measured)
             if not few:
-                mine = mine[np.argsort(fps[mine])]
-            rows[mine] = np.searchsorted(self._base.fps, fps[mine])
+                mine = mine[fps[mine].argsort()]
+            rows[mine] = self._base.fps.searchsorted(fps[mine])
         return rows
 
-    def _waste(self, positions: np.ndarray) -> None:
+    def _waste(self, positions: np.ndarray, weight: np.ndarray | None = None) -> None:
         """Count against their tiers the candidates a search found within its distance but of rows that went (the
-        arena's `positions` of them), and build anew each tier whose count reaches its size and _SEAL_AT.
+        arena's `positions` of them; `weight`: how many times the search met each, once if not given), and build anew
+        each tier whose count reaches its size and _SEAL_AT.
 
         Rows that went are counted on delete, too (`_unlink`), but how much they cost depends on where they are: a
         storm of near-duplicates shares its band values, so a query near it reads and verifies every row of it that
@@ -770,7 +863,9 @@ class MemoryIndex:
         thrown-away candidates add up to the tier's size.
         """
         ats = np.array([tier.at for tier in self._tiers], dtype=np.int64)
-        counts = np.bincount(np.searchsorted(ats, positions, side="right") - 1, minlength=len(self._tiers))
+        counts = np.bincount(
+            np.searchsorted(ats, positions, side="right") - 1, weights=weight, minlength=len(self._tiers)
+        ).astype(np.int64)
         due = []
         for k in np.flatnonzero(counts).tolist():
             tier = self._tiers[k]
@@ -786,25 +881,12 @@ class MemoryIndex:
         hold a stale fingerprint and no member: skipped."""
         first, end = self._sealed, self._row_count()
         distances = np.bitwise_count(self._row_fps(first, end)[None, :] ^ queries[:, None])
-        which, rows = np.nonzero(distances <= r)
+        which, rows = (distances <= r).nonzero()
         near = distances[which, rows]
         rows = rows + first
         live = self._sizes[rows] > 0
         verified += end - first
         return which[live], rows[live], near[live]
-
-    def _results(
-        self,
-        found: list[Hits],
-        queries: Sequence[tuple[int, str | None]],
-        r: int,
-        verified: np.ndarray,
-        cut: np.ndarray,
-        limit: int,
-    ) -> list[SearchResult]:
-        """Each query's result from the rows it `found` (worker/copylisting.py), in plain Python for a send of at most
-        _FEW_HITS matching rows, in arrays for more."""
-        return copylisting.results(self, found, queries, r, verified, cut, limit, few=_FEW_HITS)
 
     def _members_of(self, rows: np.ndarray) -> list[str | list[str] | None]:
         """`_held` of each of `rows`: those made since the load gathered in one step (a storm's thousands of matches
@@ -820,5 +902,5 @@ class MemoryIndex:
 
 def _bounds(lengths: np.ndarray) -> tuple[list[int], list[int]]:
     """Where each of consecutive pieces of `lengths` starts and ends."""
-    ends = np.cumsum(lengths)
+    ends = lengths.cumsum()
     return (ends - lengths).tolist(), ends.tolist()

@@ -12,6 +12,10 @@ unchanged: a reply that redis-py would convert (SET's OK to True) may come back 
   arguments per event in Python first.
 * `PipelineTransport` (a `RedisCluster`, which routes each command to its slot's node): one redis-py pipeline per
   batch, run when it is sent; its replies wait for `receive`. Same results, without the overlap.
+
+A command may also arrive already packed (`Packed`: the protocol's bytes, written with `bulk`), when its caller can
+write it faster than hiredis packs it argument by argument (the snapshot path's apply_batch call:
+`FingerprintIndex.snapshot_adds`); only a `ConnectionTransport` takes one (`sends_packed`).
 """
 
 from __future__ import annotations
@@ -30,11 +34,14 @@ from .connection import RedisClient
 __all__ = [
     "Command",
     "ConnectionTransport",
+    "Packed",
     "PipelineTransport",
     "Transport",
+    "bulk",
     "execute",
     "open_transport",
     "scan_slot",
+    "sends_packed",
 ]
 
 Command = tuple[Any, ...]
@@ -47,11 +54,27 @@ except ImportError:  # pragma: no cover - hiredis is a dependency; without it ev
     _pack_command = None
 
 
+class Packed(bytes):
+    """A command already in the protocol's form (an array of bulk strings), sent as it is; see `sends_packed`."""
+
+
+def bulk(value: str) -> str:
+    """One argument in the protocol's form: `$<length>`, the text, CRLF each. Only for ASCII text (its length is then
+    its length in bytes): a caller checks the whole command with `str.isascii` before it encodes it."""
+    return f"${len(value)}\r\n{value}\r\n"
+
+
+def sends_packed(client: RedisClient) -> bool:
+    """Whether `execute` and the transports of this client take `Packed` commands (a standalone client with hiredis;
+    a cluster client's pipelines need each command's arguments)."""
+    return isinstance(client, Redis) and _pack_command is not None
+
+
 class Transport(ABC):
     """Batches of commands sent in order; the replies of each batch come back from `receive`, oldest batch first."""
 
     @abstractmethod
-    def send(self, commands: Sequence[Command]) -> None:
+    def send(self, commands: Sequence[Command | Packed]) -> None:
         """Send a batch; its replies come from a later `receive`."""
 
     @abstractmethod
@@ -77,12 +100,12 @@ class ConnectionTransport(Transport):
         self._connection: Any = pool.get_connection()
         self._in_flight: deque[int] = deque()
 
-    def send(self, commands: Sequence[Command]) -> None:
+    def send(self, commands: Sequence[Command | Packed]) -> None:
         assert _pack_command is not None
         try:
             # no health check here: its PING would read the replies of the batch in flight
             self._connection.send_packed_command(
-                [b"".join([_pack_command(c) for c in commands])],
+                [b"".join([c if isinstance(c, Packed) else _pack_command(c) for c in commands])],
                 check_health=False,
             )
         except BaseException:
@@ -125,9 +148,11 @@ class PipelineTransport(Transport):
         self._client = client
         self._done: deque[list[Any]] = deque()
 
-    def send(self, commands: Sequence[Command]) -> None:
+    def send(self, commands: Sequence[Command | Packed]) -> None:
         pipe = self._client.pipeline(transaction=False)
         for command in commands:
+            if isinstance(command, Packed):
+                raise TypeError("a packed command goes only to a ConnectionTransport (see sends_packed)")
             pipe.execute_command(*command)
         self._done.append(list(pipe.execute(raise_on_error=False)))
 
@@ -140,12 +165,12 @@ class PipelineTransport(Transport):
 
 def open_transport(client: RedisClient) -> Transport:
     """The fastest transport the client allows: its own connection for a standalone client, else pipelines."""
-    if isinstance(client, Redis) and _pack_command is not None:
+    if isinstance(client, Redis) and sends_packed(client):
         return ConnectionTransport(client.connection_pool)
     return PipelineTransport(client)
 
 
-def execute(client: RedisClient, commands: Sequence[Command]) -> list[Any]:
+def execute(client: RedisClient, commands: Sequence[Command | Packed]) -> list[Any]:
     """Send commands in one round trip, in order; returns each reply, or the ResponseError it got."""
     if not commands:
         return []

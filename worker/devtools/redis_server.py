@@ -66,8 +66,15 @@ def free_port(*, cluster: bool = False) -> int:
     raise RuntimeError("no free pair of ports (port, port + 10000) for a cluster node")
 
 
+SHIPPED_SETTINGS = ("--set-max-intset-entries", "8192")
+"""The settings of deploy/redis/redis.conf that change what the index costs (tests/test_deploy.py holds the two
+equal), given to every server started here, so that a benchmark measures the Redis the project ships: posting sets
+of up to 8,192 decimal IDs kept as intsets (about 4 bytes an ID, not 50)."""
+
+
 class RedisServer:
     """A redis-server child process. `appendonly=True` gives it an AOF in its directory, for persistence tests.
+    It runs with the shipped redis.conf's `SHIPPED_SETTINGS`; `extra` may override them.
 
     Started, it holds the index's functions library, as a deployment's administrator step (`load-functions`) leaves
     a server, unless `load_functions=False` or it wants a password (an ACL's admin loads it then) or is a cluster
@@ -111,6 +118,7 @@ class RedisServer:
             "always",
             "--logfile",
             str(self.directory / f"redis-{self.port}.log"),
+            *SHIPPED_SETTINGS,
             *self.extra,
         ]
 
