@@ -14,13 +14,14 @@ import worker.loadedrows
 from tests.oracle import Oracle, clustered, flip
 from worker.bands import BandLayout
 from worker.fingerprint import stored_fingerprint
-from worker.loadedrows import LoadedRows, RowsBuilder, parse_stored_fingerprints
+from worker.loadedrows import _PREFIX, LoadedRows, RowsBuilder, _argsort_uint64, parse_stored_fingerprints
 from worker.snapshot import MemoryIndex
 
 HASHES = {
     "python": hash,
     "by-length": lambda key: len(key) % 3,  # IDs of one length hash alike: every lookup compares bytes
     "one": lambda key: 7,  # every ID hashes alike
+    "low-bits": lambda key: hash(key) & 0xFF,  # hashes that differ only in the bits the table keeps its incidents in
 }
 
 IDS = ["i0", "i1", "i2", "i10", "i11", "é", "ü1", "x" * 40, "i3", "i4", "i5", "i6", "a b", "Z"]
@@ -154,3 +155,65 @@ def test_rows_of_nothing_are_none() -> None:
     index.load([])
     assert len(index) == 0 and index.search(1).match_count == 0
     assert isinstance(LoadedRows, type)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tops=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=4),
+    picks=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2**20)), max_size=300),
+)
+def test_the_order_of_packed_keys_is_a_stable_argsort(tops: list[int], picks: list[tuple[int, int]]) -> None:
+    """Values that share their top bits and differ in the low ones (which the sort first replaces by positions), equal
+    values, 0 and 2**64 - 1: the order is numpy's stable argsort's."""
+    values = np.array([(tops[k % len(tops)] & ~0xFFFFF) | low for k, low in picks], dtype=np.uint64)
+    assert _argsort_uint64(values).tolist() == np.argsort(values, kind="stable").tolist()
+
+
+_TWIN_IDS = [
+    b"",
+    b"\x00",
+    b"a",
+    b"a\x00",
+    b"a\x00\x00",
+    b"a\x00b",
+    b"a\r\nb",
+    b"\xff",
+    b"\xff\x00",
+    b"p" * _PREFIX,
+    b"p" * _PREFIX + b"\x00",
+    b"p" * _PREFIX + b"a",
+    b"p" * _PREFIX + b"b",
+    b"p" * (_PREFIX + 9) + b"a",
+    b"p" * (_PREFIX - 1) + b"q" + b"z",
+    b"p" * (_PREFIX + 1),
+]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    added=st.lists(
+        st.lists(st.tuples(st.sampled_from(_TWIN_IDS), st.sampled_from([3, 3, 5, 2**64 - 1])), max_size=12), max_size=3
+    )
+)
+def test_loaded_rows_hold_each_id_once_with_its_last_fingerprint_twins_in_byte_order(added, id_hash: str) -> None:
+    """IDs of any bytes (NUL, CR LF, prefixes of one another, longer than the twins' compared prefix and alike in
+    it), given again in the same or a later batch: each is found with its last fingerprint, and each row lists its
+    IDs in byte order, as sorting the bytes does."""
+    builder = RowsBuilder()
+    last: dict[bytes, int] = {}
+    for batch in added:
+        builder.add([incident_id for incident_id, _ in batch], np.array([fp for _, fp in batch], dtype=np.uint64))
+        last.update(batch)
+    rows = builder.build()
+    if not last:
+        assert rows is None
+        return
+    assert rows is not None
+    assert rows.dropped == sum(len(batch) for batch in added) - len(last)
+    for incident_id in _TWIN_IDS:
+        found = rows.find(incident_id.decode("utf-8", "surrogateescape"))
+        assert (rows.fp_of(found) if found >= 0 else None) == last.get(incident_id)
+    assert rows.fps.tolist() == sorted(set(last.values()))
+    for row, fp in enumerate(rows.fps.tolist()):
+        members = [rows.id_bytes(incident) for incident in rows.row_members(row)]
+        assert members == sorted(incident_id for incident_id, value in last.items() if value == fp)

@@ -5,18 +5,22 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import threading
 import time
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
+import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import worker.snapshot
 from tests.oracle import Oracle, assert_postings_match, clustered, flip
 from worker.bands import BandLayout
-from worker.fingerprint import format_fingerprint
+from worker.fingerprint import format_fingerprint, stored_fingerprint
+from worker.loadedrows import RowsBuilder
 from worker.snapshot import MemoryIndex
 
 LAYOUTS = [(4, 7), (3, 7), (8, 7), (5, 7), (2, 3), (1, 0), (6, 12)]
@@ -665,7 +669,7 @@ def test_ids_sort_in_utf8_byte_order_as_redis_sorts_them() -> None:
 # -- the follower, on a real server and on fakeredis ----------------------------------------------------------
 
 from worker.keys import IndexKeys  # noqa: E402
-from worker.readpath import CHANGES_FLOOR_FIELD, ChangeFollower, SnapshotLostError  # noqa: E402
+from worker.readpath import CHANGES_FLOOR_FIELD, ChangeFollower, SnapshotLostError, _add_scanned  # noqa: E402
 
 
 def _change(client, keys: IndexKeys, op: str, incident_id: str, fp: int | None, prev: int | None) -> None:
@@ -1343,7 +1347,9 @@ def test_a_load_whose_log_was_trimmed_or_reset_while_it_scanned_loads_again(redi
         def __getattr__(self, name: str) -> object:
             return getattr(redis_client, name)
 
-        def hscan(self, *args: object, **kwargs: object) -> object:
+        def execute_command(self, *args: object, **kwargs: object) -> object:
+            if args[0] != "HSCAN":
+                return redis_client.execute_command(*args, **kwargs)
             self.scans += 1
             if self.scans == 1 and how == "trimmed":
                 time.sleep(0.002)
@@ -1354,10 +1360,12 @@ def test_a_load_whose_log_was_trimmed_or_reset_while_it_scanned_loads_again(redi
                 redis_client.delete(index.keys.changes, index.keys.fingerprints)
                 time.sleep(0.002)  # (the new log's first entry must not reuse the old one's ID)
                 index.add_fingerprint("c", 3)
-            return redis_client.hscan(*args, **kwargs)
+            return redis_client.execute_command(*args, **kwargs)
 
-    follower = ChangeFollower(Interrupted(), index.keys, index.layout)
+    client = Interrupted()
+    follower = ChangeFollower(client, index.keys, index.layout)
     follower.load()
+    assert client.scans == 2
     assert dict(follower.index.items()) == ({"a": 1, "b": 2} if how == "trimmed" else {"c": 3})
     index.add_fingerprint("d", 4)
     follower.catch_up()
@@ -1384,3 +1392,120 @@ def test_a_change_log_entry_with_a_mangled_fingerprint_has_the_copy_loaded_again
     index.add_fingerprint("c", 3)
     reader.refresh()
     assert dict(reader.index.items()) == {"a": 1, "b": 2, "c": 3}
+
+
+# -- the load's scan: HSCAN replies read by a thread of their own, as flat lists ---------------------------------
+
+_MANGLED = ["zzzzzzzzzzzzzzzz", "0x000000000000ab", "", "00000000000000AB", "0123456789abcde\n", "0123456789abcdef0"]
+_VALUES = st.one_of(st.integers(0, 2**64 - 1).map(lambda fp: f"{fp:016x}"), st.sampled_from(_MANGLED))
+_ID_TEXT = st.text(
+    alphabet=st.one_of(st.sampled_from(["\r", "\n", "\x00", " ", "é", "\U0001f600"]), st.characters(codec="utf-8")),
+    max_size=8,
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    entries=st.lists(st.tuples(_ID_TEXT, _VALUES), max_size=40),
+    binary=st.lists(st.tuples(st.binary(max_size=8), _VALUES), max_size=8),
+    filler=st.sampled_from([0, 600]),
+    batch=st.integers(1, 50),
+)
+def test_a_loaded_copy_holds_every_field_of_the_hash_as_hgetall_reads_it(
+    redis_client, entries, binary, filler, batch
+) -> None:
+    """Whatever the IDs (any bytes, CR LF among them), a copy loaded in batches holds each ID whose value is 16 hex
+    digits, with that value; the others are left out. (`filler`: enough fields that Redis keeps the hash as a table,
+    which HSCAN reads in batches, not all at once.)"""
+    keys = IndexKeys("scan")
+    redis_client.delete(keys.fingerprints, keys.changes, keys.meta)
+    fields: dict[Any, str] = {f"f{n}": f"{n:016x}" for n in range(filler)}
+    fields.update(entries)
+    if not redis_client.get_encoder().decode_responses:  # IDs that are not UTF-8: a decoding client cannot read them
+        fields.update(binary)
+    if fields:
+        redis_client.hset(keys.fingerprints, mapping=fields)
+    stored = redis_client.hgetall(keys.fingerprints)
+    expected = {_as_text(incident_id): stored_fingerprint(value) for incident_id, value in stored.items()}
+    follower = ChangeFollower(redis_client, keys, BandLayout(4, 7), batch=batch)
+    follower.load()
+    assert dict(follower.index.items()) == {k: fp for k, fp in expected.items() if fp is not None}
+    assert not [t for t in threading.enumerate() if t.name.startswith("hscan")]
+
+
+def _as_text(incident_id: Any) -> str:
+    return incident_id.decode("utf-8", "surrogateescape") if isinstance(incident_id, bytes) else incident_id
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batches=st.lists(
+        st.lists(st.tuples(st.sampled_from([b"a", b"b", b"a\r\nb", b"\xff", b"", b"c" * 30]), _VALUES), max_size=8),
+        max_size=4,
+    ),
+    decoded=st.booleans(),
+)
+def test_scanned_batches_read_as_flat_lists_give_the_rows_their_pairs_give(batches, decoded) -> None:
+    """HSCAN's flat list of field, value, ... read as it is: an ID given again (in another batch, or in the same)
+    keeps its last fingerprint; a value that is not 16 hex digits is left out; IDs as bytes, or as text from a
+    decoding client, are the same IDs. The same batches as redis-py's dicts (IDs once a batch) give the same rows."""
+    expected: dict[str, int] = {}
+    flat_rows, dict_rows = RowsBuilder(), RowsBuilder()
+    for pairs in batches:
+        if decoded:
+            pairs = [(i.decode("utf-8", "surrogateescape"), v) for i, v in pairs]
+        values_by_id: dict[Any, str] = {}
+        for incident_id, value in pairs:
+            if stored_fingerprint(value) is not None:
+                expected[_as_text(incident_id)] = stored_fingerprint(value)
+            values_by_id[incident_id] = value
+        _add_scanned(flat_rows, [x for pair in pairs for x in pair])
+        if len(values_by_id) == len(pairs):
+            _add_scanned(dict_rows, values_by_id)
+        else:
+            _add_scanned(dict_rows, [x for pair in pairs for x in pair])
+    for rows in (flat_rows, dict_rows):
+        copy = MemoryIndex(BandLayout(4, 7))
+        copy.load_rows(rows)
+        assert dict(copy.items()) == expected
+
+
+def test_an_error_of_the_scan_is_raised_by_the_load_and_ends_its_thread(redis_client) -> None:
+    keys = IndexKeys("scan")
+    redis_client.hset(keys.fingerprints, mapping={f"f{n}": f"{n:016x}" for n in range(600)})
+
+    class Failing:
+        def __init__(self) -> None:
+            self.scans = 0
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(redis_client, name)
+
+        def execute_command(self, *args: object, **kwargs: object) -> object:
+            if args[0] == "HSCAN":
+                self.scans += 1
+                if self.scans == 3:
+                    raise redis.ConnectionError("the connection went")
+            return redis_client.execute_command(*args, **kwargs)
+
+    follower = ChangeFollower(Failing(), keys, BandLayout(4, 7), batch=10)
+    with pytest.raises(redis.ConnectionError, match="the connection went"):
+        follower.load()
+    assert not follower.loaded
+    assert not [t for t in threading.enumerate() if t.name.startswith("hscan")]
+
+
+def test_an_error_parsing_the_scan_stops_its_thread(redis_client, monkeypatch: pytest.MonkeyPatch) -> None:
+    import worker.readpath
+
+    keys = IndexKeys("scan")
+    redis_client.hset(keys.fingerprints, mapping={f"f{n}": f"{n:016x}" for n in range(2000)})
+
+    def fail(rows: object, reply: object) -> None:
+        raise ValueError("parsing failed")
+
+    monkeypatch.setattr(worker.readpath, "_add_scanned", fail)
+    follower = ChangeFollower(redis_client, keys, BandLayout(4, 7), batch=1)  # more replies than are read ahead
+    with pytest.raises(ValueError, match="parsing failed"):
+        follower.load()
+    assert not [t for t in threading.enumerate() if t.name.startswith("hscan")]

@@ -307,8 +307,8 @@ class LoadsDuringTrims:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.replica, name)
 
-    def hscan(self, name: Any, cursor: int = 0, **kwargs: Any) -> Any:
-        if int(cursor) == 0:  # a load's first batch
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if args[0] == "HSCAN" and int(args[2]) == 0:  # a load's first batch (its scan: HSCAN key cursor ...)
             self.loads += 1
             if self.loads <= self.trims:
                 publish(self.pair.client, self.chunks[self.loads - 1])
@@ -316,7 +316,7 @@ class LoadsDuringTrims:
                 time.sleep(0.005)
                 trim_changes(self.other.index, keep_ms=1)
                 self.pair.wait_synced()
-        return self.replica.hscan(name, cursor, **kwargs)
+        return self.replica.execute_command(*args, **kwargs)
 
 
 @pytest.mark.parametrize("trims", [1, 3])
