@@ -596,7 +596,7 @@ def test_a_storm_searched_in_arrays_answers_and_counts_as_the_plain_way(
     seed, layout, loaded, added, deleted, limit, budget, max_distance, mixed, seal_at, direct_tables, monkeypatch
 ) -> None:
     """A send of storm queries searched with its matches in arrays (a row several bands reach kept once, from the
-    first band that reaches it: `_later_bands`, and listed without sorting them all) and in plain Python (every
+    first band that reaches it: `BandReach.later`, and listed without sorting them all) and in plain Python (every
     band's read kept, made unique in a dict) on two copies made alike: the same results, cut ones included (a cut
     query's earlier band may have lost the row a later band found: all its matches are kept), and the same candidates
     thrown away against each tier (`_waste`: a row that went counts once for each band that reached it). `mixed`:

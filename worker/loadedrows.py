@@ -19,6 +19,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from .copyarrays import ranges
+
 __all__ = ["LoadedRows", "RowsBuilder", "parse_stored_fingerprints"]
 
 _id_hash = hash
@@ -35,15 +37,6 @@ _PREFIX = 24
 def _index_bits(count: int) -> int:
     """Bits that number `count` incidents (at least one)."""
     return max(count - 1, 1).bit_length()
-
-
-def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """starts[0]..ends[0], starts[1]..ends[1], ... (each end left out) as one array, without a Python loop."""
-    counts = ends - starts
-    offsets = np.cumsum(counts)
-    if not len(offsets) or not offsets[-1]:
-        return np.zeros(0, dtype=np.int64)
-    return np.repeat(starts - offsets + counts, counts) + np.arange(int(offsets[-1]))
 
 
 def _argsort_uint64(values: np.ndarray) -> np.ndarray:
@@ -212,7 +205,7 @@ class LoadedRows:
         their bytes sort (a prefix first); only rows where two IDs longer than that share it are sorted one by one.
         """
         starts, ends = self.row_start[twins], self.row_start[twins + 1]
-        slots = _ranges(starts, ends)
+        slots = ranges(starts, ends)
         incidents = self.members[slots].astype(np.int64)
         row = np.repeat(np.arange(len(twins)), ends - starts)
         begin = self.offsets[incidents]
@@ -220,7 +213,7 @@ class LoadedRows:
         taken = np.minimum(lengths, _PREFIX)
         padded = np.zeros(len(incidents) * _PREFIX, dtype=np.uint8)
         at = np.arange(len(incidents), dtype=np.int64) * _PREFIX
-        padded[_ranges(at, at + taken)] = np.frombuffer(self.blob, dtype=np.uint8)[_ranges(begin, begin + taken)]
+        padded[ranges(at, at + taken)] = np.frombuffer(self.blob, dtype=np.uint8)[ranges(begin, begin + taken)]
         words = padded.view(">u8").reshape(len(incidents), _PREFIX // 8).astype(np.uint64)
         order = np.lexsort((lengths, *words.T[::-1], row))
         self.members[slots] = incidents[order]

@@ -41,7 +41,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import copylisting
-from .bands import BandLayout, probe_radii
+from .bands import BandLayout
+from .copyarrays import BandReach, bounds, ranges, tile, value_dtype
 from .copylisting import NO_HITS, Hits, SearchResult
 from .loadedrows import LoadedRows, RowsBuilder
 
@@ -85,27 +86,6 @@ than their share: searches near them rebuild their tier sooner (`MemoryIndex._wa
 
 
 _MAX_FP = (1 << 64) - 1
-
-
-def _tile(values: np.ndarray, times: int) -> np.ndarray:
-    """`np.tile` of a 1-d array (times >= 1), without its Python-level steps (a numpy function called for each send
-    costs microseconds of dispatch: the search calls the arrays' own methods for that reason too)."""
-    return values if times == 1 else np.concatenate([values] * times)
-
-
-def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """starts[0]..ends[0], starts[1]..ends[1], ... (each end left out) as one array, without a Python loop."""
-    counts = ends - starts
-    offsets = counts.cumsum()
-    if not len(offsets) or not offsets[-1]:
-        return np.zeros(0, dtype=np.int64)
-    # the k-th element of range i is starts[i] + k, at position offsets[i] - counts[i] + k of the result
-    return (starts - offsets + counts).repeat(counts) + np.arange(int(offsets[-1]))
-
-
-def _value_dtype(width: int) -> type[np.unsignedinteger]:
-    """The narrowest unsigned type of a band's values: numpy sorts 8- and 16-bit keys by radix, in linear time."""
-    return np.uint8 if width <= 8 else np.uint16 if width <= 16 else np.uint32 if width <= 32 else np.uint64
 
 
 @dataclass(eq=False)
@@ -187,6 +167,7 @@ class MemoryIndex:
         self._offsets = np.array(layout.offsets, dtype=np.uint64)
         self._width_masks = np.array([(1 << width) - 1 for width in layout.widths], dtype=np.uint64)
         self._widest = max(layout.widths)
+        self._reach = BandReach(layout)  # which bands reach a candidate (a near storm's rows kept once)
         # without it, a band's keys are its base | its value: the bands' keys sorted one after the other
         shift = max(layout.widths) if layout.bands > 1 else 0
         assert (layout.bands - 1) << shift < 1 << 64
@@ -412,8 +393,8 @@ class MemoryIndex:
         if base is not None:
             kept = np.flatnonzero(~self._gone)
             starts, ends = base.offsets[kept], base.offsets[kept + 1]
-            blob = np.frombuffer(base.blob, dtype=np.uint8)[_ranges(starts, ends)].tobytes()
-            ids = [blob[start:end] for start, end in zip(*_bounds(ends - starts), strict=True)]
+            blob = np.frombuffer(base.blob, dtype=np.uint8)[ranges(starts, ends)].tobytes()
+            ids = [blob[start:end] for start, end in zip(*bounds(ends - starts), strict=True)]
             builder.add(ids, base.fps[base.row_of[kept]])
             del blob, ids
         left = builder.add_pairs(self._fp_of.items())
@@ -462,7 +443,7 @@ class MemoryIndex:
         for offset, width_mask, width, base in zip(
             self.layout.offsets, self._width_masks.tolist(), self.layout.widths, self._band_base.tolist(), strict=True
         ):
-            values = ((fps >> np.uint64(offset)) & np.uint64(width_mask)).astype(_value_dtype(width))
+            values = ((fps >> np.uint64(offset)) & np.uint64(width_mask)).astype(value_dtype(width))
             order = np.argsort(values, kind="stable")
             if direct:
                 table: np.ndarray = np.empty((1 << width) + 1, dtype=position_type)
@@ -695,7 +676,7 @@ class MemoryIndex:
         now. With `budget` (> 0), each query's candidate ranges are shortened so that it reads at most that many,
         before any is gathered (a flood sharing one band value then costs the budget, not the flood); `cut[k]` is set
         for each query that lost some. With more than _FEW_HITS matches (a near storm's), a row several bands reach is
-        kept once (`_later_bands`); the second value says whether every (query, row) is then found once (no query was
+        kept once (`BandReach.later`); the second value says whether every (query, row) is then found once (no query was
         cut). Ordinary sends of many candidates and few matches (a large index's) verify them as before, the cheapest
         way for candidates (2x faster at 1M than numbering every candidate's range, measured)."""
         band_of, masks, first_slot, band_base = self._probes(r)
@@ -714,8 +695,8 @@ class MemoryIndex:
             after = slots + 1
             starts_of += [table[slots] for table in direct]
             ends_of += [table[after] for table in direct]
-            query_of_ranges.append(_tile(np.arange(len(queries)).repeat(len(band_of)), len(direct)))
-            probe_of_ranges.append(_tile(np.arange(len(band_of)), len(queries) * len(direct)))
+            query_of_ranges.append(tile(np.arange(len(queries)).repeat(len(band_of)), len(direct)))
+            probe_of_ranges.append(tile(np.arange(len(band_of)), len(queries) * len(direct)))
         if where:
             # binary searches of sorted probes: 2.6x faster than of the same probes in query order (measured)
             probes = ((values[:, band_of] ^ masks) | band_base).ravel()
@@ -723,8 +704,8 @@ class MemoryIndex:
             probes = probes[order]
             starts_of += [keys.searchsorted(probes, side="left") + at for keys, at in where]
             ends_of += [keys.searchsorted(probes, side="right") + at for keys, at in where]
-            query_of_ranges.append(_tile(order // len(band_of), len(where)))
-            probe_of_ranges.append(_tile(order % len(band_of), len(where)))
+            query_of_ranges.append(tile(order // len(band_of), len(where)))
+            probe_of_ranges.append(tile(order % len(band_of), len(where)))
         # positions in the arena (int64 whatever a table's type), tier x probe
         starts = np.concatenate(starts_of).astype(np.int64, copy=False)
         ends = np.concatenate(ends_of).astype(np.int64, copy=False)
@@ -746,7 +727,7 @@ class MemoryIndex:
         if not total:
             return NO_HITS, True
         verified += np.bincount(range_query, weights=lengths, minlength=len(queries)).astype(np.int64)
-        positions = _ranges(starts, ends)  # in the arena
+        positions = ranges(starts, ends)  # in the arena
         candidates = self._arena.take(positions)  # (faster than indexing with them, by a fifth: measured)
         # each candidate against its query's fingerprint; the range of each near one found from its position (they
         # are few: cheaper than the range of every candidate, gathered)
@@ -758,11 +739,11 @@ class MemoryIndex:
         tier_of_near = None
         if once:
             # a near storm's thousands of matches a query: a row several bands reach is kept once a query, from the
-            # first (`_later_bands`), and the tier of each taken from its range, not searched for
+            # first (`BandReach.later`), and the tier of each taken from its range, not searched for
             range_band = band_of[np.concatenate(probe_of_ranges)].astype(np.int8)
             if cut.any():
                 range_band[cut[range_query]] = 0  # (a cut query's: all kept)
-            first = ~self._later_bands(apart[near], range_band[range_of], r)
+            first = ~self._reach.later(apart[near], range_band[range_of], r)
             near, range_of = near[first], range_of[first]
             per_tier = len(lengths) // len(tiers)
             tier_of_near = np.array(tier_order, dtype=np.int64)[range_of // per_tier]
@@ -775,39 +756,10 @@ class MemoryIndex:
             dead = ~live
             weight = None
             if once:  # counted as often as the search met it, as it was before it was kept once
-                weight = self._bands_reaching(apart[near[dead]], r)
+                weight = self._reach.count(apart[near[dead]], r)
                 weight[cut[query_of_near[dead]]] = 1
             self._waste(positions[dead], weight)
         return (query_of_near[live], rows[live], distances[near][live]), once and not cut.any()
-
-    def _band_tests(self, r: int) -> list[tuple[int, np.uint64, np.uint64, int]]:
-        """Each band a query within `r` probes (a prefix of the bands): its number, offset, mask and probe radius."""
-        return [
-            (band, offset, width_mask, radius)
-            for band, (offset, width_mask, radius) in enumerate(
-                zip(self._offsets, self._width_masks, probe_radii(self.layout.bands, r), strict=True)
-            )
-            if radius >= 0
-        ]
-
-    def _later_bands(self, apart: np.ndarray, band_of: np.ndarray, r: int) -> np.ndarray:
-        """Which candidates (`apart`: each XOR its query's fingerprint, read through the band `band_of[k]`) an earlier
-        band reached too: its own values there differ from the query's in at most that band's probe radius (its
-        probes are every mask of that many bits or fewer, `BandLayout.masks`). For a query whose ranges were all read
-        whole, that band's read found the same row: the later ones are the same match again (a storm's query reaches
-        half of its rows through two bands or more: twice the arrays to read on, and a sort to make them unique)."""
-        again = np.zeros(len(apart), dtype=bool)
-        for band, offset, width_mask, radius in self._band_tests(r)[:-1]:
-            reached = np.bitwise_count((apart >> offset) & width_mask) <= radius
-            again |= reached & (band_of > band)
-        return again
-
-    def _bands_reaching(self, apart: np.ndarray, r: int) -> np.ndarray:
-        """Through how many bands a query's probes reach each candidate (`apart`: it XOR the query's fingerprint)."""
-        weight = np.zeros(len(apart), dtype=np.int64)
-        for _, offset, width_mask, radius in self._band_tests(r):
-            weight += np.bitwise_count((apart >> offset) & width_mask) <= radius
-        return weight
 
     def _rows_at(
         self, tiers: list[_Tier], positions: np.ndarray, fps: np.ndarray, of: np.ndarray | None = None
@@ -890,9 +842,3 @@ class MemoryIndex:
             got = operator.itemgetter(*made.tolist())(self._members)
             return list(got) if len(rows) > 1 else [got]
         return [self._held(row) for row in rows.tolist()]
-
-
-def _bounds(lengths: np.ndarray) -> tuple[list[int], list[int]]:
-    """Where each of consecutive pieces of `lengths` starts and ends."""
-    ends = lengths.cumsum()
-    return (ends - lengths).tolist(), ends.tolist()

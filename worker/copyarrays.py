@@ -1,0 +1,87 @@
+"""The array steps the worker's copy (worker/snapshot.py, worker/loadedrows.py) is built from: ranges of positions
+in one array, a 1-d tile, where consecutive pieces start and end, a band's value type, and which bands reach a
+candidate (a near storm's search keeps a row once, from the first band that reaches it).
+
+Each is a few numpy calls without numpy's module-level wrappers: the copy's search calls them for every send, where
+a module function's own dispatch costs microseconds (benchmarks/journal/pipeline.md)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .bands import BandLayout, probe_radii
+
+__all__ = ["BandReach", "bounds", "ranges", "tile", "value_dtype"]
+
+
+def tile(values: np.ndarray, times: int) -> np.ndarray:
+    """`np.tile` of a 1-d array (times >= 1), without its Python-level steps."""
+    return values if times == 1 else np.concatenate([values] * times)
+
+
+def ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """starts[0]..ends[0], starts[1]..ends[1], ... (each end left out) as one array, without a Python loop."""
+    counts = ends - starts
+    offsets = counts.cumsum()
+    if not len(offsets) or not offsets[-1]:
+        return np.zeros(0, dtype=np.int64)
+    # the k-th element of range i is starts[i] + k, at position offsets[i] - counts[i] + k of the result
+    return (starts - offsets + counts).repeat(counts) + np.arange(int(offsets[-1]))
+
+
+def bounds(lengths: np.ndarray) -> tuple[list[int], list[int]]:
+    """Where each of consecutive pieces of `lengths` starts and ends."""
+    ends = lengths.cumsum()
+    return (ends - lengths).tolist(), ends.tolist()
+
+
+def value_dtype(width: int) -> type[np.unsignedinteger]:
+    """The narrowest unsigned type of a band's values: numpy sorts 8- and 16-bit keys by radix, in linear time."""
+    return np.uint8 if width <= 8 else np.uint16 if width <= 16 else np.uint32 if width <= 32 else np.uint64
+
+
+class BandReach:
+    """Through which bands a query's probes reach a candidate, from the candidate's XOR with the query (`apart`).
+
+    A band reaches a fingerprint when their values there differ in at most its probe radius at the query's distance:
+    its probes are every mask of that many bits or fewer (`BandLayout.masks`). So whether two bands found the same row
+    is a popcount a band, no look-up."""
+
+    def __init__(self, layout: BandLayout) -> None:
+        self._layout = layout
+        self._offsets = [np.uint64(offset) for offset in layout.offsets]
+        self._width_masks = [np.uint64((1 << width) - 1) for width in layout.widths]
+        self._tests: dict[int, list[tuple[int, np.uint64, np.uint64, int]]] = {}
+
+    def tests(self, r: int) -> list[tuple[int, np.uint64, np.uint64, int]]:
+        """Each band a query within `r` probes (a prefix of the bands): its number, offset, mask and probe radius."""
+        tests = self._tests.get(r)
+        if tests is None:
+            radii = probe_radii(self._layout.bands, r)
+            tests = [
+                (band, offset, width_mask, radius)
+                for band, (offset, width_mask, radius) in enumerate(
+                    zip(self._offsets, self._width_masks, radii, strict=True)
+                )
+                if radius >= 0
+            ]
+            self._tests[r] = tests
+        return tests
+
+    def later(self, apart: np.ndarray, band_of: np.ndarray, r: int) -> np.ndarray:
+        """Which candidates (`apart`, read through the band `band_of[k]`) an earlier band reached too. For a query
+        whose ranges were all read whole, that band's read found the same row: the later ones are the same match
+        again (a storm's query reaches half of its rows through two bands or more: twice the arrays to read on, and
+        a sort to make them unique)."""
+        again = np.zeros(len(apart), dtype=bool)
+        for band, offset, width_mask, radius in self.tests(r)[:-1]:
+            reached = np.bitwise_count((apart >> offset) & width_mask) <= radius
+            again |= reached & (band_of > band)
+        return again
+
+    def count(self, apart: np.ndarray, r: int) -> np.ndarray:
+        """Through how many bands a query's probes reach each candidate."""
+        weight = np.zeros(len(apart), dtype=np.int64)
+        for _, offset, width_mask, radius in self.tests(r):
+            weight += np.bitwise_count((apart >> offset) & width_mask) <= radius
+        return weight
