@@ -619,6 +619,62 @@ def test_a_storm_searched_in_arrays_answers_and_counts_as_the_plain_way(
     assert wasted[0] == wasted[1]
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**32),
+    layout=st.sampled_from([(4, 7), (3, 7), (5, 7), (6, 12), (2, 3)]),
+    loaded=st.integers(0, 300),
+    added=st.integers(0, 200),
+    deleted=st.integers(0, 200),
+    limit=st.sampled_from([0, 1, 17, 100]),
+    budget=st.sampled_from([0, 30, 600]),
+    max_distance=st.sampled_from([None, 2, 5]),
+    mixed=st.booleans(),
+    step=st.sampled_from([1 << 20, 7, 1]),
+)
+def test_a_storm_compared_with_every_row_answers_and_counts_as_through_the_bands(
+    seed, layout, loaded, added, deleted, limit, budget, max_distance, mixed, step, seal_at, direct_tables, monkeypatch
+) -> None:
+    """A send of storm queries compared with every row of the copy (`_scan`: distances to each tier's first band
+    and to the tail, counted by bincount, the cap's rows picked out) and searched through the bands (the arrays'
+    way) on two copies made alike: the same results (twins, excluded IDs holding a row or sharing one, rows that
+    went, loaded tiers and tiers of rows made since, the tail), the same candidates counted, and the same candidates
+    thrown away against each tier (`_waste`: a row that went counts once for each band that would have reached it).
+    A send some query of which was cut at its budget goes through the bands either way. `step`: the XORs made a few
+    queries at a time (`_SCAN_STEP`)."""
+    results, wasted = [], []
+    with monkeypatch.context() as patch:  # (undone after each example: the next may have another layout)
+        if mixed and max(BandLayout(*layout).widths) <= 16:
+            patch.setattr(MemoryIndex, "_direct", lambda self, rows: rows % 2 == 0)
+        patch.setattr(worker.snapshot, "_FEW_HITS", 0)
+        patch.setattr(worker.snapshot, "_SCAN_STEP", step)
+        for share in (0, 2**62):
+            patch.setattr(worker.snapshot, "_SCAN_SHARE", share)
+            index, pool = _storm_copy(seed, layout, loaded, added, deleted)
+            rng = random.Random(seed + 1)
+            queries = [
+                (flip(rng.choice(pool), rng.randint(0, 3), rng), rng.choice([None, "a0", "l1", "l2", "zz"]))
+                for _ in range(9)
+            ]
+            results.append(index.search_many(queries, limit=limit, budget=budget, max_distance=max_distance))
+            wasted.append(([tier.wasted for tier in index._tiers], index.tier_rebuilds))
+    assert results[0] == results[1]
+    assert wasted[0] == wasted[1]
+
+
+def test_a_near_storms_send_is_compared_with_every_row() -> None:
+    """The storm's send takes `_scan` by default (more candidates than rows): the path the test above holds equal."""
+    index, pool = _storm_copy(3, (4, 7), 300, 200, 20)
+    rng = random.Random(4)
+    queries = [(flip(rng.choice(pool), 1, rng), None) for _ in range(8)]
+    scanned = []
+    original = MemoryIndex._scan
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MemoryIndex, "_scan", lambda self, *args: scanned.append(1) or original(self, *args))
+        index.search_many(queries, limit=100, budget=0)
+    assert scanned
+
+
 def test_the_copy_names_the_holder_of_a_fingerprint_whatever_the_budget() -> None:
     """`holder`: the first ID in code point order holding the fingerprint exactly, other than the excluded one, found
     without the postings (a search cut at its budget may not reach it)."""
