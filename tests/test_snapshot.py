@@ -1087,6 +1087,40 @@ def test_a_batch_validated_against_one_stale_snapshot_equals_the_events_one_by_o
     assert dict(follower.index.items()) == oracle.fps
 
 
+@pytest.mark.parametrize("cap", [0, 3, 100])
+@pytest.mark.parametrize("shuffled", ["ids", "distances", "sorted"])
+def test_a_claim_listed_out_of_order_is_sorted_and_one_in_order_is_passed_on_as_listed(
+    redis_client, cap, shuffled
+) -> None:
+    """A claim's listed matches no change touched, in order, are passed on as they came (merge_claim's own head,
+    with nothing added or dropped, and the order checked without a call a match); out of order (a worker that sorts
+    otherwise), they are sorted first. Either way the same reply as the sorted claim's, which is the full search's."""
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.open()
+    query = 0x0123_4567_89AB_CDEF
+    near = {"b": 1, "a": 1, "é": 1, 'z"q': 1, "aa": 2, "c": 2, "B": 3, "d\\n": 7}
+    for incident_id, bits in near.items():
+        index.add_fingerprint(incident_id, query ^ ((1 << bits) - 1) << (7 * len(incident_id) % 40))
+    follower = ChangeFollower(redis_client, index.keys, index.layout)
+    follower.load()
+    claim = _claim(follower, query, "new", cap, 2)
+    expected = index.search(query, max_matches=cap)
+    listed = list(claim.listed)
+    assert listed == sorted(listed, key=lambda m: (m[1], m[0].encode()))
+    if shuffled == "ids":
+        listed.reverse()
+        listed.sort(key=lambda m: m[1])  # each distance's IDs in reverse
+    elif shuffled == "distances":
+        listed.reverse()
+    if shuffled != "sorted":
+        assert listed != list(claim.listed)
+    claim = replace(claim, listed=listed)
+    result = parse_apply(
+        redis_client.execute_command(*index.apply_command("add", "new", query, snapshot=claim, max_matches=cap))
+    )
+    assert (result.status, result.match_count, result.matches) == ("indexed", expected.match_count, expected.matches)
+
+
 def test_an_error_in_one_call_of_a_batch_leaves_the_others_alone(redis_client) -> None:
     index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
     index.open()

@@ -20,11 +20,15 @@ local MAX_MATCHES_BYTES = 8192
 
 -- Each distance's JSON between two IDs, and after the last one (a distance is a whole number of bits, 0 to 64):
 -- written once, not made from the number for each match (tostring and table.concat format a number with sprintf).
+-- Each is found by the number and by its digits (a claim's own head keeps its distances as the worker sent them:
+-- snapshot.lua's merge_claim); any other (a fraction, or digits written otherwise) is written from its number.
 local BETWEEN, AFTER, WIDTH = {}, {}, {}
 for d = 0, 64 do
-  BETWEEN[d] = '","distance":' .. d .. '},{"incident_id":"'
-  AFTER[d] = '","distance":' .. d .. '}]'
-  WIDTH[d] = #('' .. d)  -- (a library's top level has no tostring)
+  local digits = '' .. d  -- (a library's top level has no tostring)
+  BETWEEN[d] = '","distance":' .. digits .. '},{"incident_id":"'
+  AFTER[d] = '","distance":' .. digits .. '}]'
+  WIDTH[d] = #digits
+  BETWEEN[digits], AFTER[digits], WIDTH[digits] = BETWEEN[d], AFTER[d], WIDTH[d]
 end
 
 -- The alert's `matches`: [{"incident_id":"<id>","distance":<d>},...] of the longest head of `flat` (id, d, ...)
@@ -39,21 +43,27 @@ local function matches_json_within(flat)
   if n_flat == 0 then return '[]' end
   local find = string.find
   local parts, n, size = {'[{"incident_id":"'}, 1, 2
-  local last_d
+  local last_d, last_digits
   for i = 1, n_flat, 2 do
     local id, d = flat[i], flat[i + 1]
     if not find(id, '^[^%z\1-\31\127"\\]*$') then id = string.sub(json_string(id), 2, -2) end
+    local width = WIDTH[d]
+    local digits = nil  -- (a distance of no piece made in advance: as tostring writes its number, -0 included)
+    if not width or d == 0 and 1 / d < 0 then
+      digits = tostring(tonumber(d))
+      width = #digits
+    end
     -- the ID in its quotes, the distance, and 27 (as the alert's byte cap has always counted a match)
-    size = size + #id + 2 + (WIDTH[d] or #tostring(d)) + 27
+    size = size + #id + 2 + width + 27
     if size > MAX_MATCHES_BYTES and i > 1 then break end
     if i > 1 then
-      parts[n + 1] = BETWEEN[last_d] or '","distance":' .. tostring(last_d) .. '},{"incident_id":"'
+      parts[n + 1] = last_digits and '","distance":' .. last_digits .. '},{"incident_id":"' or BETWEEN[last_d]
       n = n + 1
     end
     parts[n + 1] = id
     n = n + 1
-    last_d = d
+    last_d, last_digits = d, digits
   end
-  parts[n + 1] = AFTER[last_d] or '","distance":' .. tostring(last_d) .. '}]'
+  parts[n + 1] = last_digits and '","distance":' .. last_digits .. '}]' or AFTER[last_d]
   return table.concat(parts)
 end

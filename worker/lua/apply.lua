@@ -298,7 +298,8 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
     ack_entry(context, events_key, group, entry_id)
   end
   local reply = {'indexed', budget_count(matched, cut), verified, alert_id, label, size}
-  for i = 1, #flat do reply[6 + i] = flat[i] end
+  -- (a claim's own head keeps its distances as sent: numbers here, as every reply gives them)
+  for i = 1, #flat, 2 do reply[6 + i], reply[7 + i] = flat[i], tonumber(flat[i + 1]) end
   return reply
 end
 
