@@ -185,8 +185,8 @@ def test_the_apply_command_carries_each_field_where_its_definition_puts_it(redis
 
 def _matches_json_oracle(flat: list[tuple[bytes, str]]) -> bytes:
     """The alert's `matches` as alert_json.lua writes it: each ID's bytes as they are but `"`, `\\` and control
-    bytes escaped, its distance as Lua writes its number (%.14g); the longest head whose bytes, counted as the cap has always
-    counted them (each ID and its quotes, its distance and 27), fit in 8,192 (at least one)."""
+    bytes escaped, its distance as Lua writes its number (%.14g); the longest head whose bytes, counted as the cap
+    has always counted them (each ID and its quotes, its distance and 27), fit in 8,192 (at least one)."""
     escapes = {0x22: b'\\"', 0x5C: b"\\\\", 0x08: b"\\b", 0x0C: b"\\f", 0x0A: b"\\n", 0x0D: b"\\r", 0x09: b"\\t"}
     pieces, size = [], 2
     for k, (raw, d) in enumerate(flat):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 import threading
@@ -1235,6 +1236,44 @@ def test_a_batch_knows_which_entries_are_pending_and_what_its_own_calls_changed(
     }
     assert not pending & set(mine) and len(pending) == others
     assert_postings_match(redis_client, "v", 4)
+
+
+@pytest.mark.parametrize("path", ["primary", "snapshot"])
+@pytest.mark.parametrize("replied", [None, 0, 2, 5, 500])
+def test_the_reply_repeats_at_most_max_replied_matches_and_the_alert_lists_its_cap(redis_client, path, replied) -> None:
+    """`max_replied` (a stream worker's: the closest its alert's log line names) cuts only the reply's matches: the
+    alert lists the cap, match_count counts all, the reply's head is the alert's; on both read paths."""
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.open()
+    stream = StreamTarget("{v}:events", "{v}:alerts", "{v}:dead", "g")
+    redis_client.xgroup_create(stream.events_stream, "g", id="0", mkstream=True)
+    query = 0x0F0F_0000_FFFF_1234
+    for k in range(40):
+        index.add_fingerprint(f"n{k:02d}", query ^ (1 << (k % 64)) ^ (1 << ((k * 7 + 3) % 64)) * (k % 3 > 0))
+    redis_client.xadd(stream.events_stream, {"x": "1"})
+    [[_, [(entry_id, _)]]] = redis_client.xreadgroup("g", "w", {stream.events_stream: ">"}, count=1)
+    claim = None
+    if path == "snapshot":
+        follower = ChangeFollower(redis_client, index.keys, index.layout)
+        follower.load()
+        claim = _claim(follower, query, "new", 25, 16)
+    expected = index.search(query, max_matches=25)
+    command = index.apply_command(
+        "add",
+        "new",
+        query,
+        stream=stream,
+        entry_id=_text(entry_id),
+        max_matches=25,
+        snapshot=claim,
+        max_replied=replied,
+    )
+    result = parse_apply(redis_client.execute_command(*command))
+    assert (result.status, result.match_count) == ("indexed", expected.match_count) and expected.match_count > 25
+    assert result.matches == (expected.matches if replied is None else expected.matches[:replied])
+    [(_, alert)] = redis_client.xrange(stream.alerts_stream)
+    listed = json.loads(alert[b"matches" if b"matches" in alert else "matches"])
+    assert [(m["incident_id"], m["distance"]) for m in listed] == expected.matches
 
 
 # -- the batch's calls read in place, and validation's shortcuts, against calls of their own ---------------------

@@ -39,6 +39,7 @@ def pack_adds(
     max_matches: int = 0,
     max_candidates: int | None = None,
     alert_extra: str = "",
+    max_replied: int | None = None,
 ) -> Packed | None:
     """The apply_batch call of these adds on the snapshot path, packed: the very bytes hiredis makes of
     `library.apply_batch` of each add's `apply_command("add", incident_id, fp, stream=stream, entry_id=...,
@@ -48,12 +49,14 @@ def pack_adds(
     None when they cannot be written so: a migration under way (its postings too), a cluster client (its
     pipelines take arguments, `sends_packed`), or any text that is not ASCII. Build the calls one by one then.
     `alert_extra` is each add's `library.pack_alert_extra`, the same for all (an add's own, when it is given
-    in `SnapshotAdd`, wins).
+    in `SnapshotAdd`, wins); `max_replied` as `apply_command`'s.
     """
     if index.building is not None or not sends_packed(index.redis):
         return None
     keys, layout = index.keys, index.layout
-    limits = library.pack_limits(max_matches, index.max_candidates if max_candidates is None else max_candidates)
+    limits = library.pack_limits(
+        max_matches, index.max_candidates if max_candidates is None else max_candidates, max_replied
+    )
     # the keys and arguments every add of the send shares (ApplyKeys, ApplyArgs: the order is theirs)
     head = "".join(map(bulk, (keys.meta, keys.fingerprints, keys.changes, stream.events_stream, stream.alerts_stream)))
     expiry = bulk(keys.expiry)
