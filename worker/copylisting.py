@@ -128,8 +128,9 @@ def scanned_results(
     n = len(queries)
     by_distance = np.zeros((n, r + 1))
     for distances, _, sizes in blocks:
+        weights = sizes.astype(np.float64)  # (bincount's own type: not converted again for each query)
         for k in range(n):
-            by_distance[k] += np.bincount(distances[k], weights=sizes, minlength=65)[: r + 1]
+            by_distance[k] += np.bincount(distances[k], weights=weights, minlength=65)[: r + 1]
     for k, (fp, exclude) in enumerate(queries):
         own = copy.get(exclude) if exclude is not None else None
         if own is not None:
