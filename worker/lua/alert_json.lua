@@ -32,21 +32,25 @@ for d = 0, 64 do
 end
 
 -- The alert's `matches`: [{"incident_id":"<id>","distance":<d>},...] of the longest head of `flat` (id, d, ...)
--- whose JSON fits in MAX_MATCHES_BYTES, at least one match; in pieces joined once: each ID as it is (checked with
--- one anchored match, in one pass over its bytes) unless it needs escapes, then its distance and what follows it
--- up to the next ID, one piece made in advance. A near storm lists its cap of matches in every alert: making each
--- ID's JSON twice, once to size it and once to write it, was most of such an event's time on the primary; then the
--- distances written by sprintf and five pieces a match were most of what was left (benchmarks/journal/near-storms.md,
--- section 9).
+-- whose JSON fits in MAX_MATCHES_BYTES, at least one match; in pieces joined once: each ID as it is unless it needs
+-- escapes (all of them checked with one anchored match over them joined, or, when one does, each with its own), then
+-- its distance and what follows it up to the next ID, one piece made in advance. A near storm lists its cap of
+-- matches in every alert: making each ID's JSON twice, once to size it and once to write it, was most of such an
+-- event's time on the primary; then the distances written by sprintf, five pieces a match and a match of each ID
+-- were most of what was left (benchmarks/journal/near-storms.md, section 9).
 local function matches_json_within(flat)
   local n_flat = #flat
   if n_flat == 0 then return '[]' end
   local find = string.find
+  -- whether no ID needs an escape, in one pass over them all (the usual case); else each is checked
+  local ids = {}
+  for i = 1, n_flat, 2 do ids[#ids + 1] = flat[i] end
+  local plain = find(table.concat(ids), '^[^%z\1-\31\127"\\]*$') ~= nil
   local parts, n, size = {'[{"incident_id":"'}, 1, 2
   local last_d, last_digits
   for i = 1, n_flat, 2 do
     local id, d = flat[i], flat[i + 1]
-    if not find(id, '^[^%z\1-\31\127"\\]*$') then id = string.sub(json_string(id), 2, -2) end
+    if not plain and not find(id, '^[^%z\1-\31\127"\\]*$') then id = string.sub(json_string(id), 2, -2) end
     local width = WIDTH[d]
     local digits = nil  -- (a distance of no piece made in advance: as tostring writes its number, -0 included)
     if not width or d == 0 and 1 / d < 0 then
