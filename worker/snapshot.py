@@ -911,4 +911,3 @@ def _distances(fps: np.ndarray, queries: np.ndarray) -> np.ndarray:
     for first in range(0, len(queries), step):
         np.bitwise_count(fps ^ queries[first : first + step, None], out=distances[first : first + step])
     return distances
-
