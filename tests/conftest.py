@@ -254,13 +254,18 @@ def seal_at(request: pytest.FixtureRequest) -> Iterator[int]:
     worker.snapshot._SEAL_AT = saved
 
 
-@pytest.fixture(params=[2**62, 0], ids=["python-always", "arrays-always"])
+@pytest.fixture(params=[2**62, 0, -1], ids=["python-always", "arrays-always", "scan-always"])
 def few_hits(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
     """How a snapshot copy counts and lists a send's matches: in plain Python (as it does when they are few) or in
-    arrays (as it does a near storm's) whatever their number; in this process's copies."""
+    arrays (as it does a near storm's) whatever their number, through the bands; or (-1) by comparing every send
+    that no budget cut with every row (`MemoryIndex._scan`, as it does a near storm's); in this process's copies."""
     import worker.snapshot
 
-    monkeypatch.setattr(worker.snapshot, "_FEW_HITS", request.param)
+    if request.param < 0:
+        monkeypatch.setattr(worker.snapshot, "_SCAN_SHARE", 2**62)
+    else:
+        monkeypatch.setattr(worker.snapshot, "_SCAN_SHARE", 0)
+        monkeypatch.setattr(worker.snapshot, "_FEW_HITS", request.param)
     return int(request.param)
 
 

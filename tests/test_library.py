@@ -178,3 +178,52 @@ def test_the_apply_command_carries_each_field_where_its_definition_puts_it(redis
     assert first["events"] == "ev" and first["alerts"] == "al" and first["meta"] == index.keys.meta
     assert keys[8 : 8 + named["n_new"]] == tuple(index.posting_keys(0x2))
     assert keys[8 + named["n_new"] : 8 + named["n_new"] + named["n_old"]] == tuple(index.posting_keys(0x1))
+
+
+# -- the alert's matches JSON ----------------------------------------------------------------------------------------
+
+
+def _matches_json_oracle(flat: list[tuple[bytes, str]]) -> bytes:
+    """The alert's `matches` as alert_json.lua writes it: each ID's bytes as they are but `"`, `\\` and control
+    bytes escaped, its distance as Lua writes its number (%.14g); the longest head whose bytes, counted as the cap
+    has always counted them (each ID and its quotes, its distance and 27), fit in 8,192 (at least one)."""
+    escapes = {0x22: b'\\"', 0x5C: b"\\\\", 0x08: b"\\b", 0x0C: b"\\f", 0x0A: b"\\n", 0x0D: b"\\r", 0x09: b"\\t"}
+    pieces, size = [], 2
+    for k, (raw, d) in enumerate(flat):
+        escaped = b"".join(escapes.get(c) or (b"\\u%04x" % c if c < 32 or c == 127 else bytes([c])) for c in raw)
+        number = b"%.14g" % float(d)
+        size += len(escaped) + 2 + len(number) + 27
+        if size > 8192 and k > 0:
+            break
+        pieces.append(b'{"incident_id":"' + escaped + b'","distance":' + number + b"}")
+    return b"[" + b",".join(pieces) + b"]"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_alerts_matches_json_is_each_match_escaped_and_capped_in_bytes(redis_client, seed: int) -> None:
+    """matches_json_within (distances written from pieces made in advance, IDs checked in one anchored match)
+    against a Python oracle: IDs needing every kind of escape or none, distances of 0 to 64 and a fraction (as a
+    hand-edited fingerprint may give), given as numbers and, every other one, as the digits a claim sent (as
+    merge_claim passes a claim's own head on), written otherwise too ("07", "-0", "7.0"); lists short and long, cut
+    at the byte cap; on Redis and on fakeredis."""
+    import random
+
+    rng = random.Random(seed)
+    alphabet = ["a", "Z", "0", "-", '"', "\\", "\x00", "\x01", "\x1f", "\x7f", "é", "\n", "\t", " ", "\U0001f600"]
+    script = (
+        _lua("alert_json")
+        + "\nlocal flat = {}\nfor i = 1, #ARGV, 2 do\n"
+        + "  flat[i] = ARGV[i]; flat[i + 1] = i % 4 == 1 and tonumber(ARGV[i + 1]) or ARGV[i + 1]\nend\n"
+        + "return matches_json_within(flat)\n"
+    )
+    for _ in range(25):
+        flat = []
+        rate = rng.choice([0.0, 0.001, 0.2])  # (IDs all plain, one needing escapes among many, many)
+        for _ in range(rng.choice([0, 1, 2, 5, 100, 400])):
+            raw = "".join(rng.choice(alphabet) if rng.random() < rate else "x" for _ in range(rng.choice([1, 6, 300])))
+            digits = rng.choice(["0", "1", "7", "9", "10", "64", "2.25", "07", "-0", "7.0"])
+            flat.append((raw.encode(), digits))
+        args = [part for raw, d in flat for part in (raw, d)]
+        reply = redis_client.eval(script, 0, *args)
+        written = reply if isinstance(reply, bytes) else reply.encode("utf-8", "surrogateescape")
+        assert written == _matches_json_oracle(flat)

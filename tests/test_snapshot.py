@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 import threading
@@ -619,6 +620,62 @@ def test_a_storm_searched_in_arrays_answers_and_counts_as_the_plain_way(
     assert wasted[0] == wasted[1]
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**32),
+    layout=st.sampled_from([(4, 7), (3, 7), (5, 7), (6, 12), (2, 3)]),
+    loaded=st.integers(0, 300),
+    added=st.integers(0, 200),
+    deleted=st.integers(0, 200),
+    limit=st.sampled_from([0, 1, 17, 100]),
+    budget=st.sampled_from([0, 30, 600]),
+    max_distance=st.sampled_from([None, 2, 5]),
+    mixed=st.booleans(),
+    step=st.sampled_from([1 << 20, 7, 1]),
+)
+def test_a_storm_compared_with_every_row_answers_and_counts_as_through_the_bands(
+    seed, layout, loaded, added, deleted, limit, budget, max_distance, mixed, step, seal_at, direct_tables, monkeypatch
+) -> None:
+    """A send of storm queries compared with every row of the copy (`_scan`: distances to each tier's first band
+    and to the tail, counted by bincount, the cap's rows picked out) and searched through the bands (the arrays'
+    way) on two copies made alike: the same results (twins, excluded IDs holding a row or sharing one, rows that
+    went, loaded tiers and tiers of rows made since, the tail), the same candidates counted, and the same candidates
+    thrown away against each tier (`_waste`: a row that went counts once for each band that would have reached it).
+    A send some query of which was cut at its budget goes through the bands either way. `step`: the XORs made a few
+    queries at a time (`_SCAN_STEP`)."""
+    results, wasted = [], []
+    with monkeypatch.context() as patch:  # (undone after each example: the next may have another layout)
+        if mixed and max(BandLayout(*layout).widths) <= 16:
+            patch.setattr(MemoryIndex, "_direct", lambda self, rows: rows % 2 == 0)
+        patch.setattr(worker.snapshot, "_FEW_HITS", 0)
+        patch.setattr(worker.snapshot, "_SCAN_STEP", step)
+        for share in (0, 2**62):
+            patch.setattr(worker.snapshot, "_SCAN_SHARE", share)
+            index, pool = _storm_copy(seed, layout, loaded, added, deleted)
+            rng = random.Random(seed + 1)
+            queries = [
+                (flip(rng.choice(pool), rng.randint(0, 3), rng), rng.choice([None, "a0", "l1", "l2", "zz"]))
+                for _ in range(9)
+            ]
+            results.append(index.search_many(queries, limit=limit, budget=budget, max_distance=max_distance))
+            wasted.append(([tier.wasted for tier in index._tiers], index.tier_rebuilds))
+    assert results[0] == results[1]
+    assert wasted[0] == wasted[1]
+
+
+def test_a_near_storms_send_is_compared_with_every_row() -> None:
+    """The storm's send takes `_scan` by default (more candidates than rows): the path the test above holds equal."""
+    index, pool = _storm_copy(3, (4, 7), 300, 200, 20)
+    rng = random.Random(4)
+    queries = [(flip(rng.choice(pool), 1, rng), None) for _ in range(8)]
+    scanned = []
+    original = MemoryIndex._scan
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MemoryIndex, "_scan", lambda self, *args: scanned.append(1) or original(self, *args))
+        index.search_many(queries, limit=100, budget=0)
+    assert scanned
+
+
 def test_the_copy_names_the_holder_of_a_fingerprint_whatever_the_budget() -> None:
     """`holder`: the first ID in code point order holding the fingerprint exactly, other than the excluded one, found
     without the postings (a search cut at its budget may not reach it)."""
@@ -1031,6 +1088,40 @@ def test_a_batch_validated_against_one_stale_snapshot_equals_the_events_one_by_o
     assert dict(follower.index.items()) == oracle.fps
 
 
+@pytest.mark.parametrize("cap", [0, 3, 100])
+@pytest.mark.parametrize("shuffled", ["ids", "distances", "sorted"])
+def test_a_claim_listed_out_of_order_is_sorted_and_one_in_order_is_passed_on_as_listed(
+    redis_client, cap, shuffled
+) -> None:
+    """A claim's listed matches no change touched, in order, are passed on as they came (merge_claim's own head,
+    with nothing added or dropped, and the order checked without a call a match); out of order (a worker that sorts
+    otherwise), they are sorted first. Either way the same reply as the sorted claim's, which is the full search's."""
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.open()
+    query = 0x0123_4567_89AB_CDEF
+    near = {"b": 1, "a": 1, "é": 1, 'z"q': 1, "aa": 2, "c": 2, "B": 3, "d\\n": 7}
+    for incident_id, bits in near.items():
+        index.add_fingerprint(incident_id, query ^ ((1 << bits) - 1) << (7 * len(incident_id) % 40))
+    follower = ChangeFollower(redis_client, index.keys, index.layout)
+    follower.load()
+    claim = _claim(follower, query, "new", cap, 2)
+    expected = index.search(query, max_matches=cap)
+    listed = list(claim.listed)
+    assert listed == sorted(listed, key=lambda m: (m[1], m[0].encode()))
+    if shuffled == "ids":
+        listed.reverse()
+        listed.sort(key=lambda m: m[1])  # each distance's IDs in reverse
+    elif shuffled == "distances":
+        listed.reverse()
+    if shuffled != "sorted":
+        assert listed != list(claim.listed)
+    claim = replace(claim, listed=listed)
+    result = parse_apply(
+        redis_client.execute_command(*index.apply_command("add", "new", query, snapshot=claim, max_matches=cap))
+    )
+    assert (result.status, result.match_count, result.matches) == ("indexed", expected.match_count, expected.matches)
+
+
 def test_an_error_in_one_call_of_a_batch_leaves_the_others_alone(redis_client) -> None:
     index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
     index.open()
@@ -1145,6 +1236,44 @@ def test_a_batch_knows_which_entries_are_pending_and_what_its_own_calls_changed(
     }
     assert not pending & set(mine) and len(pending) == others
     assert_postings_match(redis_client, "v", 4)
+
+
+@pytest.mark.parametrize("path", ["primary", "snapshot"])
+@pytest.mark.parametrize("replied", [None, 0, 2, 5, 500])
+def test_the_reply_repeats_at_most_max_replied_matches_and_the_alert_lists_its_cap(redis_client, path, replied) -> None:
+    """`max_replied` (a stream worker's: the closest its alert's log line names) cuts only the reply's matches: the
+    alert lists the cap, match_count counts all, the reply's head is the alert's; on both read paths."""
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.open()
+    stream = StreamTarget("{v}:events", "{v}:alerts", "{v}:dead", "g")
+    redis_client.xgroup_create(stream.events_stream, "g", id="0", mkstream=True)
+    query = 0x0F0F_0000_FFFF_1234
+    for k in range(40):
+        index.add_fingerprint(f"n{k:02d}", query ^ (1 << (k % 64)) ^ (1 << ((k * 7 + 3) % 64)) * (k % 3 > 0))
+    redis_client.xadd(stream.events_stream, {"x": "1"})
+    [[_, [(entry_id, _)]]] = redis_client.xreadgroup("g", "w", {stream.events_stream: ">"}, count=1)
+    claim = None
+    if path == "snapshot":
+        follower = ChangeFollower(redis_client, index.keys, index.layout)
+        follower.load()
+        claim = _claim(follower, query, "new", 25, 16)
+    expected = index.search(query, max_matches=25)
+    command = index.apply_command(
+        "add",
+        "new",
+        query,
+        stream=stream,
+        entry_id=_text(entry_id),
+        max_matches=25,
+        snapshot=claim,
+        max_replied=replied,
+    )
+    result = parse_apply(redis_client.execute_command(*command))
+    assert (result.status, result.match_count) == ("indexed", expected.match_count) and expected.match_count > 25
+    assert result.matches == (expected.matches if replied is None else expected.matches[:replied])
+    [(_, alert)] = redis_client.xrange(stream.alerts_stream)
+    listed = json.loads(alert[b"matches" if b"matches" in alert else "matches"])
+    assert [(m["incident_id"], m["distance"]) for m in listed] == expected.matches
 
 
 # -- the batch's calls read in place, and validation's shortcuts, against calls of their own ---------------------

@@ -45,7 +45,9 @@ adds = st.builds(
 )
 
 
-def one_by_one(index: FingerprintIndex, sent: list[SnapshotAdd], extra: str, cap: int, budget: int | None) -> bytes:
+def one_by_one(
+    index: FingerprintIndex, sent: list[SnapshotAdd], extra: str, cap: int, budget: int | None, replied: int | None
+) -> bytes:
     """The call as the general path builds and packs it."""
     commands = [
         index.apply_command(
@@ -60,6 +62,7 @@ def one_by_one(index: FingerprintIndex, sent: list[SnapshotAdd], extra: str, cap
             alert_text=add.alert_text,
             tokenizer=add.tokenizer,
             snapshot=add.claim,
+            max_replied=replied,
         )
         for add in sent
     ]
@@ -82,13 +85,23 @@ def one_by_one(index: FingerprintIndex, sent: list[SnapshotAdd], extra: str, cap
     extra=st.sampled_from(["", "1", "05:a_b_c4:xyzw"]),
     cap=st.integers(0, 100),
     budget=st.one_of(st.none(), st.integers(0, 50_000)),
+    replied=st.one_of(st.none(), st.integers(0, 10)),
 )
 def test_the_written_call_is_the_packed_call_or_none(
-    bands: int, max_distance: int, sent: list[SnapshotAdd], extra: str, cap: int, budget: int | None
+    bands: int,
+    max_distance: int,
+    sent: list[SnapshotAdd],
+    extra: str,
+    cap: int,
+    budget: int | None,
+    replied: int | None,
 ) -> None:
+    """(IDs listed again, by later adds and examples, are written from `_BULK_IDS`.)"""
     index = FingerprintIndex(redis.Redis(), "w", bands=bands, max_distance=max_distance)  # never connects
-    written = index.snapshot_adds(sent, stream=TARGET, max_matches=cap, max_candidates=budget, alert_extra=extra)
-    expected = one_by_one(index, sent, extra, cap, budget)
+    written = index.snapshot_adds(
+        sent, stream=TARGET, max_matches=cap, max_candidates=budget, alert_extra=extra, max_replied=replied
+    )
+    expected = one_by_one(index, sent, extra, cap, budget, replied)
     if written is None:
         # only text that is not ASCII, or a value that is no fingerprint of 64 bits, is left to the general path
         assert not expected.isascii() or any(add.fp >= 2**64 for add in sent)
@@ -99,7 +112,7 @@ def test_the_written_call_is_the_packed_call_or_none(
 def test_no_call_is_written_during_a_migration_or_for_a_cluster_client() -> None:
     add = SnapshotAdd("a", 5, "1-0", SnapshotClaim("1-0", 0, [], True), "", "", None)
     index = FingerprintIndex(redis.Redis(), "w", bands=4)
-    assert index.snapshot_adds([add], stream=TARGET) == one_by_one(index, [add], "", 0, None)
+    assert index.snapshot_adds([add], stream=TARGET) == one_by_one(index, [add], "", 0, None, None)
     target = BandLayout(3, 7)
     index.building = LayoutTarget("v3", target, 1, index.keys.band_keys(target, 1))
     assert index.snapshot_adds([add], stream=TARGET) is None  # its postings in the layout being built, too

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["NO_HITS", "Hits", "ListingRows", "SearchResult", "results"]
+__all__ = ["NO_HITS", "Hits", "ListingRows", "Scanned", "SearchResult", "results", "scanned_results"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,10 @@ class SearchResult:
 
 Hits = tuple[np.ndarray, np.ndarray, np.ndarray]
 """What a search found in the tiers or the tail: the query, the row and the distance of each match found."""
+
+Scanned = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""A block of rows a send was compared with whole (a near storm's: `MemoryIndex._scan`): the distance of each query
+to each row's fingerprint (uint8, query x row), each row's number, and its member count (0: no incident holds it)."""
 
 NO_HITS: Hits = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint8))
 
@@ -101,8 +105,56 @@ def results(
     cell = query_of * (r + 1) + distance_of  # (query, distance)
     # each query's members by distance, and how many lie within each distance
     within = np.cumsum(np.bincount(cell, weights=sizes, minlength=n * (r + 1)).reshape(n, r + 1), axis=1)
+    counts, last, need = _caps(within, r, limit)
+    if limit:
+        read = np.flatnonzero(distance_of <= last[query_of])  # the rows the cap reaches
+        cell, rows = cell[read], rows[read]
+    return _listings(copy, queries, r, verified, cut, cell, rows, counts, last, need)
+
+
+def scanned_results(
+    copy: ListingRows,
+    blocks: list[Scanned],
+    queries: Sequence[tuple[int, str | None]],
+    r: int,
+    verified: np.ndarray,
+    cut: np.ndarray,
+    limit: int,
+) -> list[SearchResult]:
+    """`results` of a send compared with every row of the copy (`blocks`, `MemoryIndex._scan`): the same answers,
+    counted from the distances without gathering the matches (a near storm's thousands a query): a query's members
+    by distance are one `bincount` of its distances weighted by the rows' member counts, a block at a time, its
+    excluded ID taken off at its own distance; then only the rows its cap reaches are picked out and listed."""
+    n = len(queries)
+    by_distance = np.zeros((n, r + 1))
+    for distances, _, sizes in blocks:
+        weights = sizes.astype(np.float64)  # (bincount's own type: not converted again for each query)
+        for k in range(n):
+            by_distance[k] += np.bincount(distances[k], weights=weights, minlength=65)[: r + 1]
+    for k, (fp, exclude) in enumerate(queries):
+        own = copy.get(exclude) if exclude is not None else None
+        if own is not None:
+            # (the excluded ID's row is found, in one block, exactly when its fingerprint lies within r)
+            distance = (int(own) ^ int(fp)).bit_count()
+            if distance <= r:
+                by_distance[k, distance] -= 1
+    counts, last, need = _caps(np.cumsum(by_distance, axis=1), r, limit)
+    bound = np.minimum(last, r).astype(np.uint8)[:, None]
+    cells, picked = [], []
+    for distances, rows, _ in blocks:
+        which, at = (distances <= bound).nonzero()  # the rows the cap reaches
+        cells.append(which * (r + 1) + distances[which, at])
+        picked.append(rows.take(at))
+    cell = np.concatenate(cells).astype(np.int64) if cells else np.zeros(0, dtype=np.int64)
+    rows = np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
+    return _listings(copy, queries, r, verified, cut, cell, rows, counts, last, need)
+
+
+def _caps(within: np.ndarray, r: int, limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """From each query's members within each distance (query x distance, cumulative): its count, the distance where
+    its cap falls (r + 1: its every match is listed), and how many of that distance are listed."""
+    n = len(within)
     counts = within[:, r].astype(np.int64)
-    # the distance where each query's cap falls (r + 1: its every match is listed) and how many of it are listed
     last = np.full(n, r + 1, dtype=np.int64)
     need = np.zeros(n, dtype=np.int64)
     if limit:
@@ -110,8 +162,23 @@ def results(
         last[over] = np.argmax(within[over] >= limit, axis=1)
         shifted = np.concatenate([np.zeros((n, 1)), within[:, :-1]], axis=1)
         need[over] = limit - shifted[over, last[over]].astype(np.int64)
-        read = np.flatnonzero(distance_of <= last[query_of])  # the rows the cap reaches
-        cell, rows = cell[read], rows[read]
+    return counts, last, need
+
+
+def _listings(
+    copy: ListingRows,
+    queries: Sequence[tuple[int, str | None]],
+    r: int,
+    verified: np.ndarray,
+    cut: np.ndarray,
+    cell: np.ndarray,
+    rows: np.ndarray,
+    counts: np.ndarray,
+    last: np.ndarray,
+    need: np.ndarray,
+) -> list[SearchResult]:
+    """Each query's result: the rows its cap reaches (`cell`: query x (r + 1) + distance, and `rows`), listed."""
+    n = len(queries)
     order = np.argsort(cell, kind="stable")
     cell, rows = cell[order], rows[order]
     members = copy._members_of(rows)

@@ -406,6 +406,7 @@ class FingerprintIndex(GroupReads):
         max_candidates: int | None = None,
         open_alerts: bool = False,
         alert_fields: Sequence[tuple[str, str]] = (),
+        max_replied: int | None = None,
     ) -> Command:
         """One apply call (worker/lua/apply.lua) as a command for `execute` or a transport; parse its reply with
         `parse_apply`. Its keys and arguments are `library.ApplyKeys` and `library.ApplyArgs`, filled here.
@@ -420,7 +421,8 @@ class FingerprintIndex(GroupReads):
         With `snapshot`, the call validates what a search of a copy of the index found instead of searching the
         postings (no probe keys are sent; see worker/readpath.py). While a migration builds another layout
         (`building`), the call writes the fingerprint's postings in it too. With `open_alerts` an incident that
-        opens a group gets an alert too; `alert_fields` (name, value) are copied into the alert.
+        opens a group gets an alert too; `alert_fields` (name, value) are copied into the alert. `max_replied`: the
+        reply's `matches` hold at most that many of the listed ones (the alert lists `max_matches` all the same).
         """
         own: list[str] = []
         others: list[str] = []
@@ -483,7 +485,9 @@ class FingerprintIndex(GroupReads):
             group=stream.group if stream else "",
             entry_id=entry_id,
             alerts_maxlen=stream.alerts_maxlen if stream else 0,
-            limits=library.pack_limits(max_matches, self.max_candidates if max_candidates is None else max_candidates),
+            limits=library.pack_limits(
+                max_matches, self.max_candidates if max_candidates is None else max_candidates, max_replied
+            ),
             probed=probed,
             alert_text=alert_text,
             tokenizer=tokenizer,
@@ -502,11 +506,18 @@ class FingerprintIndex(GroupReads):
         max_matches: int = 0,
         max_candidates: int | None = None,
         alert_extra: str = "",
+        max_replied: int | None = None,
     ) -> Packed | None:
         """The apply_batch call of these adds on the snapshot path, packed (`snapshotadds.pack_adds`); None when
         they cannot be written so (build the calls one by one then)."""
         return pack_adds(
-            self, adds, stream=stream, max_matches=max_matches, max_candidates=max_candidates, alert_extra=alert_extra
+            self,
+            adds,
+            stream=stream,
+            max_matches=max_matches,
+            max_candidates=max_candidates,
+            alert_extra=alert_extra,
+            max_replied=max_replied,
         )
 
     def execute(self, commands: Sequence[Command | Packed]) -> list[Any]:

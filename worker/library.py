@@ -397,7 +397,7 @@ class ApplyArgs(NamedTuple):
     entry_id: str
     alerts_maxlen: int
     limits: str
-    """`pack_limits`: most matches to list, and the per-event budget."""
+    """`pack_limits`: most matches to list, the per-event budget, and most matches the reply repeats."""
     probed: int
     alert_text: str
     tokenizer: str
@@ -422,9 +422,12 @@ def pack_claim(snapshot: SnapshotClaim) -> str:
     return f"{snapshot.position} {snapshot.count} {complete}{held}"
 
 
-def pack_limits(max_matches: int, max_candidates: int) -> str:
-    """`ApplyArgs.limits`: most matches listed (0 = all) and most candidates verified (0 = no budget)."""
-    return f"{max_matches} {max_candidates}"
+def pack_limits(max_matches: int, max_candidates: int, max_replied: int | None = None) -> str:
+    """`ApplyArgs.limits`: most matches listed (0 = all), most candidates verified (0 = no budget), and most of the
+    listed matches the reply repeats (None: all; the alert lists `max_matches` whatever it is)."""
+    if max_replied is None:
+        return f"{max_matches} {max_candidates}"
+    return f"{max_matches} {max_candidates} {max_replied}"
 
 
 def pack_alert_extra(open_alerts: bool, fields: Sequence[tuple[str, str]] = ()) -> str:

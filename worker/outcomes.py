@@ -26,6 +26,11 @@ FAILED = "failed"
 NOT_PENDING = "not_pending"
 
 _CUT_LOG_S = 10.0
+
+CLOSEST_LOGGED = 5
+"""The closest matches an alert's log line names: all of its matches a stream worker reads from the apply call's
+reply (`max_replied`); the alert itself lists the cap (MAX_MATCHES). A near storm's replies repeated 100 matches
+each, for the worker to parse and drop."""
 """Seconds between two log lines about searches cut at the per-event budget."""
 
 
@@ -148,7 +153,7 @@ class Outcomes:
                 op=event.op,
                 fingerprint=format_fingerprint(event.fingerprint or 0),
                 match_count=result.match_count,
-                closest=[f"{i}@{d}" for i, d in result.matches[:5]],
+                closest=[f"{i}@{d}" for i, d in result.matches[:CLOSEST_LOGGED]],
                 alert_entry=result.alert_id,
                 **({"incomplete": True} if result.incomplete else {}),
             )

@@ -53,7 +53,7 @@ from .library import (
     pack_alert_extra,
     parse_apply,
 )
-from .outcomes import DEAD, FAILED, NOT_PENDING, Outcomes
+from .outcomes import CLOSEST_LOGGED, DEAD, FAILED, NOT_PENDING, Outcomes
 from .readpath import SNAPSHOT_SEND, SnapshotLostError, SnapshotReader
 from .replies import text
 from .settings import ALERT_EVENT_FIELD_CHARS, Settings
@@ -421,6 +421,7 @@ class Processor:
             max_matches=settings.max_matches,
             max_candidates=settings.max_candidates,
             alert_extra=pack_alert_extra(settings.group_open_alerts),
+            max_replied=CLOSEST_LOGGED,  # (the alert lists max_matches; the worker reads only its log line's)
         )
 
     def _claims(self, items: list[_Item]) -> list[SnapshotClaim | None]:
@@ -483,6 +484,7 @@ class Processor:
             snapshot=claim,
             open_alerts=self.settings.group_open_alerts,
             alert_fields=self._alert_fields(item),
+            max_replied=CLOSEST_LOGGED,
         )
 
     def _alert_fields(self, item: _Item) -> list[tuple[str, str]]:

@@ -75,6 +75,18 @@ counted and listed in plain Python, a query's rows in a dict (`MemoryIndex._few_
 fixed cost, some twenty numpy calls a send, is most of an ordinary send's search (a match or none a query), and a
 near storm's thousands of matches a query need the arrays (`MemoryIndex._results`)."""
 
+_SCAN_SHARE = 4
+"""A send none of whose queries was cut is compared with every row of the copy (`MemoryIndex._scan`) once its
+probes' candidates are more than 1/_SCAN_SHARE of its queries times the tiers' rows: a candidate gathered through the
+bands and listed costs many times a row compared in one pass (a near storm's query reads more candidates than the
+copy holds rows), measured (benchmarks/journal/near-storms.md, section 9)."""
+
+_SCAN_MAX_CELLS = 1 << 24
+"""Most (query, row) pairs a send compares by `MemoryIndex._scan`: its distances take a byte each (16 MB)."""
+
+_SCAN_STEP = 1 << 20
+"""(query, row) pairs XORed at a time (8 MB)."""
+
 _STALE_SHARE = 2
 """A tier is built anew, alone, once the rows that went since it was built reach 1/_STALE_SHARE of the rows it was
 built with, and _SEAL_AT. A rebuild of n rows costs O(n) and follows at least n/2 deletes in the tier: O(1) a delete
@@ -655,6 +667,10 @@ class MemoryIndex:
             tiers = [tier for tier in self._tiers if tier.size]
             if tiers:
                 hits, unique = self._tier_hits(tiers, queries_array, r, verified, budget, cut)
+                if hits is None:  # (a near storm's send: see _scan)
+                    return copylisting.scanned_results(
+                        self, self._scan(tiers, queries_array, r, verified), queries, r, verified, cut, limit
+                    )
                 found.append(hits)
             if self._row_count() > self._sealed:
                 found.append(self._tail_hits(queries_array, r, verified))
@@ -668,7 +684,7 @@ class MemoryIndex:
         verified: np.ndarray,
         budget: int,
         cut: np.ndarray,
-    ) -> tuple[Hits, bool]:
+    ) -> tuple[Hits | None, bool]:
         """The rows of each query's candidates in `tiers` within `r` (query, row, distance; a row several bands reach
         as often), with the candidates verified added to `verified`: the probes found once, looked up in each tier,
         all tiers' candidates gathered from the arena and verified in one pass, their rows found in one binary search
@@ -678,7 +694,8 @@ class MemoryIndex:
         for each query that lost some. With more than _FEW_HITS matches (a near storm's), a row several bands reach is
         kept once (`BandReach.later`); the second value says whether every (query, row) is then found once (no query was
         cut). Ordinary sends of many candidates and few matches (a large index's) verify them as before, the cheapest
-        way for candidates (2x faster at 1M than numbering every candidate's range, measured)."""
+        way for candidates (2x faster at 1M than numbering every candidate's range, measured). None instead of the
+        rows: the send is better compared with every row (`_scan`; its candidates were counted in `verified`)."""
         band_of, masks, first_slot, band_base = self._probes(r)
         if not len(band_of):
             return NO_HITS, True
@@ -727,6 +744,10 @@ class MemoryIndex:
         if not total:
             return NO_HITS, True
         verified += np.bincount(range_query, weights=lengths, minlength=len(queries)).astype(np.int64)
+        if total * _SCAN_SHARE > len(queries) * self._sealed and not cut.any():
+            cells = len(queries) * self._row_count()
+            if cells <= _SCAN_MAX_CELLS:
+                return None, True
         positions = ranges(starts, ends)  # in the arena
         candidates = self._arena.take(positions)  # (faster than indexing with them, by a fifth: measured)
         # each candidate against its query's fingerprint; the range of each near one found from its position (they
@@ -760,6 +781,42 @@ class MemoryIndex:
                 weight[cut[query_of_near[dead]]] = 1
             self._waste(positions[dead], weight)
         return (query_of_near[live], rows[live], distances[near][live]), once and not cut.any()
+
+    def _scan(self, tiers: list[_Tier], queries: np.ndarray, r: int, verified: np.ndarray) -> list[copylisting.Scanned]:
+        """The distance of each query to every fingerprint of `tiers` and of the tail (a block each: distances,
+        query x fingerprint, with each fingerprint's row and member count), for a send none of whose queries was cut
+        (`_tier_hits` counted their candidates in `verified`; the tail's are added here). A near storm's query meets
+        more candidates through its probes than the copy holds rows (each row within r reached through two bands or
+        more, most candidates matches): one pass over the rows costs a fraction of gathering the candidates, and
+        finds each row once, so that `copylisting.scanned_results` counts and lists them as the bands would have:
+        the bands find every row within r, and only rows of the tiers and the tail. A tier's first band holds each
+        of its fingerprints once, those of rows that went since it was built included: those within r count
+        against it (`_waste`) as often as the bands would have met them."""
+        blocks: list[copylisting.Scanned] = []
+        wasted, wasted_weight = [], []
+        for tier in tiers:
+            fps = self._arena[tier.at : tier.at + tier.size]
+            if tier.rows is not None:
+                rows = tier.rows[: tier.size].astype(np.int64)
+            else:  # (a tier of loaded rows: theirs found in the load's sorted fingerprints, as `_rows_at` does)
+                assert self._base is not None
+                rows = self._base.fps.searchsorted(fps)
+            sizes = self._sizes.take(rows)
+            distances = _distances(fps, queries)
+            blocks.append((distances, rows, sizes))
+            if tier.stale:
+                which, at = ((distances <= r) & (sizes == 0)).nonzero()
+                if len(at):
+                    wasted.append(at + tier.at)
+                    wasted_weight.append(self._reach.count(fps.take(at) ^ queries.take(which), r))
+        first, end = self._sealed, self._row_count()
+        if end > first:
+            rows = np.arange(first, end, dtype=np.int64)
+            blocks.append((_distances(self._row_fps(first, end), queries), rows, self._sizes[first:end]))
+            verified += end - first
+        if wasted:
+            self._waste(np.concatenate(wasted), np.concatenate(wasted_weight))
+        return blocks
 
     def _rows_at(
         self, tiers: list[_Tier], positions: np.ndarray, fps: np.ndarray, of: np.ndarray | None = None
@@ -842,3 +899,15 @@ class MemoryIndex:
             got = operator.itemgetter(*made.tolist())(self._members)
             return list(got) if len(rows) > 1 else [got]
         return [self._held(row) for row in rows.tolist()]
+
+
+def _distances(fps: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """The bits each of `queries` differs in from each of `fps` (uint8, query x fingerprint), their XORs made
+    _SCAN_STEP at a time."""
+    if len(queries) * len(fps) <= _SCAN_STEP:
+        return np.bitwise_count(fps ^ queries[:, None])
+    distances = np.empty((len(queries), len(fps)), dtype=np.uint8)
+    step = max(1, _SCAN_STEP // max(len(fps), 1))
+    for first in range(0, len(queries), step):
+        np.bitwise_count(fps ^ queries[first : first + step, None], out=distances[first : first + step])
+    return distances

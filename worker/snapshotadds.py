@@ -30,6 +30,18 @@ class SnapshotAdd(NamedTuple):
 _BULK_DISTANCES = {d: bulk(str(d)) for d in range(65)}
 """A listed match's distance as an argument (`FingerprintIndex.snapshot_adds`)."""
 
+_BULK_IDS: dict[str, str] = {}
+"""A listed match's ID as an argument, kept once written: a near storm's claims list 116 matches each, nearly all of
+them listed by earlier claims too (96% in the storm of `bench --near-storm`), and writing each costs about what the
+rest of the add does. Emptied at _BULK_IDS_KEPT."""
+
+_BULK_IDS_KEPT = 16_384
+
+
+def _bulk_id(incident_id: str) -> str:
+    written = _BULK_IDS[incident_id] = f"${len(incident_id)}\r\n{incident_id}\r\n"
+    return written
+
 
 def pack_adds(
     index: Any,
@@ -39,6 +51,7 @@ def pack_adds(
     max_matches: int = 0,
     max_candidates: int | None = None,
     alert_extra: str = "",
+    max_replied: int | None = None,
 ) -> Packed | None:
     """The apply_batch call of these adds on the snapshot path, packed: the very bytes hiredis makes of
     `library.apply_batch` of each add's `apply_command("add", incident_id, fp, stream=stream, entry_id=...,
@@ -48,12 +61,14 @@ def pack_adds(
     None when they cannot be written so: a migration under way (its postings too), a cluster client (its
     pipelines take arguments, `sends_packed`), or any text that is not ASCII. Build the calls one by one then.
     `alert_extra` is each add's `library.pack_alert_extra`, the same for all (an add's own, when it is given
-    in `SnapshotAdd`, wins).
+    in `SnapshotAdd`, wins); `max_replied` as `apply_command`'s.
     """
     if index.building is not None or not sends_packed(index.redis):
         return None
     keys, layout = index.keys, index.layout
-    limits = library.pack_limits(max_matches, index.max_candidates if max_candidates is None else max_candidates)
+    limits = library.pack_limits(
+        max_matches, index.max_candidates if max_candidates is None else max_candidates, max_replied
+    )
     # the keys and arguments every add of the send shares (ApplyKeys, ApplyArgs: the order is theirs)
     head = "".join(map(bulk, (keys.meta, keys.fingerprints, keys.changes, stream.events_stream, stream.alerts_stream)))
     expiry = bulk(keys.expiry)
@@ -74,6 +89,9 @@ def pack_adds(
     if len(sliced) < layout.bands:
         sliced = []
     distances = _BULK_DISTANCES
+    if len(_BULK_IDS) > _BULK_IDS_KEPT:
+        _BULK_IDS.clear()
+    listed_id = _BULK_IDS.get
     key_parts: list[str] = []
     counts: list[str] = []
     arg_parts: list[str] = []
@@ -102,7 +120,9 @@ def pack_adds(
             f"${len(extra)}\r\n{extra}\r\n"
         )
         if listed:
-            arg_parts.append("".join([f"${len(m)}\r\n{m}\r\n{distances.get(d) or bulk(str(d))}" for m, d in listed]))
+            arg_parts.append(
+                "".join([(listed_id(m) or _bulk_id(m)) + (distances.get(d) or bulk(str(d))) for m, d in listed])
+            )
     n, keys_total = len(adds), (8 + layout.bands) * len(adds)
     command = (
         f"*{3 + keys_total + 1 + 2 * n + n_args}\r\n$5\r\nFCALL\r\n{bulk(library.FN_APPLY_BATCH)}"

@@ -59,9 +59,11 @@ end
 --   [9] group           consumer group ('' = library mode: no acknowledgement, no alert)
 --   [10] entry_id       the stream entry's ID
 --   [11] alerts_maxlen  approximate MAXLEN of the alerts stream (0 = no trimming)
---   [12] limits         '<max_matches> <max_candidates>': most matches to list (0 = all), and the per-event budget,
---                       most representatives a search verifies (0 = no bound; see find_matches); '<max_matches>'
---                       alone: no bound
+--   [12] limits         '<max_matches> <max_candidates> <max_replied>': most matches to list (0 = all), the
+--                       per-event budget, most representatives a search verifies (0 = no bound; see find_matches),
+--                       and most of the listed matches the reply repeats (the alert lists max_matches; a stream
+--                       worker reads only the few its log line names); without max_replied: all of them;
+--                       '<max_matches>' alone: no bound either
 --   [13] probed         how many of new_postings (band 0 first) are probed too; the rest are only written
 --   [14] alert_text     text to publish in the alert's `text` field ('' = none)
 --   [15] tokenizer      tokenizer version of a text incident ('' for a bag): refused (error TOKENIZER) when it
@@ -117,9 +119,10 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
   local limit, n_new, n_old = tonumber(args[ao + 6]), tonumber(args[ao + 7]), tonumber(args[ao + 8])
   local group, entry_id = args[ao + 9], args[ao + 10]
   local alerts_maxlen = tonumber(args[ao + 11])
-  local cap, budget = string.match(args[ao + 12], '^(%d+) (%d+)$')
+  local cap, budget, replied = string.match(args[ao + 12], '^(%d+) (%d+) (%d+)$')
+  if not cap then cap, budget = string.match(args[ao + 12], '^(%d+) (%d+)$') end
   if cap then
-    cap, budget = tonumber(cap), tonumber(budget)
+    cap, budget, replied = tonumber(cap), tonumber(budget), tonumber(replied)
   else
     cap, budget = tonumber(args[ao + 12]), 0
   end
@@ -298,7 +301,10 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
     ack_entry(context, events_key, group, entry_id)
   end
   local reply = {'indexed', budget_count(matched, cut), verified, alert_id, label, size}
-  for i = 1, #flat do reply[6 + i] = flat[i] end
+  -- (a claim's own head keeps its distances as sent: numbers here, as every reply gives them)
+  local n_replied = #flat
+  if replied and 2 * replied < n_replied then n_replied = 2 * replied end
+  for i = 1, n_replied, 2 do reply[6 + i], reply[7 + i] = flat[i], tonumber(flat[i + 1]) end
   return reply
 end
 
