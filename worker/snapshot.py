@@ -42,7 +42,7 @@ import numpy as np
 
 from . import copylisting
 from .bands import BandLayout
-from .copyarrays import BandReach, bounds, ranges, tile, value_dtype
+from .copyarrays import BandReach, bounds, ranges, tile, value_dtype, xor_ranges
 from .copylisting import NO_HITS, Hits, SearchResult
 from .loadedrows import LoadedRows, RowsBuilder
 
@@ -748,14 +748,13 @@ class MemoryIndex:
             cells = len(queries) * self._row_count()
             if cells <= _SCAN_MAX_CELLS:
                 return None, True
-        positions = ranges(starts, ends)  # in the arena
-        candidates = self._arena.take(positions)  # (faster than indexing with them, by a fifth: measured)
-        # each candidate against its query's fingerprint; the range of each near one found from its position (they
-        # are few: cheaper than the range of every candidate, gathered)
-        apart = candidates ^ queries[range_query].repeat(lengths)
-        distances = np.bitwise_count(apart)
+        # each candidate against its query's fingerprint, read from the arena a piece at a time; the range of each
+        # near one found from its place among them, and its position in the arena from that (they are few: cheaper
+        # than the range and position of every candidate)
+        apart, distances = xor_ranges(self._arena, starts, lengths, queries[range_query])
         near = (distances <= r).nonzero()[0]
-        range_of = lengths.cumsum().searchsorted(near, side="right")
+        range_ends = lengths.cumsum()
+        range_of = range_ends.searchsorted(near, side="right")
         once = len(near) > _FEW_HITS
         tier_of_near = None
         if once:
@@ -769,8 +768,8 @@ class MemoryIndex:
             per_tier = len(lengths) // len(tiers)
             tier_of_near = np.array(tier_order, dtype=np.int64)[range_of // per_tier]
         query_of_near = range_query[range_of]
-        positions = positions[near]
-        rows = self._rows_at(tiers, positions, candidates[near], tier_of_near)
+        positions = starts[range_of] + (near - (range_ends - lengths)[range_of])  # in the arena
+        rows = self._rows_at(tiers, positions, apart[near] ^ queries[query_of_near], tier_of_near)
         # A row no incident holds any more is skipped: its fingerprint went (if it is held again, it is in a newer row)
         live = self._sizes[rows] > 0
         if not live.all():
