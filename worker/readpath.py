@@ -32,6 +32,7 @@ from .logs import error_message
 from .metafields import changes_floor, floor_ahead
 from .replies import text as _text
 from .snapshot import MemoryIndex
+from .transport import round_trip, sends_packed
 
 __all__ = [
     "CHANGES_FLOOR_FIELD",
@@ -131,10 +132,7 @@ class ChangeFollower:
             # The position's own entry comes first (the XRANGE starts at it): the proof that the log is still the
             # one this copy followed (see _check_position).
             position = index.position
-            pipe = self.client.pipeline(transaction=False)
-            pipe.xrange(self.keys.changes, position, "+", count=count + 1)
-            pipe.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
-            entries, floor = pipe.execute()
+            entries, floor = self._read_log(position, count + 1)
             floor = changes_floor(self.client, self.keys, floor)
             if floor is not None and entry_id_tuple(position) < entry_id_tuple(floor):
                 raise SnapshotLostError(
@@ -154,6 +152,19 @@ class ChangeFollower:
             if len(entries) < count:
                 break
         return applied
+
+    def _read_log(self, position: str, count: int) -> list[Any]:
+        """`count` entries of the log from `position` on, and its floor, in one round trip: for a standalone client
+        on a connection of its own pool (`round_trip`: redis-py's pipeline without its steps, the same retries and
+        errors), else (a cluster client) in a pipeline."""
+        xrange = ("XRANGE", self.keys.changes, position, "+", "COUNT", count)
+        hget = ("HGET", self.keys.meta, CHANGES_FLOOR_FIELD)
+        if sends_packed(self.client):
+            return round_trip(self.client, [xrange, hget])
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xrange(self.keys.changes, position, "+", count=count)
+        pipe.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
+        return list(pipe.execute())
 
     def _check_position(self, position: str, floor: str | None) -> None:
         """The log does not hold the entry at the copy's position, as the copy applied it: fine when there is none
