@@ -144,9 +144,20 @@ class ChangeFollower:
                 self._check_position(position, floor)
             if not entries:
                 break
-            for entry_id, fields in entries:
-                self._apply(fields)
-                index.position = _text(entry_id)
+            # the changes applied at once (`MemoryIndex.apply`); an entry the copy cannot follow ends them there
+            changes: list[tuple[str, int | None]] = []
+            lost = None
+            for _, fields in entries:
+                try:
+                    changes.append(self._change(fields))
+                except SnapshotLostError as error:
+                    lost = error
+                    break
+            index.apply(changes)
+            if changes:
+                index.position = _text(entries[len(changes) - 1][0])
+            if lost is not None:
+                raise lost
             self._at_position = entries[-1][1]
             applied += len(entries)
             if len(entries) < count:
@@ -184,7 +195,8 @@ class ChangeFollower:
             "back to an older state (a restart from an older save, a failover to a replica that lagged)"
         )
 
-    def _apply(self, fields: Mapping[Any, Any]) -> None:
+    def _change(self, fields: Mapping[Any, Any]) -> tuple[str, int | None]:
+        """The incident ID of a change-log entry and its new fingerprint (None: deleted)."""
         # names compared as read (bytes, or text from a decoding client): only the incident ID is decoded
         incident_id: Any = None
         fp: Any = None
@@ -200,9 +212,8 @@ class ChangeFollower:
             if value is None:
                 # not the functions' writing (by hand, or another program): the copy is loaded again, from {N}:fp
                 raise SnapshotLostError("a change-log entry whose fingerprint is not 16 hex digits")
-            self.index.set(_text(incident_id), value)
-        else:
-            self.index.delete(_text(incident_id))
+            return _text(incident_id), value
+        return _text(incident_id), None
 
 
 _SCAN_AHEAD = 8
