@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import worker.copyarrays
+import worker.snapshot
 from tests.oracle import Oracle, clustered, flip
 from worker.bands import BandLayout
 from worker.copyarrays import ranges, xor_ranges
@@ -65,7 +66,9 @@ def test_searches_read_in_small_pieces_answer_as_whole_reads(
     piece, budget, seal_at, few_hits, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every answer, count of candidates and cut the same as with one piece a send (and, without a budget, the
-    oracle's); rows that went found where they are (the searches' thrown-away candidates build tiers anew alike)."""
+    oracle's); rows that went found where they are (the searches' thrown-away candidates build tiers anew alike).
+    Sends are searched through the bands whatever their candidates (never compared with every row: `_scan`)."""
+    monkeypatch.setattr(worker.snapshot, "_SCAN_SHARE", 0)
     layout = BandLayout(4, 7)
     whole, oracle, pool = _copy(11, layout)
     pieces, _, _ = _copy(11, layout)
