@@ -32,6 +32,7 @@ from .logs import error_message
 from .metafields import changes_floor, floor_ahead
 from .replies import text as _text
 from .snapshot import MemoryIndex
+from .transport import round_trip, sends_packed
 
 __all__ = [
     "CHANGES_FLOOR_FIELD",
@@ -131,10 +132,7 @@ class ChangeFollower:
             # The position's own entry comes first (the XRANGE starts at it): the proof that the log is still the
             # one this copy followed (see _check_position).
             position = index.position
-            pipe = self.client.pipeline(transaction=False)
-            pipe.xrange(self.keys.changes, position, "+", count=count + 1)
-            pipe.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
-            entries, floor = pipe.execute()
+            entries, floor = self._read_log(position, count + 1)
             floor = changes_floor(self.client, self.keys, floor)
             if floor is not None and entry_id_tuple(position) < entry_id_tuple(floor):
                 raise SnapshotLostError(
@@ -146,14 +144,38 @@ class ChangeFollower:
                 self._check_position(position, floor)
             if not entries:
                 break
-            for entry_id, fields in entries:
-                self._apply(fields)
-                index.position = _text(entry_id)
+            # the changes applied at once (`MemoryIndex.apply`); an entry the copy cannot follow ends them there
+            changes: list[tuple[str, int | None]] = []
+            lost = None
+            for _, fields in entries:
+                try:
+                    changes.append(self._change(fields))
+                except SnapshotLostError as error:
+                    lost = error
+                    break
+            index.apply(changes)
+            if changes:
+                index.position = _text(entries[len(changes) - 1][0])
+            if lost is not None:
+                raise lost
             self._at_position = entries[-1][1]
             applied += len(entries)
             if len(entries) < count:
                 break
         return applied
+
+    def _read_log(self, position: str, count: int) -> list[Any]:
+        """`count` entries of the log from `position` on, and its floor, in one round trip: for a standalone client
+        on a connection of its own pool (`round_trip`: redis-py's pipeline without its steps, the same retries and
+        errors), else (a cluster client) in a pipeline."""
+        xrange = ("XRANGE", self.keys.changes, position, "+", "COUNT", count)
+        hget = ("HGET", self.keys.meta, CHANGES_FLOOR_FIELD)
+        if sends_packed(self.client):
+            return round_trip(self.client, [xrange, hget])
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xrange(self.keys.changes, position, "+", count=count)
+        pipe.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
+        return list(pipe.execute())
 
     def _check_position(self, position: str, floor: str | None) -> None:
         """The log does not hold the entry at the copy's position, as the copy applied it: fine when there is none
@@ -173,7 +195,8 @@ class ChangeFollower:
             "back to an older state (a restart from an older save, a failover to a replica that lagged)"
         )
 
-    def _apply(self, fields: Mapping[Any, Any]) -> None:
+    def _change(self, fields: Mapping[Any, Any]) -> tuple[str, int | None]:
+        """The incident ID of a change-log entry and its new fingerprint (None: deleted)."""
         # names compared as read (bytes, or text from a decoding client): only the incident ID is decoded
         incident_id: Any = None
         fp: Any = None
@@ -189,9 +212,8 @@ class ChangeFollower:
             if value is None:
                 # not the functions' writing (by hand, or another program): the copy is loaded again, from {N}:fp
                 raise SnapshotLostError("a change-log entry whose fingerprint is not 16 hex digits")
-            self.index.set(_text(incident_id), value)
-        else:
-            self.index.delete(_text(incident_id))
+            return _text(incident_id), value
+        return _text(incident_id), None
 
 
 _SCAN_AHEAD = 8

@@ -42,7 +42,7 @@ import numpy as np
 
 from . import copylisting
 from .bands import BandLayout
-from .copyarrays import BandReach, bounds, ranges, tile, value_dtype
+from .copyarrays import BandReach, bounds, ranges, tile, value_dtype, xor_ranges
 from .copylisting import NO_HITS, Hits, SearchResult
 from .loadedrows import LoadedRows, RowsBuilder
 
@@ -98,6 +98,9 @@ than their share: searches near them rebuild their tier sooner (`MemoryIndex._wa
 
 
 _MAX_FP = (1 << 64) - 1
+
+_APPLY_MANY = 4
+"""Changes from which `MemoryIndex.apply` looks them all up in the loaded rows at once (fewer: one by one)."""
 
 
 @dataclass(eq=False)
@@ -538,15 +541,61 @@ class MemoryIndex:
 
     def set(self, incident_id: str, fp: int) -> None:
         """Index `incident_id` under `fp`, replacing whatever it had."""
-        old = self.get(incident_id)
+        self._set(incident_id, fp, None, None)
+
+    def apply(self, changes: Sequence[tuple[str, int | None]]) -> None:
+        """`set` each (incident ID, fingerprint) of `changes` in order, or `delete` the ID (fingerprint None).
+
+        The loaded rows' look-ups of them all (each ID's incident among them, each fingerprint's row) are made first,
+        in one numpy step each (two binary searches a change one by one: about half of what following a change costs
+        at a million). The loaded rows never change after the load (what went from them since is recorded beside
+        them, and read change by change), so a look-up made before the batch's earlier changes is the one `set`
+        would make after them."""
+        base = self._base
+        fps = [fp for _, fp in changes if fp is not None]
+        if base is None or len(changes) < _APPLY_MANY or not all(type(fp) is int and 0 <= fp <= _MAX_FP for fp in fps):
+            for incident_id, fp in changes:  # (and a fingerprint outside 64 bits raises as `set` raises it)
+                if fp is None:
+                    self.delete(incident_id)
+                else:
+                    self.set(incident_id, fp)
+            return
+        incidents = base.find_many([incident_id for incident_id, _ in changes])
+        base_fps = base.fps
+        values = np.array(fps, dtype=np.uint64)
+        at = base_fps.searchsorted(values).clip(0, self._base_rows - 1)
+        rows = iter(np.where(base_fps[at] == values, at, -1).tolist())
+        for (incident_id, fp), incident in zip(changes, incidents, strict=True):
+            if fp is None:
+                old = self._forget(incident_id, incident)
+                if old is not None:
+                    self._unlink(incident_id, old)
+            else:
+                self._set(incident_id, fp, incident, next(rows))
+
+    def _set(self, incident_id: str, fp: int, incident: int | None, at: int | None) -> None:
+        """`set`, given (or None: looked up here) the ID's incident among the loaded rows (`LoadedRows.find`: -1 for
+        none) and the loaded row of `fp` (-1 for none; whether an incident still holds it is read here)."""
+        old = self._fp_of.get(incident_id)
+        if old is None and self._base is not None:
+            if incident is None:
+                incident = self._base.find(incident_id)
+            if incident >= 0 and not self._gone[incident]:
+                old = self._base.fp_of(incident)
         if old == fp:
             return
-        row = self._row(fp)  # unlinking `old` (another fingerprint) does not change it
+        # unlinking `old` (another fingerprint) does not change the row of `fp`
+        if at is None:
+            row = self._row(fp)
+        else:
+            row = self._row_of.get(fp)
+            if row is None and at >= 0 and not self._dead[at]:
+                row = at
         # a new row's fingerprint as numpy holds it: one outside 64 bits raises OverflowError here, before any change
         # (a plain int within 64 bits goes in as it is: numpy's scalar costs more than the rest of the step)
         value = (fp if type(fp) is int and 0 <= fp <= _MAX_FP else np.uint64(fp)) if row is None else None
         if old is not None:
-            self._forget(incident_id)
+            self._forget(incident_id, incident)
             self._unlink(incident_id, old)
         self._fp_of[incident_id] = fp
         if value is not None:
@@ -566,11 +615,13 @@ class MemoryIndex:
         if old is not None:
             self._unlink(incident_id, old)
 
-    def _forget(self, incident_id: str) -> int | None:
-        """Take `incident_id` out of the ID -> fingerprint records; its fingerprint, None when it had none."""
+    def _forget(self, incident_id: str, incident: int | None = None) -> int | None:
+        """Take `incident_id` out of the ID -> fingerprint records; its fingerprint, None when it had none.
+        (`incident`: its incident among the loaded rows when known, -1 for none; None: looked up here.)"""
         old = self._fp_of.pop(incident_id, None)
         if old is None and self._base is not None:
-            incident = self._base.find(incident_id)
+            if incident is None:
+                incident = self._base.find(incident_id)
             if incident >= 0 and not self._gone[incident]:
                 self._gone[incident] = True
                 self._base_live -= 1
@@ -748,14 +799,13 @@ class MemoryIndex:
             cells = len(queries) * self._row_count()
             if cells <= _SCAN_MAX_CELLS:
                 return None, True
-        positions = ranges(starts, ends)  # in the arena
-        candidates = self._arena.take(positions)  # (faster than indexing with them, by a fifth: measured)
-        # each candidate against its query's fingerprint; the range of each near one found from its position (they
-        # are few: cheaper than the range of every candidate, gathered)
-        apart = candidates ^ queries[range_query].repeat(lengths)
-        distances = np.bitwise_count(apart)
+        # each candidate against its query's fingerprint, read from the arena a piece at a time; the range of each
+        # near one found from its place among them, and its position in the arena from that (they are few: cheaper
+        # than the range and position of every candidate)
+        apart, distances = xor_ranges(self._arena, starts, lengths, queries[range_query])
         near = (distances <= r).nonzero()[0]
-        range_of = lengths.cumsum().searchsorted(near, side="right")
+        range_ends = lengths.cumsum()
+        range_of = range_ends.searchsorted(near, side="right")
         once = len(near) > _FEW_HITS
         tier_of_near = None
         if once:
@@ -769,8 +819,8 @@ class MemoryIndex:
             per_tier = len(lengths) // len(tiers)
             tier_of_near = np.array(tier_order, dtype=np.int64)[range_of // per_tier]
         query_of_near = range_query[range_of]
-        positions = positions[near]
-        rows = self._rows_at(tiers, positions, candidates[near], tier_of_near)
+        positions = starts[range_of] + (near - (range_ends - lengths)[range_of])  # in the arena
+        rows = self._rows_at(tiers, positions, apart[near] ^ queries[query_of_near], tier_of_near)
         # A row no incident holds any more is skipped: its fingerprint went (if it is held again, it is in a newer row)
         live = self._sizes[rows] > 0
         if not live.all():

@@ -13,6 +13,10 @@ unchanged: a reply that redis-py would convert (SET's OK to True) may come back 
 * `PipelineTransport` (a `RedisCluster`, which routes each command to its slot's node): one redis-py pipeline per
   batch, run when it is sent; its replies wait for `receive`. Same results, without the overlap.
 
+`round_trip(client, commands)` is a redis-py pipeline's `execute()` on a standalone client (the snapshot copy's read
+of the change log, before every send), without the pipeline's own steps: the same connection of the pool, the same
+retries of a dropped connection (the connection's `Retry`), the same replies and the same errors raised.
+
 A command may also arrive already packed (`Packed`: the protocol's bytes, written with `bulk`), when its caller can
 write it faster than hiredis packs it argument by argument (the snapshot path's apply_batch call:
 `FingerprintIndex.snapshot_adds`); only a `ConnectionTransport` takes one (`sends_packed`).
@@ -26,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis import Redis
+from redis.client import Pipeline
 from redis.connection import ConnectionPool
 from redis.exceptions import ResponseError
 
@@ -40,6 +45,7 @@ __all__ = [
     "bulk",
     "execute",
     "open_transport",
+    "round_trip",
     "scan_slot",
     "sends_packed",
 ]
@@ -177,6 +183,48 @@ def execute(client: RedisClient, commands: Sequence[Command | Packed]) -> list[A
     with open_transport(client) as transport:
         transport.send(commands)
         return transport.receive()
+
+
+def round_trip(client: Redis, commands: Sequence[Command]) -> list[Any]:
+    """The replies of `commands` sent in one round trip, as `client.pipeline(transaction=False)` with them, then
+    `execute()`, gives them; for a standalone client only (`sends_packed`).
+
+    What the pipeline does, step for step, without the rest of its work (a command stack, its own bookkeeping; about
+    half of the copy's refresh, measured: benchmarks/journal/pipeline.md): a connection from the client's pool; the
+    commands packed by it and sent at once; a dropped connection (an error its `Retry` retries: a connection error, a
+    timeout) closed and the whole round sent again on a new one, as many times and after the same backoff as the
+    client's retries allow, then raised; each reply read through the client's `parse_response` (its response
+    callbacks: XRANGE's entries as (ID, dict of fields)); the connection closed when reading fails otherwise; the
+    first error reply raised once every reply is read, named as the pipeline names it ("Command # 1 (...) of
+    pipeline caused error: ..."); the connection given back to the pool in any case."""
+    pool = client.connection_pool
+    connection = pool.get_connection()
+
+    def attempt() -> list[Any]:
+        connection.send_packed_command(connection.pack_commands(commands))
+        replies: list[Any] = []
+        try:
+            for command in commands:
+                try:
+                    replies.append(client.parse_response(connection, command[0]))
+                except ResponseError as error:
+                    replies.append(error)
+        except BaseException:
+            connection.disconnect()
+            raise
+        return replies
+
+    try:
+        replies = connection.retry.call_with_retry(
+            attempt, lambda error, failures: connection.disconnect(), with_failure_count=True
+        )
+    finally:
+        pool.release(connection)
+    for number, reply in enumerate(replies, 1):
+        if isinstance(reply, ResponseError):
+            Pipeline.annotate_exception(None, reply, number, commands[number - 1])  # type: ignore[arg-type]
+            raise reply
+    return replies
 
 
 def scan_slot(client: Any, home_key: str, cursor: int, match: str, count: int) -> tuple[int, list[Any]]:
