@@ -215,9 +215,7 @@ def round_trip(client: Redis, commands: Sequence[Command]) -> list[Any]:
         return replies
 
     try:
-        replies = connection.retry.call_with_retry(
-            attempt, lambda error, failures: connection.disconnect(), with_failure_count=True
-        )
+        replies = connection.retry.call_with_retry(attempt, lambda error: connection.disconnect())
     finally:
         pool.release(connection)
     for number, reply in enumerate(replies, 1):
