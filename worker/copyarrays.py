@@ -13,7 +13,7 @@ import numpy as np
 
 from .bands import BandLayout, probe_radii
 
-__all__ = ["BandReach", "bounds", "ranges", "tile", "value_dtype", "xor_ranges"]
+__all__ = ["BandReach", "bounds", "distance_table", "ranges", "tile", "value_dtype", "xor_ranges"]
 
 PIECE = 32_768
 """Candidates `xor_ranges` reads at a time: each step's arrays of a piece (positions, fingerprints, XORs: 256 KB
@@ -129,3 +129,15 @@ class BandReach:
         for _, offset, width_mask, radius in self.tests(r):
             weight += np.bitwise_count((apart >> offset) & width_mask) <= radius
         return weight
+
+
+def distance_table(fps: np.ndarray, queries: np.ndarray, step: int) -> np.ndarray:
+    """The bits each of `queries` differs in from each of `fps` (uint8, query x fingerprint), their XORs made about
+    `step` (query, fingerprint) pairs at a time (an XOR of all at once would take 8 bytes a pair)."""
+    if len(queries) * len(fps) <= step:
+        return np.bitwise_count(fps ^ queries[:, None])
+    distances = np.empty((len(queries), len(fps)), dtype=np.uint8)
+    rows = max(1, step // max(len(fps), 1))
+    for first in range(0, len(queries), rows):
+        np.bitwise_count(fps ^ queries[first : first + rows, None], out=distances[first : first + rows])
+    return distances

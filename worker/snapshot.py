@@ -36,14 +36,14 @@ from __future__ import annotations
 import bisect
 import operator
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from . import copylisting
 from .bands import BandLayout
-from .copyarrays import BandReach, bounds, ranges, tile, value_dtype, xor_ranges
+from .copyarrays import BandReach, bounds, distance_table, ranges, tile, xor_ranges
 from .copylisting import NO_HITS, Hits, SearchResult
+from .copytiers import Tier, span, tier_end, write_tier
 from .loadedrows import LoadedRows, RowsBuilder
 
 __all__ = ["MemoryIndex", "SearchResult"]
@@ -103,47 +103,6 @@ _APPLY_MANY = 4
 """Changes from which `MemoryIndex.apply` looks them all up in the loaded rows at once (fewer: one by one)."""
 
 
-@dataclass(eq=False)
-class _Tier:
-    """Rows first..end of the copy in numpy (those live when it was built: `size` of them).
-
-    The copy's arena holds, from `at` on (`length` long), the tier's fingerprints themselves, band after band, per
-    band in the order of their band value; a hit finds its row through the copy's `_row_of`. Where a value's
-    fingerprints start there: with bands at most _DIRECT_WIDTH wide, or wider in a tier large enough
-    (`MemoryIndex._direct`), `starts`, a table of every band's every value's first position (int32 while the arena is
-    shorter than 2^31); otherwise `keys`, each of those fingerprints' band key (the band's base + its value), in the
-    same order, for binary searches. A search may meet tiers of both kinds.
-
-    `stale`: its rows that went since it was built (their fingerprints still in its postings, read and verified by
-    the searches that reach them); `wasted`: the candidates searches found within their distance among those and
-    threw away. Either one past its bound has the tier built anew (`MemoryIndex._rebuild`).
-
-    `rows`: the row of each fingerprint of its run in the arena (`length` of them), so that a search reads the rows of
-    its matches where it read their fingerprints (`MemoryIndex._rows_at`); None for a tier of the loaded rows only,
-    whose rows are the positions of their fingerprints in the load's sorted ones (found by a binary search, no
-    memory of their own: a copy of ten million loaded incidents would hold 160 MB more).
-    """
-
-    first: int
-    end: int
-    size: int
-    at: int
-    length: int
-    starts: np.ndarray | None
-    keys: np.ndarray | None
-    rows: np.ndarray | None = None
-    stale: int = 0
-    wasted: int = 0
-
-
-def _span(tier: _Tier) -> int:
-    return tier.end - tier.first
-
-
-def _end(tier: _Tier) -> int:
-    return tier.end
-
-
 class MemoryIndex:
     """Incident ID -> fingerprint, with band postings over distinct fingerprints, searchable like the Redis index.
 
@@ -189,7 +148,7 @@ class MemoryIndex:
         self._band_base = np.array([band << shift for band in range(layout.bands)], dtype=np.uint64)
         # where each band's table starts in a tier's `starts`
         self._first_slot = np.cumsum([0] + [(1 << w) + 1 for w in layout.widths[:-1]]).astype(np.int64)
-        self._tiers: list[_Tier] = []
+        self._tiers: list[Tier] = []
         # the tiers' fingerprints, tier after tier (the oldest first): the candidates of all tiers in one gather
         self._arena = np.zeros(0, dtype=np.uint64)
         self._sealed = 0  # rows below are in the tiers; rows from here on are the tail
@@ -420,7 +379,7 @@ class MemoryIndex:
         for incident_id, fp in left:
             self.set(incident_id, fp)
 
-    def _build_tier(self, first: int, end: int, *, at: int, every_row_live: bool = False) -> _Tier:
+    def _build_tier(self, first: int, end: int, *, at: int, every_row_live: bool = False) -> Tier:
         """A tier of the rows first..end that an incident holds, its fingerprints written to the arena from `at` on
         (over the tiers it replaces, if any: merges replace the newest tiers, which are the arena's end)."""
         fps = self._row_fps(first, end)
@@ -430,51 +389,21 @@ class MemoryIndex:
             fps, rows = fps[live], rows[live]
         return self._tier_of(first, end, fps, rows, at=at)
 
-    def _tier_of(self, first: int, end: int, fps: np.ndarray, rows: np.ndarray, *, at: int) -> _Tier:
+    def _tier_of(self, first: int, end: int, fps: np.ndarray, rows: np.ndarray, *, at: int) -> Tier:
         """The tier of rows first..end holding `fps` (the fingerprints of those of its rows in use, in any order; not
-        a view of the arena), each of row `rows[k]`, written to the arena from `at` on."""
-        # Every band's value -> its first position in one table (or a sorted list of band keys), so that all probes
-        # of a query, over every band, are found with one gather (or one binary search). The arena holds the
-        # fingerprints themselves in that order (not their rows): a probe's candidates are then read from one
-        # contiguous run of memory, not gathered row by row across the whole copy (about 0.6 of the search's time at a
-        # million); those within the distance find their row beside them (`_Tier.rows`: a near storm's query has
-        # thousands), or in a tier of loaded rows only, by a binary search of the load's fingerprints.
-        length = len(fps) * self.layout.bands
-        if len(self._arena) < at + length:
-            # Twice what is needed, in memory the system has not handed over yet (np.zeros of a large array: pages
-            # mapped on their first write), so the tiers sealed after a load are written behind the loaded one, not
-            # into a copy of it: copying a 10M copy's 320 MB arena into fresh pages stopped the worker for 0.3 to 1.3
-            # s at its first seal (the p99 of the snapshot path at 10M; benchmarks/journal/ten-million.md). What is
-            # reserved and never written costs no resident memory; `nbytes` counts what is written.
-            grown = np.zeros(2 * (at + length), dtype=np.uint64)
-            grown[:at] = self._arena[:at]
-            self._arena = grown
-        starts, keys = [], []
-        place = at
-        direct = self._direct(len(fps))
-        # (the loaded rows are found in the load's own sorted fingerprints)
-        run_rows = np.empty(length, dtype=np.int32 if end < 2**31 else np.int64) if end > self._base_rows else None
-        position_type = np.int32 if at + length < 2**31 else np.int64
-        for offset, width_mask, width, base in zip(
-            self.layout.offsets, self._width_masks.tolist(), self.layout.widths, self._band_base.tolist(), strict=True
-        ):
-            values = ((fps >> np.uint64(offset)) & np.uint64(width_mask)).astype(value_dtype(width))
-            order = np.argsort(values, kind="stable")
-            if direct:
-                table: np.ndarray = np.empty((1 << width) + 1, dtype=position_type)
-                table[0] = place
-                np.cumsum(np.bincount(values, minlength=1 << width), out=table[1:])
-                table[1:] += place
-                starts.append(table)
-            else:
-                keys.append(values[order].astype(np.uint64) | np.uint64(base))
-            self._arena[place : place + len(fps)] = fps[order]
-            if run_rows is not None:
-                run_rows[place - at : place - at + len(fps)] = rows[order]
-            place += len(fps)
-        if direct:
-            return _Tier(first, end, len(fps), at, length, np.concatenate(starts), None, run_rows)
-        return _Tier(first, end, len(fps), at, length, None, np.concatenate(keys), run_rows)
+        a view of the arena), each of row `rows[k]`, written to the arena from `at` on (`copytiers.write_tier`)."""
+        tier, self._arena = write_tier(
+            self._arena,
+            self.layout,
+            fps,
+            rows,
+            first=first,
+            end=end,
+            at=at,
+            direct=self._direct(len(fps)),
+            rows_beside=end > self._base_rows,
+        )
+        return tier
 
     def _direct(self, rows: int) -> bool:
         """Whether a tier of `rows` rows gets tables of its bands' values (or sorted keys, binary searched)."""
@@ -492,7 +421,7 @@ class MemoryIndex:
         # no row of the tail is free (a row is added only when none is): from here on, one that goes stays empty
         # by the rows they span, not the rows they hold: spans make an exact binary counter (sizes shrunk by deletes
         # could make a long chain of tiers each a row larger than the next)
-        while len(self._tiers) > 1 and _span(self._tiers[-2]) <= _span(self._tiers[-1]):
+        while len(self._tiers) > 1 and span(self._tiers[-2]) <= span(self._tiers[-1]):
             newest = self._tiers.pop()
             older = self._tiers[-1]
             self._tiers[-1] = self._build_tier(older.first, newest.end, at=older.at)
@@ -668,7 +597,7 @@ class MemoryIndex:
             self._free.append(row)
             return
         self._empty += 1
-        k = bisect.bisect_right(self._tiers, row, key=_end)  # the tier of this row: the first that ends after it
+        k = bisect.bisect_right(self._tiers, row, key=tier_end)  # the tier of this row: the first that ends after it
         tier = self._tiers[k]
         tier.stale += 1
         if tier.stale >= _SEAL_AT and tier.stale * _STALE_SHARE >= tier.size:
@@ -729,7 +658,7 @@ class MemoryIndex:
 
     def _tier_hits(
         self,
-        tiers: list[_Tier],
+        tiers: list[Tier],
         queries: np.ndarray,
         r: int,
         verified: np.ndarray,
@@ -832,7 +761,7 @@ class MemoryIndex:
             self._waste(positions[dead], weight)
         return (query_of_near[live], rows[live], distances[near][live]), once and not cut.any()
 
-    def _scan(self, tiers: list[_Tier], queries: np.ndarray, r: int, verified: np.ndarray) -> list[copylisting.Scanned]:
+    def _scan(self, tiers: list[Tier], queries: np.ndarray, r: int, verified: np.ndarray) -> list[copylisting.Scanned]:
         """The distance of each query to every fingerprint of `tiers` and of the tail (a block each: distances,
         query x fingerprint, with each fingerprint's row and member count), for a send none of whose queries was cut
         (`_tier_hits` counted their candidates in `verified`; the tail's are added here). A near storm's query meets
@@ -852,7 +781,7 @@ class MemoryIndex:
                 assert self._base is not None
                 rows = self._base.fps.searchsorted(fps)
             sizes = self._sizes.take(rows)
-            distances = _distances(fps, queries)
+            distances = distance_table(fps, queries, _SCAN_STEP)
             blocks.append((distances, rows, sizes))
             if tier.stale:
                 which, at = ((distances <= r) & (sizes == 0)).nonzero()
@@ -862,14 +791,16 @@ class MemoryIndex:
         first, end = self._sealed, self._row_count()
         if end > first:
             rows = np.arange(first, end, dtype=np.int64)
-            blocks.append((_distances(self._row_fps(first, end), queries), rows, self._sizes[first:end]))
+            blocks.append(
+                (distance_table(self._row_fps(first, end), queries, _SCAN_STEP), rows, self._sizes[first:end])
+            )
             verified += end - first
         if wasted:
             self._waste(np.concatenate(wasted), np.concatenate(wasted_weight))
         return blocks
 
     def _rows_at(
-        self, tiers: list[_Tier], positions: np.ndarray, fps: np.ndarray, of: np.ndarray | None = None
+        self, tiers: list[Tier], positions: np.ndarray, fps: np.ndarray, of: np.ndarray | None = None
     ) -> np.ndarray:
         """The row of each fingerprint `fps[k]` read at `positions[k]` of the arena (in one of `tiers`), the row it
         had when its tier was built: read beside it, or for a tier of loaded rows only, found by one binary search in
@@ -949,15 +880,3 @@ class MemoryIndex:
             got = operator.itemgetter(*made.tolist())(self._members)
             return list(got) if len(rows) > 1 else [got]
         return [self._held(row) for row in rows.tolist()]
-
-
-def _distances(fps: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """The bits each of `queries` differs in from each of `fps` (uint8, query x fingerprint), their XORs made
-    _SCAN_STEP at a time."""
-    if len(queries) * len(fps) <= _SCAN_STEP:
-        return np.bitwise_count(fps ^ queries[:, None])
-    distances = np.empty((len(queries), len(fps)), dtype=np.uint8)
-    step = max(1, _SCAN_STEP // max(len(fps), 1))
-    for first in range(0, len(queries), step):
-        np.bitwise_count(fps ^ queries[first : first + step, None], out=distances[first : first + step])
-    return distances
