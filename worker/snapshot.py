@@ -496,9 +496,7 @@ class MemoryIndex:
         rows = iter(np.where(base_fps[at] == values, at, -1).tolist())
         for (incident_id, fp), incident in zip(changes, incidents, strict=True):
             if fp is None:
-                old = self._forget(incident_id, incident)
-                if old is not None:
-                    self._unlink(incident_id, old)
+                self._delete(incident_id, incident)
             else:
                 self._set(incident_id, fp, incident, next(rows))
 
@@ -540,7 +538,11 @@ class MemoryIndex:
             self._hold(row, members)
 
     def delete(self, incident_id: str) -> None:
-        old = self._forget(incident_id)
+        self._delete(incident_id, None)
+
+    def _delete(self, incident_id: str, incident: int | None) -> None:
+        """`delete`, given (or None: looked up here) the ID's incident among the loaded rows, as `_set` is."""
+        old = self._forget(incident_id, incident)
         if old is not None:
             self._unlink(incident_id, old)
 
