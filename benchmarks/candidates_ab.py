@@ -1,8 +1,8 @@
-"""The copy's candidates read and verified, in-process, alternately: main's way (positions of every candidate by
-`ranges`, one `take`, the queries repeated and XORed, popcount: each pass over a whole send) against
-`copyarrays.xor_ranges` (the same passes a piece of ~32,768 candidates at a time), on a copy of N workload
-fingerprints loaded from arrays and 4,000 queries in sends of 16 (benchmarks/journal/pipeline.md, issue 25). Checks
-that both find the same near candidates in every send; prints process time an event per round.
+"""The copy's candidates read and verified, in-process, alternately: numpy's passes (positions of every candidate by
+`ranges`, one `take`, the queries repeated and XORed, popcount: each pass over a whole send) against the compiled
+loop the copy uses (`compiled.near_ranges`: each candidate read once), on a copy of N workload fingerprints loaded
+from arrays and 4,000 queries in sends of 16 (benchmarks/journal/pipeline.md, issue 25). Checks that both find the
+same near candidates, with the same XORs, in every send; prints process time an event per round.
 
 Usage: python benchmarks/candidates_ab.py [--size N] [--rounds R]
 """
@@ -20,7 +20,8 @@ sys.path.insert(0, str(REPO_ROOT))  # run as a script from anywhere, without ins
 import numpy as np  # noqa: E402
 
 from worker.bands import BandLayout  # noqa: E402
-from worker.copyarrays import ranges, tile, xor_ranges  # noqa: E402
+from worker.compiled import near_ranges, warm  # noqa: E402
+from worker.copyarrays import ranges, tile  # noqa: E402
 from worker.devtools.workload import Workload  # noqa: E402
 from worker.loadedrows import RowsBuilder  # noqa: E402
 from worker.snapshot import MemoryIndex  # noqa: E402
@@ -53,30 +54,31 @@ def main() -> None:
         sends.append((queries[of], starts, ends))
     arena = index._arena
 
-    def whole() -> list[np.ndarray]:
-        near = []
+    def whole() -> list[tuple[np.ndarray, np.ndarray]]:
+        found = []
         for query_fps, starts, ends in sends:
             apart = arena.take(ranges(starts, ends)) ^ query_fps.repeat(ends - starts)
-            near.append((np.bitwise_count(apart) <= R).nonzero()[0])
-        return near
+            near = (np.bitwise_count(apart) <= R).nonzero()[0]
+            found.append((near, apart[near]))
+        return found
 
-    def pieces() -> list[np.ndarray]:
-        near = []
-        for query_fps, starts, ends in sends:
-            _, distances = xor_ranges(arena, starts, ends - starts, query_fps)
-            near.append((distances <= R).nonzero()[0])
-        return near
+    def compiled() -> list[tuple[np.ndarray, np.ndarray]]:
+        return [near_ranges(arena, starts, ends - starts, query_fps, R) for query_fps, starts, ends in sends]
 
-    assert all(np.array_equal(a, b) for a, b in zip(whole(), pieces(), strict=True))
+    warm()
+    for (near, apart), (near_c, apart_c) in zip(whole(), compiled(), strict=True):
+        assert np.array_equal(near, near_c) and np.array_equal(apart, apart_c)
     print(f"candidates an event: {sum(int((e - s).sum()) for _, s, e in sends) / QUERIES:,.0f}", flush=True)
     for round_ in range(args.rounds):
         took = []
-        for run in (whole, pieces):
+        for run in (whole, compiled):
             started = time.process_time()
             run()
             took.append((time.process_time() - started) * 1e6 / QUERIES)
         ratio = took[1] / took[0]
-        print(f"round {round_ + 1}: whole sends {took[0]:.1f} us/event, pieces {took[1]:.1f} ({ratio:.2f}x)")
+        print(
+            f"round {round_ + 1}: numpy's passes {took[0]:.1f} us/event, the compiled loop {took[1]:.1f} ({ratio:.2f}x)"
+        )
 
 
 if __name__ == "__main__":

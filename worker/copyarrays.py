@@ -7,20 +7,11 @@ a module function's own dispatch costs microseconds (benchmarks/journal/pipeline
 
 from __future__ import annotations
 
-from itertools import pairwise
-
 import numpy as np
 
 from .bands import BandLayout, probe_radii
 
-__all__ = ["BandReach", "bounds", "distance_table", "ranges", "tile", "value_dtype", "xor_ranges"]
-
-PIECE = 32_768
-"""Candidates `xor_ranges` reads at a time: each step's arrays of a piece (positions, fingerprints, XORs: 256 KB
-each) stay in the core's cache for the next step. A send of 16 events at 10M reads ~280,000 candidates: read whole,
-each of its seven passes went out to memory and back (benchmarks/journal/pipeline.md)."""
-
-_counting = np.arange(PIECE, dtype=np.int64)
+__all__ = ["BandReach", "bounds", "distance_table", "ranges", "tile", "value_dtype"]
 
 
 def tile(values: np.ndarray, times: int) -> np.ndarray:
@@ -36,41 +27,6 @@ def ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     # the k-th element of range i is starts[i] + k, at position offsets[i] - counts[i] + k of the result
     return (starts - offsets + counts).repeat(counts) + np.arange(int(offsets[-1]))
-
-
-def xor_ranges(
-    values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, fps: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """`values[starts[k] : starts[k] + lengths[k]]` for each k, one after the other, each XOR `fps[k]`, and the
-    popcount of each (its distance from fps[k]): the candidates of a search's ranges against their queries.
-
-    The same as `values.take(ranges(starts, starts + lengths)) ^ fps.repeat(lengths)`, read a piece of whole ranges
-    of about PIECE candidates at a time, with the positions' counting numbers made once a process."""
-    global _counting
-    piece = PIECE
-    ends = lengths.cumsum()
-    total = int(ends[-1]) if len(ends) else 0
-    apart = np.empty(total, dtype=np.uint64)
-    distances = np.empty(total, dtype=np.uint8)
-    if not total:
-        return apart, distances
-    firsts = ends - lengths  # where each range's candidates start among all
-    cuts = [0, *ends.searchsorted(np.arange(piece, total, piece), side="right").tolist(), len(ends)]
-    for a, b in pairwise(cuts):  # ranges a..b-1: a piece (empty when one range is longer than a piece)
-        if a == b:
-            continue
-        first, end = int(firsts[a]), int(ends[b - 1])
-        counts = lengths[a:b]
-        if len(_counting) < end - first:
-            _counting = np.arange(2 * (end - first), dtype=np.int64)
-        # the k-th candidate of range i is starts[i] + k, at (firsts[i] - first) + k of the piece
-        positions = (starts[a:b] - (firsts[a:b] - first)).repeat(counts)
-        positions += _counting[: end - first]
-        out = apart[first:end]
-        values.take(positions, out=out, mode="clip")  # (every position is within values: nothing is clipped)
-        out ^= fps[a:b].repeat(counts)
-        np.bitwise_count(out, out=distances[first:end])
-    return apart, distances
 
 
 def bounds(lengths: np.ndarray) -> tuple[list[int], list[int]]:

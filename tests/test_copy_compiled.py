@@ -1,0 +1,100 @@
+"""The copy's candidates verified by its compiled loop (`compiled.near_ranges`), against the plain gather, and
+searches whose loop had too little room for its near candidates (it runs again with room for all) against searches
+with room to spare and the oracle.
+
+An ordinary send finds a few dozen near candidates, within the loop's first room; a near storm's send thousands. Here
+a room of a few candidates makes every search run the loop twice, ranges that are empty or find nothing included."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import worker.compiled
+import worker.snapshot
+from tests.oracle import Oracle, clustered, flip
+from worker.bands import BandLayout
+from worker.compiled import near_ranges
+from worker.copyarrays import ranges
+from worker.snapshot import MemoryIndex
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**32),
+    lengths=st.lists(st.sampled_from([0, 0, 1, 2, 3, 5, 9, 40]), max_size=30),
+    r=st.sampled_from([0, 1, 7, 30, 33, 64]),
+    room=st.sampled_from([1, 2, 7, 4096]),
+    near_values=st.booleans(),
+)
+def test_the_loop_finds_what_the_plain_gather_finds(
+    seed, lengths, r, room, near_values, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every candidate within r found, in order, with its XOR; at every distance up to 64 (popcount of a value with
+    the top bit set included: r = 33 and 64 take values of any weight, a signed or float comparison breaks them)."""
+    monkeypatch.setattr(worker.compiled, "_ROOM", room)
+    rng = np.random.default_rng(seed)
+    values = rng.integers(0, 2**64, size=200, dtype=np.uint64)
+    fps = rng.integers(0, 2**64, size=len(lengths), dtype=np.uint64)
+    if near_values:  # (values a few bits from the queries: most candidates near)
+        values = values.copy()
+        values[: len(fps)] = fps ^ (np.uint64(1) << rng.integers(0, 64, size=len(fps)).astype(np.uint64))
+    counts = np.array(lengths, dtype=np.int64)
+    starts = np.array([int(rng.integers(0, 201 - n)) for n in lengths], dtype=np.int64)
+    near, apart = near_ranges(values, starts, counts, fps, r)
+    every = values.take(ranges(starts, starts + counts)) ^ fps.repeat(counts)
+    expected = (np.bitwise_count(every) <= r).nonzero()[0]
+    assert near.dtype == np.int64 and apart.dtype == np.uint64
+    assert near.tolist() == expected.tolist()
+    assert apart.tolist() == every[expected].tolist()
+
+
+def _copy(seed: int, layout: BandLayout) -> tuple[MemoryIndex, Oracle, list[int]]:
+    """A loaded copy with storms of twins and near ones, changed after its load (new rows, rows emptied)."""
+    rng = random.Random(seed)
+    pool = clustered(rng, 24, layout.max_distance, centers=3)
+    index, oracle = MemoryIndex(layout), Oracle(layout.max_distance)
+    for k in range(300):
+        oracle.fps[f"i{k}"] = rng.choice(pool) if k % 3 else flip(rng.choice(pool), rng.randint(0, 9), rng)
+    index.load(oracle.fps.items())
+    for k in range(120):
+        incident_id = f"i{rng.randrange(400)}"
+        if k % 4 == 3:
+            index.delete(incident_id)
+            oracle.fps.pop(incident_id, None)
+        else:
+            fp = flip(rng.choice(pool), rng.randint(0, 3), rng)
+            index.set(incident_id, fp)
+            oracle.fps[incident_id] = fp
+    return index, oracle, pool
+
+
+@pytest.mark.parametrize("room", [1, 5, 64])
+@pytest.mark.parametrize("budget", [0, 40])
+def test_searches_whose_loop_had_little_room_answer_as_with_room_to_spare(
+    room, budget, seal_at, few_hits, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every answer, count of candidates and cut the same as with the loop's full room (and, without a budget, the
+    oracle's); rows that went found where they are (the searches' thrown-away candidates build tiers anew alike).
+    Sends are searched through the bands whatever their candidates (never compared with every row: `_scan`)."""
+    monkeypatch.setattr(worker.snapshot, "_SCAN_SHARE", 0)
+    layout = BandLayout(4, 7)
+    spare, oracle, pool = _copy(11, layout)
+    little, _, _ = _copy(11, layout)
+    rng = random.Random(5)
+    for _ in range(12):
+        queries = [(flip(rng.choice(pool), rng.randint(0, 8), rng), rng.choice([None, "i1", "i2"])) for _ in range(16)]
+        expected = spare.search_many(queries, limit=5, budget=budget)
+        monkeypatch.setattr(worker.compiled, "_ROOM", room)
+        got = little.search_many(queries, limit=5, budget=budget)
+        monkeypatch.setattr(worker.compiled, "_ROOM", 4096)
+        assert got == expected
+        assert little.tier_rebuilds == spare.tier_rebuilds
+        if not budget:
+            for (fp, exclude), result in zip(queries, got, strict=True):
+                found = oracle.matches(fp, exclude=exclude)
+                assert (result.match_count, result.matches) == (len(found), found[:5])

@@ -1,0 +1,108 @@
+"""The copy's one compiled loop (numba): a search's candidates read from the arena and verified in one pass.
+
+numpy needs five passes over a send's candidates (positions, gather, the queries repeated, XOR, popcount), each an
+array as long as the send: at 10M incidents ~280,000 candidates a send of 16, so each pass spills out of the cache,
+even read a piece at a time. One compiled loop reads each candidate once and keeps only those within the distance:
+0.62x of the pieces' time at 10M, 0.8x at 1M (benchmarks/candidates_ab.py, benchmarks/journal/pipeline.md).
+
+Compiled once a process (`warm`), or read from numba's cache beside this file (or in its user cache) when one of
+those is writable (~0.13 s instead of ~0.3). numba is imported with this module (~0.15 s): worker/snapshot.py imports
+it only for a copy, in a thread of its own while the copy loads (`snapshot.compile_soon`)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+from numba import njit, types
+from numba.extending import intrinsic
+
+__all__ = ["near_ranges", "warm"]
+
+
+@intrinsic
+def _popcount(typingctx: Any, value: Any) -> Any:
+    """The bits set in a uint64: LLVM's ctpop, one instruction on the machines numba targets."""
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.ctpop(args[0])
+
+    return types.uint64(types.uint64), codegen
+
+
+def _jit(function: Any) -> Any:
+    """`function` compiled without the GIL, cached on disk where numba finds a writable place (else compiled in
+    each process: numba refuses `cache=True` at decoration when it has none)."""
+    try:
+        return njit(cache=True, nogil=True)(function)
+    except RuntimeError:  # (no writable cache directory: a read-only install without a home)
+        return njit(nogil=True)(function)
+
+
+@_jit
+def _near(
+    values: np.ndarray,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    fps: np.ndarray,
+    r: np.uint64,
+    index: np.ndarray,
+    apart: np.ndarray,
+) -> int:  # pragma: no cover (compiled: its coverage is the tests of near_ranges)
+    found = 0
+    room = index.shape[0]
+    first = 0
+    for k in range(starts.shape[0]):
+        query = fps[k]
+        start = starts[k]
+        length = lengths[k]
+        for j in range(length):
+            bits = values[start + j] ^ query
+            if _popcount(bits) <= r:  # type: ignore[call-arg] # (an intrinsic: numba passes typingctx)
+                if found < room:
+                    index[found] = first + j
+                    apart[found] = bits
+                found += 1
+        first += length
+    return found
+
+
+_ROOM = 4096
+"""Near candidates `near_ranges` makes room for at first: an ordinary send of 16 has a few dozen; a near storm's more
+(then the loop runs again with room for all it counted)."""
+
+
+def near_ranges(
+    values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, fps: np.ndarray, r: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Of `values[starts[k] : starts[k] + lengths[k]]` for each k, one after the other (the candidates of a search's
+    ranges), those within `r` bits of `fps[k]`: their places among all the candidates (int64, ascending) and their
+    XOR with their query (uint64). The same as `apart = values.take(ranges(starts, starts + lengths)) ^
+    fps.repeat(lengths); near = (np.bitwise_count(apart) <= r).nonzero()[0]; near, apart[near]`, in one pass.
+
+    `values` and `fps` are uint64, `starts` and `lengths` int64, all contiguous; every range lies within `values`
+    (the loop does not check it)."""
+    room = min(int(lengths.sum()), _ROOM)
+    within = np.uint64(r)  # (an int64 against the uint64 popcount would be compared as floats)
+    while True:
+        index = np.empty(room, dtype=np.int64)
+        apart = np.empty(room, dtype=np.uint64)
+        found = _near(values, starts, lengths, fps, within, index, apart)
+        if found <= room:
+            return index[:found], apart[:found]
+        room = found
+
+
+_warmed = threading.Lock()
+_warm = False
+
+
+def warm() -> None:
+    """Compile (or load from the cache) the loop now, once a process, rather than in the first search."""
+    global _warm
+    with _warmed:
+        if not _warm:
+            one = np.zeros(1, dtype=np.uint64)
+            near_ranges(one, np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64), one, 0)
+            _warm = True
