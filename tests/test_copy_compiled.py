@@ -8,6 +8,10 @@ a room of a few candidates makes every search run the loop twice, ranges that ar
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -98,3 +102,33 @@ def test_searches_whose_loop_had_little_room_answer_as_with_room_to_spare(
             for (fp, exclude), result in zip(queries, got, strict=True):
                 found = oracle.matches(fp, exclude=exclude)
                 assert (result.match_count, result.matches) == (len(found), found[:5])
+
+
+def test_the_loop_runs_where_numba_has_nowhere_to_cache_it() -> None:
+    """A read-only install without a home (the Docker image's user): numba refuses `cache=True` when it finds no
+    writable place for its cache. The loop is then compiled in the process and answers as anywhere else. Run in a
+    process of its own, with numba told of no place at all (its list of places emptied before the import)."""
+    script = textwrap.dedent(
+        """
+        import numba.core.caching as caching
+        import numpy as np
+
+        impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl")
+        impl._locator_classes = []
+        import worker.compiled
+
+        assert type(worker.compiled._near._cache).__name__ == "NullCache"
+        values = np.array([0, 1, 3, 7, 2**64 - 1], dtype=np.uint64)
+        near, apart = worker.compiled.near_ranges(
+            values, np.array([0, 2], dtype=np.int64), np.array([3, 3], dtype=np.int64),
+            np.array([0, 2**64 - 1], dtype=np.uint64), 1,
+        )
+        print(near.tolist(), apart.tolist())
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent
+    )
+    assert done.returncode == 0, done.stderr
+    # candidates 0, 1, 3 against 0 (0 and 1 within 1 bit), then 3, 7, 2**64 - 1 against 2**64 - 1 (only itself)
+    assert done.stdout.split("\n")[0] == "[0, 1, 5] [0, 1, 0]"

@@ -144,7 +144,7 @@ def markdown(results: dict[str, Any]) -> str:
         if copy is not None:
             bands = f", {copy['bands']} bands" if copy.get("bands", 4) != 4 else ""
             out.append(
-                f"| in-process search alone (the snapshot copy, numpy{bands}, {SNAPSHOT_SEND} queries at a time) | "
+                f"| in-process search alone (the snapshot copy{bands}, {SNAPSHOT_SEND} queries at a time) | "
                 f"{copy['queries_per_s']:,} queries/s ({copy['us_per_query']} us a query) | - | - | - | - | - |"
             )
         ratios = []
