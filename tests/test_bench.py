@@ -285,7 +285,7 @@ def test_above_a_million_the_benchmark_measures_the_layout_stats_advises_with_it
         ],
     }
     page = markdown(results)
-    assert "| recommended, snapshot read path" in page and "numpy, 3 bands" in page
+    assert "| recommended, snapshot read path" in page and "(the snapshot copy, 3 bands" in page
     assert "snapshot / recommended 40.00x" in page
 
 

@@ -19,6 +19,7 @@ import hiredis
 import numpy as np
 import redis
 
+from . import library
 from .fingerprint import format_fingerprint
 from .keys import IndexKeys
 from .replies import text
@@ -54,9 +55,28 @@ def bulk_load(index: BulkTarget, items: Iterable[tuple[str, int]], chunk: int) -
     index._ensure_open()
     client = index.redis
     retention = int(text(client.hget(index.keys.meta, "retention_ms") or b"0") or 0) > 0
+    touched: set[Any] = set()  # the posting keys written
     if type(client) is redis.Redis and index.building is None and not client.hlen(index.keys.fingerprints):
-        return _RawLoad(index, retention).run(batched(items, chunk))
-    return _general(index, batched(items, chunk), retention)
+        total = _RawLoad(index, retention, touched).run(batched(items, chunk))
+    else:
+        total = _general(index, batched(items, chunk), retention, touched)
+    _raise_bound(index, touched)
+    return total
+
+
+def _raise_bound(index: BulkTarget, touched: set[Any]) -> None:
+    """Raise `{N}:meta`'s posting_bound (worker/lua/meta.lua) to the largest of the posting sets the load wrote,
+    measured after it (SCARD, O(1) each), when the index has one: its searches on the primary skip measuring their
+    sets only while no set is larger. Measured, not counted: the sets may have held members before the load."""
+    client, largest = index.redis, 0
+    keys = list(touched)
+    for start in range(0, len(keys), 10_000):
+        pipe = client.pipeline(transaction=False)
+        for key in keys[start : start + 10_000]:
+            pipe.scard(key)
+        largest = max([largest, *map(int, pipe.execute())])
+    if keys:
+        client.fcall(library.FN_RAISE_POSTING_BOUND, 1, index.keys.meta, largest)
 
 
 def _now_ms(client: Any) -> int:
@@ -64,7 +84,7 @@ def _now_ms(client: Any) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def _general(index: BulkTarget, parts: Iterable[list[tuple[str, int]]], retention: bool) -> int:
+def _general(index: BulkTarget, parts: Iterable[list[tuple[str, int]]], retention: bool, touched: set[Any]) -> int:
     client = index.redis
     total = 0
     representatives: dict[int, str] = {}  # of the fingerprints this load has met
@@ -94,6 +114,7 @@ def _general(index: BulkTarget, parts: Iterable[list[tuple[str, int]]], retentio
         pipe.hset(index.keys.fingerprints, mapping=fingerprints)
         for key, members in postings.items():
             pipe.sadd(key, *members)
+        touched.update(postings)
         for fp, members in groups.items():
             pipe.zadd(index.keys.twins(format_fingerprint(fp)), dict.fromkeys([representatives[fp], *members], 0))
         for incident_id, hex_fp in fingerprints.items():
@@ -112,9 +133,10 @@ def _bulk(value: bytes) -> bytes:
 class _RawLoad:
     """The fast way: every batch's commands as one RESP buffer; its replies read after the next batch is sent."""
 
-    def __init__(self, index: BulkTarget, retention: bool) -> None:
+    def __init__(self, index: BulkTarget, retention: bool, touched: set[Any]) -> None:
         self.index = index
         self.retention = retention
+        self.touched = touched  # the posting keys written (bytes)
         self.representatives: dict[int, bytes] = {}
         self.fp_key = _bulk(index.keys.fingerprints.encode())
         self.xadd_head = b"*9\r\n$4\r\nXADD\r\n" + _bulk(index.keys.changes.encode()) + b"$1\r\n*\r\n$3\r\nadd\r\n"
@@ -210,8 +232,10 @@ class _RawLoad:
                 ends = np.append(starts[1:], len(ordered))
                 members = [new_ids[k] for k in order.tolist()]
                 for value, start, end in zip(ordered[starts].tolist(), starts.tolist(), ends.tolist(), strict=True):
+                    key = band.key(value).encode()
+                    self.touched.add(key)
                     out.append(b"*%d\r\n$4\r\nSADD\r\n" % (2 + end - start))
-                    out.append(_bulk(band.key(value).encode()))
+                    out.append(_bulk(key))
                     out += members[start:end]
                 commands += len(starts)
         for fp, members in groups.items():

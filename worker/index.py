@@ -255,11 +255,14 @@ class FingerprintIndex(GroupReads):
         "generation",
         "previous_layouts",
         "last_migration",
+        "posting_bound",
     )
     """Meta fields written after the namespace's first use: `tokenizer`, by the call that indexes the first text
     incident; `changes_trimmed_to`, by the first trim of the change log (worker/readpath.py's CHANGES_FLOOR_FIELD);
     `retention_*`, by a worker whose retention window differs from the recorded one (worker/retention.py);
-    `building`, `generation`, `previous_layouts` and `last_migration` by a migration (worker/migrate.py)."""
+    `building`, `generation`, `previous_layouts` and `last_migration` by a migration (worker/migrate.py);
+    `posting_bound` by the functions themselves (worker/lua/meta.lua: `ensure_meta` writes it beside the fields
+    here when the namespace holds no incident yet)."""
 
     def check_tokenizer(self) -> None:
         """Raise `TokenizerMismatchError` if `{N}:meta` records text incidents made by another tokenizer version.

@@ -51,6 +51,7 @@ __all__ = [
     "FN_MIGRATE_START",
     "FN_MIGRATE_SWITCH",
     "FN_PREFLIGHT",
+    "FN_RAISE_POSTING_BOUND",
     "FN_READ_NEW",
     "FN_READ_PENDING",
     "FN_SERVER_RUN",
@@ -153,6 +154,7 @@ FN_MATCHES = _function("matches")
 FN_DEAD_LETTER = _function("dead_letter")
 FN_ENSURE_META = _function("ensure_meta")
 FN_PREFLIGHT = _function("preflight")
+FN_RAISE_POSTING_BOUND = _function("raise_posting_bound")
 FN_FORGET_CONSUMER = _function("forget_consumer")
 FN_READ_NEW = _function("read_new")
 FN_READ_PENDING = _function("read_pending")

@@ -237,7 +237,8 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
     local probes = call_keys({}, keys, ko, nk, FIRST, FIRST - 1 + (tonumber(args[ao + 13]) or n_new))
     call_keys(probes, keys, ko, nk, FIRST + n_new + n_old, LAST_PROBE)
     local twin_prefix = string.sub(new_group, 1, -17)
-    verified, matched, flat, twin, cut = find_matches(fp_key, twin_prefix, probes, fp, limit, cap, budget)
+    verified, matched, flat, twin, cut = find_matches(fp_key, twin_prefix, probes, fp, limit, cap, budget,
+                                                      meta.posting_bound)
     if cut and not twin then
       twin = representative_of(fp_key, new_group, fp, call_keys({}, keys, ko, nk, FIRST, FIRST - 1 + n_new))
     end
@@ -258,8 +259,12 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
     redis.call('HSET', meta_key, 'tokenizer', tokenizer)
     meta.tokenizer = tokenizer
   end
-  index_one(id, twin, new_group, call_keys(call_keys({}, keys, ko, nk, FIRST, FIRST - 1 + n_new),
-                                           keys, ko, nk, LAST_PROBE + 1, LAST_PROBE + t_new))
+  local postings = call_keys(call_keys({}, keys, ko, nk, FIRST, FIRST - 1 + n_new),
+                             keys, ko, nk, LAST_PROBE + 1, LAST_PROBE + t_new)
+  index_one(id, twin, new_group, postings)
+  if not twin then  -- (added to its posting sets: see meta.lua's posting_bound)
+    if position == '' then raise_bound(meta_key, postings, meta) else drop_bound(meta_key, meta) end
+  end
   redis.call('HSET', fp_key, id, fp)
   stored_now(context, fp_key, id, fp)
   if retention_window(meta.retention_ms) then redis.call('ZADD', expiry_key, now_ms(), id) end

@@ -59,11 +59,13 @@ local function migrate_build(keys, args)
   end
   local n = tonumber(args[2])
   local written, visited, k = 0, 0, 4
+  local meta = {posting_bound = tonumber(redis.call('HGET', keys[1], 'posting_bound'))}  -- (see meta.lua)
   for i = 5, #args, 2 do
     local id, hex = args[i], args[i + 1]
     visited = visited + 1
     if redis.call('HGET', keys[3], id) == hex and redis.call('SISMEMBER', keys[k], id) == 1 then
       for j = 1, n do redis.call('SADD', keys[k + j], id) end
+      raise_bound(keys[1], slice(keys, k + 1, k + n), meta)
       written = written + 1
     end
     k = k + 1 + n

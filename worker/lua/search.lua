@@ -130,9 +130,13 @@ end
 -- `query` itself (the candidate at distance 0) or nil when the fingerprint is not indexed, and whether the search
 -- was cut. A cut search's matches are real matches, its count a lower bound, and its representative may be nil
 -- though the fingerprint is indexed (the caller asks representative_of).
-local function find_matches(fp_key, twin_prefix, probe_keys, query, limit, cap, budget)
+local function find_matches(fp_key, twin_prefix, probe_keys, query, limit, cap, budget, bound)
   local candidates, cut = nil, false
-  if budget and budget > 0 then candidates, cut = bounded_candidates(probe_keys, budget) end
+  -- (`bound`, {N}:meta's posting_bound when the index has one: sets that cannot hold more than the budget in all
+  -- need not be measured, see meta.lua)
+  if budget and budget > 0 and not (bound and bound * #probe_keys <= budget) then
+    candidates, cut = bounded_candidates(probe_keys, budget)
+  end
   if candidates then
     -- (already read)
   elseif #probe_keys == 1 then
@@ -288,9 +292,11 @@ end
 local function matches(keys, args)
   local refused = check_layout(keys[1], args[3])
   if refused then return refused end
+  local budget = tonumber(args[5]) or 0
+  local bound = budget > 0 and tonumber(redis.call('HGET', keys[1], 'posting_bound')) or nil
   local verified, matched, flat, _, cut = find_matches(keys[2], string.sub(keys[3], 1, -17), slice(keys, 4, #keys),
-                                                       args[1], tonumber(args[2]), tonumber(args[4]) or 0,
-                                                       tonumber(args[5]) or 0)
+                                                       args[1], tonumber(args[2]), tonumber(args[4]) or 0, budget,
+                                                       bound)
   local reply = {budget_count(matched, cut), verified}
   for i = 1, #flat do reply[2 + i] = flat[i] end
   return reply

@@ -70,11 +70,25 @@ local function ensure_meta(keys, args)
   local fields = redis.call('HLEN', keys[1])  -- (HLEN and HGET: commands the worker's user has; HKEYS is not)
   if fields > 1 or (fields == 1 and not redis.call('HGET', keys[1], 'changes_trimmed_to')) then return '' end
   redis.call('HSET', keys[1], 'layout', args[1], unpack(slice(args, 2, #args)))
+  -- an index of no incidents has no posting set to bound (meta.lua's posting_bound); a meta re-created beside
+  -- incidents (deleted by hand) leaves the bound unknown: its searches read their sets' sizes
+  if redis.call('HLEN', string.sub(keys[1], 1, -5) .. 'fp') == 0 then
+    redis.call('HSET', keys[1], 'posting_bound', 0)
+  end
   return args[1]
+end
+
+-- Raise {N}:meta's posting_bound (meta.lua) to `size`, the largest posting set a bulk load wrote, when the index has
+-- one. keys[1] = {N}:meta   args[1] = size
+local function raise_posting_bound(keys, args)
+  local bound, size = tonumber(redis.call('HGET', keys[1], 'posting_bound')), tonumber(args[1])
+  if bound and size and size > bound then redis.call('HSET', keys[1], 'posting_bound', size) end
+  return bound and math.max(bound, size or 0) or false
 end
 
 -- (allow-oom: it writes a few fields, once; a worker restarted while Redis is full must get to its upkeep)
 register('ensure_meta', ensure_meta, {'allow-oom'})
+register('raise_posting_bound', raise_posting_bound)
 register('preflight', preflight, {'no-writes'})
 -- Which run of the server this is (server_run): verify compares it before and after its walk, whose SCAN cursors
 -- are only good in one server process. keys[1] = {N}:meta (unused: it routes the call to the index's node)

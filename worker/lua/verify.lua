@@ -102,6 +102,7 @@ local function reconcile(fp_key, group, postings, fp, candidates, repair, out)
     out[#out + 1] = fp
     if repair then
       for i = 1, m do redis.call('SADD', postings[i], rep) end
+      raise_bound(string.sub(fp_key, 1, -3) .. 'meta', postings)  -- ({N}:fp's {N}:meta: see meta.lua)
     end
   end
   for _, id in ipairs(holders) do
