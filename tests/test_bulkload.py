@@ -48,7 +48,9 @@ def _load(client: redis.Redis, items: list[tuple[str, int]], chunk: int, *, gene
     if general:
         index = FingerprintIndex(client)
         index._ensure_open()
-        loaded = worker.bulkload._general(index, worker.index.batched(items, chunk), False)
+        touched: set[Any] = set()
+        loaded = worker.bulkload._general(index, worker.index.batched(items, chunk), False, touched)
+        worker.bulkload._raise_bound(index, touched)  # (as bulk_load does after either way)
     else:
         loaded = FingerprintIndex(client).bulk_load(items, chunk=chunk)
     return loaded, _state(client)

@@ -84,8 +84,13 @@ def _now_ms(client: Any) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def _general(index: BulkTarget, parts: Iterable[list[tuple[str, int]]], retention: bool, touched: set[Any]) -> int:
+def _general(
+    index: BulkTarget, parts: Iterable[list[tuple[str, int]]], retention: bool, touched: set[Any] | None = None
+) -> int:
+    """Load in pipelines of redis-py commands (a cluster client, a migration under way, an index not empty); the
+    posting keys written are added to `touched`."""
     client = index.redis
+    touched = set() if touched is None else touched
     total = 0
     representatives: dict[int, str] = {}  # of the fingerprints this load has met
     for part in parts:

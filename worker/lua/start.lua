@@ -71,8 +71,9 @@ local function ensure_meta(keys, args)
   if fields > 1 or (fields == 1 and not redis.call('HGET', keys[1], 'changes_trimmed_to')) then return '' end
   redis.call('HSET', keys[1], 'layout', args[1], unpack(slice(args, 2, #args)))
   -- an index of no incidents has no posting set to bound (meta.lua's posting_bound); a meta re-created beside
-  -- incidents (deleted by hand) leaves the bound unknown: its searches read their sets' sizes
-  if redis.call('HLEN', string.sub(keys[1], 1, -5) .. 'fp') == 0 then
+  -- incidents (deleted by hand), or beside an {N}:fp of another type (which preflight then names), leaves the bound
+  -- unknown: its searches read their sets' sizes
+  if redis.pcall('HLEN', string.sub(keys[1], 1, -5) .. 'fp') == 0 then
     redis.call('HSET', keys[1], 'posting_bound', 0)
   end
   return args[1]
