@@ -11,7 +11,6 @@ it only for a copy, in a thread of its own while the copy loads (`snapshot.compi
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -94,15 +93,8 @@ def near_ranges(
         room = found
 
 
-_warmed = threading.Lock()
-_warm = False
-
-
 def warm() -> None:
-    """Compile (or load from the cache) the loop now, once a process, rather than in the first search."""
-    global _warm
-    with _warmed:
-        if not _warm:
-            one = np.zeros(1, dtype=np.uint64)
-            near_ranges(one, np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64), one, 0)
-            _warm = True
+    """Compile (or load from the cache) the loop now rather than in the first search: a call on one candidate (numba
+    compiles once a process, under its own lock; later calls only run it). `snapshot.compile_soon` calls it once."""
+    one = np.zeros(1, dtype=np.uint64)
+    near_ranges(one, np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64), one, 0)
