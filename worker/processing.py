@@ -124,7 +124,8 @@ class Processor:
     """Runs the chain for one consumer: `read_and_process` for new entries, `process` for entries read elsewhere.
 
     `stop` is the worker's stop request (a held batch gives up waiting on it); `heartbeat` is called after each
-    round of batches and while entries are held."""
+    round of batches and while entries are held; `alone` says whether this worker was the only live one of its
+    namespace at its last beat (a lone snapshot worker pipelines its sends: `_send_snapshot`)."""
 
     def __init__(
         self,
@@ -139,6 +140,7 @@ class Processor:
         stop: threading.Event,
         log: Any,
         replica: RedisClient | None = None,
+        alone: Callable[[], bool] = lambda: False,
     ) -> None:
         self.redis = redis
         self.settings = settings
@@ -147,6 +149,7 @@ class Processor:
         self.outcomes = outcomes
         self.upkeep = upkeep
         self.heartbeat = heartbeat
+        self.alone = alone
         self.log = log
         self.limits = settings.event_limits
         self.snapshot: SnapshotReader | None = None
@@ -371,11 +374,24 @@ class Processor:
             self.snapshot.relayout(self.index.layout)  # a migration switched the layout (the max distance, say)
         if self.snapshot is None:
             return self.index.execute([self._command(item, expected) for item in items])
-        # The calls of one send share their copy's position and go as one apply_batch call, which reads the changes
-        # after it once; each call is validated against those and the earlier calls of its send. Short sends, each
-        # after a refresh, keep that to a few changes an event.
+        return self._send_snapshot(items, expected)
+
+    def _send_snapshot(self, items: list[_Item], expected: Mapping[str, int | str | None]) -> list[Any]:
+        """`_send` on the snapshot path. The calls of one send share their copy's position and go as one apply_batch
+        call, which reads the changes after it once; each call is validated against those and the earlier calls of
+        its send. Short sends, each after a refresh, keep that to a few changes an event.
+
+        A worker alone in its namespace (`alone`) searches up to `snapshot_sends_alone` sends on one refresh, and
+        writes each send of adds before it reads the previous one's reply: its search of the next send overlaps the
+        primary's work on this one, and one refresh serves them all. Each later send's claims name the position of
+        that refresh, so its window holds the earlier sends' changes too, which the atomic step validates like any
+        other (docs/contract.md, "Snapshot reads"). With peers, every send would also carry theirs of the longer
+        cycle: one send at a time."""
+        assert self.snapshot is not None
+        depth = self.settings.snapshot_sends_alone if self.alone() else 1
         replies: list[Any] = []
-        for start in range(0, len(items), SNAPSHOT_SEND):
+        start = 0
+        while start < len(items):
             try:
                 self.snapshot.refresh()
             except (DamagedMetaError, SnapshotLostError) as error:
@@ -384,14 +400,46 @@ class Processor:
             send = items[start : start + SNAPSHOT_SEND]
             claims = self._claims(send)
             packed = self._snapshot_adds(send, claims)
-            if packed is not None:  # the usual send: adds only, their call written at once
-                [batch] = self.index.execute([packed])
-                replies += [batch] * len(send) if isinstance(batch, Exception) else batch
+            if packed is None:  # upserts, deletes, dead letters, a migration's double writes: built call by call
+                replies += self._send_batched(
+                    [self._command(item, expected, claim) for item, claim in zip(send, claims, strict=True)]
+                )
+            elif depth == 1 or start + len(send) >= len(items):
+                [batch] = self.index.execute([packed])  # the usual send: adds only, their call written at once
+                replies += _batch_replies(send, batch)
+            else:
+                sent, ahead = self._send_ahead(items[start:], packed, depth)
+                replies += ahead
+                start += sent
                 continue
-            replies += self._send_batched(
-                [self._command(item, expected, claim) for item, claim in zip(send, claims, strict=True)]
-            )
+            start += len(send)
         return replies
+
+    def _send_ahead(self, items: list[_Item], packed: Packed, depth: int) -> tuple[int, list[Any]]:
+        """Write the first send of `items` (`packed`), then search and write up to `depth` - 1 more sends of adds on
+        the same copy, each before the previous one's reply is read. Stops at the end of `items`, or before a send
+        that is not all adds (the caller sends it after a refresh). Returns how many items went, and their replies."""
+        replies: list[Any] = []
+        in_flight = [items[:SNAPSHOT_SEND]]
+        went = len(in_flight[0])
+        with self.index.transport() as calls:
+            calls.send([packed])
+            for k in range(1, depth):
+                following = items[k * SNAPSHOT_SEND : (k + 1) * SNAPSHOT_SEND]
+                if not following:
+                    break
+                following_packed = self._snapshot_adds(following, self._claims(following))
+                if following_packed is None:
+                    break
+                calls.send([following_packed])
+                in_flight.append(following)
+                went += len(following)
+                [batch] = calls.receive()
+                replies += _batch_replies(in_flight.pop(0), batch)
+            while in_flight:
+                [batch] = calls.receive()
+                replies += _batch_replies(in_flight.pop(0), batch)
+        return went, replies
 
     def _snapshot_adds(self, items: list[_Item], claims: list[SnapshotClaim | None]) -> Packed | None:
         """The apply_batch call of a send whose every item is an add with its claim, packed (the calls `_command`
@@ -722,6 +770,11 @@ def _entry_of(entry_id: Any, fields: Mapping[Any, Any] | None) -> Entry:
 
 def _reader() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead")
+
+
+def _batch_replies(send: list[_Item], batch: Any) -> list[Any]:
+    """The replies of an apply_batch call of `send`, one an item: its own, or the error the whole call got."""
+    return [batch] * len(send) if isinstance(batch, Exception) else batch
 
 
 def _segments(items: Iterable[_Item]) -> list[list[_Item]]:
