@@ -40,7 +40,7 @@ def _both(follower: ChangeFollower, monkeypatch: pytest.MonkeyPatch, position: s
 @pytest.mark.parametrize("fake_decodes", [True, False])
 def test_the_round_trip_reads_what_the_pipeline_reads(redis_client, monkeypatch: pytest.MonkeyPatch) -> None:
     follower = ChangeFollower(redis_client, KEYS, BandLayout(4, 7))
-    assert _both(follower, monkeypatch, "0-0", 10) == [[[], None]] * 2  # no log, no floor
+    assert _both(follower, monkeypatch, "0-0", 10) == [[[], None, 0]] * 2  # no log, no floor, no live worker
     for n in range(30):
         _change(redis_client, f"é{n}", n * 7919)
     redis_client.hset(KEYS.meta, CHANGES_FLOOR_FIELD, "1-0")

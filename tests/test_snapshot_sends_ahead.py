@@ -1,10 +1,11 @@
 """A lone snapshot worker's sends written ahead of their replies (`Processor._send_snapshot`, SNAPSHOT_SENDS_ALONE).
 
-Alone in its namespace, a worker searches several sends of 16 on one refresh of its copy and writes each before it
-reads the previous one's reply, so every later send's claims name a position its earlier sends' changes came after.
-The atomic step validates those like any other change. The invariants are the snapshot path's (every pair within r
-reported exactly once, each incident indexed once, nothing pending), checked against the brute-force pair set with
-near duplicates across sends, and with another worker writing between a send's search and its validation.
+Alone in its namespace (by the live workers in `{N}:workers`, counted with each read of the change log), a worker
+searches several sends of 16 on one refresh of its copy and writes each before it reads the previous one's reply,
+so every later send's claims name a position its earlier sends' changes came after. The atomic step validates
+those like any other change. The invariants are the snapshot path's (every pair within r reported exactly once,
+each incident indexed once, nothing pending), checked against the brute-force pair set with near duplicates across
+sends, and with another worker writing between a send's search and its validation.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.streams import FP, alerts, assert_pairs_reported_once, fingerprints, pending_count, publish
-from worker import processing
+from worker import processing, readpath
 from worker.devtools.workload import Workload
 from worker.settings import Settings
 from worker.stream import StreamWorker
@@ -69,7 +70,7 @@ def test_sends_written_ahead_report_every_pair_once_with_another_worker_writing_
     publish(redis_client, events)
     ahead = _worker(redis_client, "ahead", batch_size=batch, snapshot_sends_alone=depth)
     other = _worker(redis_client, "other", batch_size=1, read_path="primary")
-    ahead.processor.alone = lambda: True
+    monkeypatch.setattr(readpath.SnapshotReader, "alone", property(lambda self: True))  # (no heartbeats here)
     turns = iter(between * 1000)
     claims = ahead.processor._claims
 
@@ -96,23 +97,55 @@ def test_sends_written_ahead_report_every_pair_once_with_another_worker_writing_
 def test_a_lone_worker_sends_ahead_and_one_with_peers_sends_one_at_a_time(
     redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, depth: int
 ) -> None:
-    """`alone` is the heartbeat's count of live workers: one (itself) until a peer beats, then two. SNAPSHOT_SENDS_ALONE
-    1 sends one at a time even alone."""
-    events = [{"incident_id": i, "features": bag} for i, bag in Workload(seed=3, near_duplicates=0.5).take(200)]
+    """`alone` is the count of live workers in `{N}:workers` read with the change log: one (itself) until a peer's
+    heartbeat enters it, then two. SNAPSHOT_SENDS_ALONE=1 sends one at a time even alone."""
+    events = [{"incident_id": i, "features": bag} for i, bag in Workload(seed=3, near_duplicates=0.5).take(300)]
     counts = _counting(monkeypatch)
     first = _worker(redis_client, "first", batch_size=100, snapshot_sends_alone=depth)
     publish(redis_client, events[:100])
     first.run(until_idle=True)
-    assert first.presence.live_workers == 1
-    assert sum(counts.values()) == (0 if depth == 1 else 1)  # 100 events: one refresh, 7 sends, one _send_ahead
-    assert counts == ({} if depth == 1 else {7: 1})
+    assert first.snapshot is not None and first.snapshot.alone
+    assert counts == ({} if depth == 1 else {7: 1})  # 100 events: 7 sends, written ahead on one refresh
     peer = _worker(redis_client, "peer", read_path="primary")
     peer.heartbeat()
-    first.heartbeat()
-    assert first.presence.live_workers == 2
     counts.clear()
-    publish(redis_client, events[100:])
+    publish(redis_client, events[100:200])
     first.run(until_idle=True)
+    assert not first.snapshot.alone and first.snapshot.follower.live_workers == 2
     assert not counts  # a peer: one send at a time
+    peer.presence.leave()  # a clean stop takes its name out
+    counts.clear()
+    publish(redis_client, events[200:])
+    first.run(until_idle=True)
+    assert first.snapshot.alone
+    assert counts == ({} if depth == 1 else {7: 1})
     assert_pairs_reported_once(fingerprints(events), alerts(redis_client))
     assert pending_count(redis_client) == 0
+
+
+def test_a_refused_count_of_live_workers_is_no_count(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user refused ZCOUNT (a users.acl older than the worker's): the copy follows the log all the same, as a
+    worker with peers would (one send at a time)."""
+    inner = readpath.round_trip
+
+    def refused(client: Any, commands: Any, **options: Any) -> list[Any]:
+        replies = inner(client, commands, **options)
+        return [
+            redis.exceptions.NoPermissionError("NOPERM this user has no permissions to run the 'zcount' command")
+            if command[0] == "ZCOUNT"
+            else reply
+            for command, reply in zip(commands, replies, strict=True)
+        ]
+
+    monkeypatch.setattr(readpath, "round_trip", refused)
+    counts = _counting(monkeypatch)
+    events = [{"incident_id": i, "features": bag} for i, bag in Workload(seed=5, near_duplicates=0.5).take(100)]
+    publish(redis_client, events)
+    w = _worker(redis_client, "w", batch_size=100)
+    w.run(until_idle=True)
+    assert w.snapshot is not None and w.snapshot.follower.live_workers is None and not w.snapshot.alone
+    assert not counts
+    assert redis_client.hlen(FP) == len(events)
+    assert_pairs_reported_once(fingerprints(events), alerts(redis_client))

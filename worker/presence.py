@@ -69,9 +69,6 @@ class Presence:
         self.next_beat = 0.0
         """When (time.monotonic) the heartbeat is due again, however idle the worker."""
         self._work_beat_at = -WORK_BEAT_S  # when the last beat after work went at once
-        self.live_workers: int | None = None
-        """The workers of the namespace whose heartbeat was alive at this worker's last beat, itself included (None
-        before the first beat, or when the count was refused): a lone snapshot worker pipelines its sends."""
 
     def beat_after_work(self, snapshot: SnapshotReader | None) -> None:
         """Show the count of a round of batches: at once when the last beat after work is `WORK_BEAT_S` old (or a
@@ -88,7 +85,7 @@ class Presence:
     def beat(self, snapshot: SnapshotReader | None) -> None:
         """Refresh the heartbeat key (a JSON value with a TTL) that `incident-worker check` reads, and this worker's
         entry in `{N}:workers`, by which `check` and `stats` find it without scanning the keyspace; forget the names
-        of workers whose heartbeat expired over an hour ago; count the live ones (`live_workers`). One round trip."""
+        of workers whose heartbeat expired over an hour ago. One round trip."""
         ttl = self.settings.heartbeat_ttl_ms
         value = Heartbeat(
             consumer=self.settings.consumer,
@@ -104,9 +101,7 @@ class Presence:
         pipe.set(self.key, value, px=ttl)
         pipe.zadd(workers, {self.settings.consumer: now_ms + ttl})
         pipe.zremrangebyscore(workers, "-inf", now_ms - _FORGET_WORKER_MS)
-        pipe.zcount(workers, now_ms, "+inf")
-        beat, *registered, live = pipe.execute(raise_on_error=False)  # (SET replaces a value of any type)
-        self.live_workers = live if isinstance(live, int) else None
+        beat, *registered = pipe.execute(raise_on_error=False)  # (SET replaces a value of any type)
         for reply in (beat, *registered):
             if is_wrong_type(reply):
                 raise self._stop_on_another_type(workers)

@@ -124,8 +124,7 @@ class Processor:
     """Runs the chain for one consumer: `read_and_process` for new entries, `process` for entries read elsewhere.
 
     `stop` is the worker's stop request (a held batch gives up waiting on it); `heartbeat` is called after each
-    round of batches and while entries are held; `alone` says whether this worker was the only live one of its
-    namespace at its last beat (a lone snapshot worker pipelines its sends: `_send_snapshot`)."""
+    round of batches and while entries are held."""
 
     def __init__(
         self,
@@ -140,7 +139,6 @@ class Processor:
         stop: threading.Event,
         log: Any,
         replica: RedisClient | None = None,
-        alone: Callable[[], bool] = lambda: False,
     ) -> None:
         self.redis = redis
         self.settings = settings
@@ -149,7 +147,6 @@ class Processor:
         self.outcomes = outcomes
         self.upkeep = upkeep
         self.heartbeat = heartbeat
-        self.alone = alone
         self.log = log
         self.limits = settings.event_limits
         self.snapshot: SnapshotReader | None = None
@@ -381,14 +378,14 @@ class Processor:
         call, which reads the changes after it once; each call is validated against those and the earlier calls of
         its send. Short sends, each after a refresh, keep that to a few changes an event.
 
-        A worker alone in its namespace (`alone`) searches up to `snapshot_sends_alone` sends on one refresh, and
-        writes each send of adds before it reads the previous one's reply: its search of the next send overlaps the
-        primary's work on this one, and one refresh serves them all. Each later send's claims name the position of
+        A worker alone in its namespace (by the count of live workers its copy's refresh reads: `alone`) searches up
+        to `snapshot_sends_alone` sends on one refresh, and writes each send of adds before it reads the previous
+        one's reply: its search of the next send overlaps the primary's work on this one, and one refresh serves them
+        all. Each later send's claims name the position of
         that refresh, so its window holds the earlier sends' changes too, which the atomic step validates like any
         other (docs/contract.md, "Snapshot reads"). With peers, every send would also carry theirs of the longer
         cycle: one send at a time."""
         assert self.snapshot is not None
-        depth = self.settings.snapshot_sends_alone if self.alone() else 1
         replies: list[Any] = []
         start = 0
         while start < len(items):
@@ -404,11 +401,11 @@ class Processor:
                 replies += self._send_batched(
                     [self._command(item, expected, claim) for item, claim in zip(send, claims, strict=True)]
                 )
-            elif depth == 1 or start + len(send) >= len(items):
+            elif self.settings.snapshot_sends_alone == 1 or not self.snapshot.alone or start + len(send) >= len(items):
                 [batch] = self.index.execute([packed])  # the usual send: adds only, their call written at once
                 replies += _batch_replies(send, batch)
             else:
-                sent, ahead = self._send_ahead(items[start:], packed, depth)
+                sent, ahead = self._send_ahead(items[start:], packed, self.settings.snapshot_sends_alone)
                 replies += ahead
                 start += sent
                 continue

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import redis
+from redis.client import Pipeline
 
 from .bands import BandLayout
 from .fingerprint import stored_fingerprint
@@ -69,6 +70,9 @@ class ChangeFollower:
         self.load_seconds = 0.0
         # the fields of the entry at the copy's position (None when the position is no entry: '0-0' or the floor)
         self._at_position: Any = None
+        self.live_workers: int | None = None
+        """The workers of the namespace alive at the last read of the log (their heartbeat's expiry in
+        `{N}:workers` not passed), this one included once it has beaten; None before a read, or when refused."""
 
     def load(self, *, attempts: int = 3) -> None:
         """Read every fingerprint and replay the changes made meanwhile.
@@ -132,7 +136,8 @@ class ChangeFollower:
             # The position's own entry comes first (the XRANGE starts at it): the proof that the log is still the
             # one this copy followed (see _check_position).
             position = index.position
-            entries, floor = self._read_log(position, count + 1)
+            entries, floor, live = self._read_log(position, count + 1)
+            self.live_workers = live if isinstance(live, int) else None
             floor = changes_floor(self.client, self.keys, floor)
             if floor is not None and entry_id_tuple(position) < entry_id_tuple(floor):
                 raise SnapshotLostError(
@@ -165,17 +170,28 @@ class ChangeFollower:
         return applied
 
     def _read_log(self, position: str, count: int) -> list[Any]:
-        """`count` entries of the log from `position` on, and its floor, in one round trip: for a standalone client
+        """`count` entries of the log from `position` on, its floor, and the live workers of the namespace (those
+        whose heartbeat has not expired in `{N}:workers`: `live_workers`), in one round trip: for a standalone client
         on a connection of its own pool (`round_trip`: redis-py's pipeline without its steps, the same retries and
         errors), else (a cluster client) in a pipeline."""
         xrange = ("XRANGE", self.keys.changes, position, "+", "COUNT", count)
         hget = ("HGET", self.keys.meta, CHANGES_FLOOR_FIELD)
+        zcount = ("ZCOUNT", self.keys.workers, int(time.time() * 1000), "+inf")
         if sends_packed(self.client):
-            return round_trip(self.client, [xrange, hget])
-        pipe = self.client.pipeline(transaction=False)
-        pipe.xrange(self.keys.changes, position, "+", count=count)
-        pipe.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
-        return list(pipe.execute())
+            replies = round_trip(self.client, [xrange, hget, zcount], raise_on_error=False)
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xrange(self.keys.changes, position, "+", count=count)
+            pipe.hget(self.keys.meta, CHANGES_FLOOR_FIELD)
+            pipe.execute_command(*zcount)
+            replies = list(pipe.execute(raise_on_error=False))
+        # the count is only advice: a refusal of it (a users.acl older than the worker's) is no count
+        for number, (command, reply) in enumerate(zip((xrange, hget), replies, strict=False), 1):
+            if isinstance(reply, Exception):
+                if not sends_packed(self.client):  # (round_trip named it already)
+                    Pipeline.annotate_exception(None, reply, number, command)  # type: ignore[arg-type]
+                raise reply
+        return replies
 
     def _check_position(self, position: str, floor: str | None) -> None:
         """The log does not hold the entry at the copy's position, as the copy applied it: fine when there is none
@@ -346,6 +362,12 @@ class SnapshotReader:
         self._retry_replica_at = 0.0
         self._lag_check_at = 0.0
         self._primary_last: str | None = None  # the primary's last change at the previous comparison
+
+    @property
+    def alone(self) -> bool:
+        """Whether this worker was the only live one of its namespace at the copy's last read of the log (a lone
+        worker writes its sends ahead: `Processor._send_snapshot`)."""
+        return self.follower.live_workers == 1
 
     @property
     def source(self) -> str:

@@ -115,7 +115,6 @@ class StreamWorker:
             self.outcomes,
             upkeep=self.upkeep,
             heartbeat=lambda: self.presence.beat_after_work(self.processor.snapshot),
-            alone=lambda: self.presence.live_workers == 1,
             stop=self._stop,
             log=self.log,
             replica=replica,

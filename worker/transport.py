@@ -185,7 +185,7 @@ def execute(client: RedisClient, commands: Sequence[Command | Packed]) -> list[A
         return transport.receive()
 
 
-def round_trip(client: Redis, commands: Sequence[Command]) -> list[Any]:
+def round_trip(client: Redis, commands: Sequence[Command], *, raise_on_error: bool = True) -> list[Any]:
     """The replies of `commands` sent in one round trip, as `client.pipeline(transaction=False)` with them, then
     `execute()`, gives them; for a standalone client only (`sends_packed`).
 
@@ -196,7 +196,8 @@ def round_trip(client: Redis, commands: Sequence[Command]) -> list[Any]:
     client's retries allow, then raised; each reply read through the client's `parse_response` (its response
     callbacks: XRANGE's entries as (ID, dict of fields)); the connection closed when reading fails otherwise; the
     first error reply raised once every reply is read, named as the pipeline names it ("Command # 1 (...) of
-    pipeline caused error: ..."); the connection given back to the pool in any case."""
+    pipeline caused error: ..."), or with `raise_on_error` false left in its place, as the pipeline's
+    `execute(raise_on_error=False)` leaves it; the connection given back to the pool in any case."""
     pool = client.connection_pool
     connection = pool.get_connection()
 
@@ -221,7 +222,8 @@ def round_trip(client: Redis, commands: Sequence[Command]) -> list[Any]:
     for number, reply in enumerate(replies, 1):
         if isinstance(reply, ResponseError):
             Pipeline.annotate_exception(None, reply, number, commands[number - 1])  # type: ignore[arg-type]
-            raise reply
+            if raise_on_error:
+                raise reply
     return replies
 
 
