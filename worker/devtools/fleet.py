@@ -6,7 +6,8 @@ Starts a primary and a replica of it (REPLICAOF), each a redis-server of its own
 bench uses); bulk-loads N incidents of the benchmark's seeded Zipf workload; then, for each worker count and each
 source of the copies (interleaved, so the index's growth and the machine's noise fall on both alike), starts that
 many worker processes (`StreamWorker`, the code of `incident-worker run`, on the snapshot path, with
-`snapshot_replica_url` for the replica), waits until every copy is loaded, publishes M events (all at once: a
+`snapshot_replica_url` for the replica; one send at a time, `SNAPSHOT_SENDS_ALONE=1`, as a worker with peers sends,
+so that a single worker's row is of the same schedule as the others'), waits until every copy is loaded, publishes M events (all at once: a
 backlog, the primary's ceiling; or at a steady rate) and times them until the group is idle. Measured on the primary
 from INFO, for the events only (the copies' loads come before): its CPU (used_cpu_sys + used_cpu_user) an event,
 FCALL's time an event, the replica's CPU an event, the changes validated an event; with `by_command`, the primary's
@@ -69,6 +70,9 @@ def _worker(url: str, replica_url: str | None, consumer: str, stop: Any, results
         summary_interval_s=3600,
         alerts_maxlen=10_000,
         socket_timeout_s=120,
+        # one send at a time, as every worker with peers sends: the fit and its projection are of the fleet's
+        # schedule (a lone worker writes its sends ahead, and the windows that adds are its own row of the bench)
+        snapshot_sends_alone=1,
     )
     metrics = Metrics()
     candidates = _Recorder()
