@@ -37,10 +37,34 @@ rest of the add does. Emptied at _BULK_IDS_KEPT."""
 
 _BULK_IDS_KEPT = 16_384
 
+_BULK_PAIRS: dict[tuple[str, int], str] = {}
+"""A listed (ID, distance) pair as its two arguments, kept once written: the whole listing is then one join over
+look-ups made in C (about 10 -> 4 us a storm event's 116 pairs, timeit). Emptied with _BULK_IDS, or at
+_BULK_PAIRS_KEPT."""
+
+_BULK_PAIRS_KEPT = 65_536
+
 
 def _bulk_id(incident_id: str) -> str:
     written = _BULK_IDS[incident_id] = f"${len(incident_id)}\r\n{incident_id}\r\n"
     return written
+
+
+def _listing(listed: Sequence[tuple[str, int]]) -> str:
+    """A claim's listed matches as their arguments (ID, distance, ...), written from the caches."""
+    pair_of = _BULK_PAIRS.__getitem__
+    try:
+        return "".join(map(pair_of, listed))
+    except (KeyError, TypeError):  # (a pair not written yet; or a listing of lists, which are no keys)
+        pass
+    listed_id, distances = _BULK_IDS.get, _BULK_DISTANCES
+    parts = []
+    for m, d in listed:
+        part = (listed_id(m) or _bulk_id(m)) + (distances.get(d) or bulk(str(d)))
+        if type(m) is str and type(d) is int:
+            _BULK_PAIRS[m, d] = part
+        parts.append(part)
+    return "".join(parts)
 
 
 def pack_adds(
@@ -88,10 +112,9 @@ def pack_adds(
     ]
     if len(sliced) < layout.bands:
         sliced = []
-    distances = _BULK_DISTANCES
-    if len(_BULK_IDS) > _BULK_IDS_KEPT:
+    if len(_BULK_IDS) > _BULK_IDS_KEPT or len(_BULK_PAIRS) > _BULK_PAIRS_KEPT:
         _BULK_IDS.clear()
-    listed_id = _BULK_IDS.get
+        _BULK_PAIRS.clear()
     key_parts: list[str] = []
     counts: list[str] = []
     arg_parts: list[str] = []
@@ -120,9 +143,7 @@ def pack_adds(
             f"${len(extra)}\r\n{extra}\r\n"
         )
         if listed:
-            arg_parts.append(
-                "".join([(listed_id(m) or _bulk_id(m)) + (distances.get(d) or bulk(str(d))) for m, d in listed])
-            )
+            arg_parts.append(_listing(listed))
     n, keys_total = len(adds), (8 + layout.bands) * len(adds)
     command = (
         f"*{3 + keys_total + 1 + 2 * n + n_args}\r\n$5\r\nFCALL\r\n{bulk(library.FN_APPLY_BATCH)}"

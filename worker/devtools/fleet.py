@@ -7,11 +7,12 @@ bench uses); bulk-loads N incidents of the benchmark's seeded Zipf workload; the
 source of the copies (interleaved, so the index's growth and the machine's noise fall on both alike), starts that
 many worker processes (`StreamWorker`, the code of `incident-worker run`, on the snapshot path, with
 `snapshot_replica_url` for the replica; one send at a time, `SNAPSHOT_SENDS_ALONE=1`, as a worker with peers sends,
-so that a single worker's row is of the same schedule as the others'), waits until every copy is loaded, publishes M events (all at once: a
-backlog, the primary's ceiling; or at a steady rate) and times them until the group is idle. Measured on the primary
-from INFO, for the events only (the copies' loads come before): its CPU (used_cpu_sys + used_cpu_user) an event,
-FCALL's time an event, the replica's CPU an event, the changes validated an event; with `by_command`, the primary's
-time by part of the workers (SLOWLOG of every command: FCALL by function, the copies' reads, heartbeats, upkeep).
+so that a single worker's row is of the same schedule as the others'), waits until every copy is loaded, publishes M
+events (all at once: a backlog, the primary's ceiling; or at a steady rate) and times them until the group is idle.
+Measured on the primary from INFO, for the events only (the copies' loads come before): its CPU (used_cpu_sys +
+used_cpu_user) an event, FCALL's time an event, the replica's CPU an event, the changes validated an event; with
+`by_command`, the primary's time by part of the workers (SLOWLOG of every command: FCALL by function, the copies'
+reads, heartbeats, upkeep).
 Then fits primary CPU an event = fixed + per worker x workers to each source (least squares over the measured
 counts) and projects 8, 16 and 32 workers, with the primary's ceiling (one core: 1e6 / us an event).
 
