@@ -381,10 +381,9 @@ class Processor:
         A worker alone in its namespace (by the count of live workers its copy's refresh reads: `alone`) searches up
         to `snapshot_sends_alone` sends on one refresh, and writes each send of adds before it reads the previous
         one's reply: its search of the next send overlaps the primary's work on this one, and one refresh serves them
-        all. Each later send's claims name the position of
-        that refresh, so its window holds the earlier sends' changes too, which the atomic step validates like any
-        other (docs/contract.md, "Snapshot reads"). With peers, every send would also carry theirs of the longer
-        cycle: one send at a time."""
+        all. Each later send's claims name the position of that refresh, so its window holds the earlier sends'
+        changes too, which the atomic step validates like any other (docs/contract.md, "Snapshot reads"). With peers,
+        every window would also hold their changes of the longer cycle: one send at a time."""
         assert self.snapshot is not None
         replies: list[Any] = []
         start = 0
