@@ -105,6 +105,7 @@ def test_a_lone_worker_sends_ahead_and_one_with_peers_sends_one_at_a_time(
     publish(redis_client, events[:100])
     first.run(until_idle=True)
     assert first.snapshot is not None and first.snapshot.alone
+    assert first.snapshot.describe()["snapshot_alone"] is True  # (the summary line says so)
     assert counts == ({} if depth == 1 else {7: 1})  # 100 events: 7 sends, written ahead on one refresh
     peer = _worker(redis_client, "peer", read_path="primary")
     peer.heartbeat()
@@ -112,6 +113,7 @@ def test_a_lone_worker_sends_ahead_and_one_with_peers_sends_one_at_a_time(
     publish(redis_client, events[100:200])
     first.run(until_idle=True)
     assert not first.snapshot.alone and first.snapshot.follower.live_workers == 2
+    assert first.snapshot.describe()["snapshot_alone"] is False
     assert not counts  # a peer: one send at a time
     peer.presence.leave()  # a clean stop takes its name out
     counts.clear()

@@ -555,6 +555,7 @@ class SnapshotReader:
             "snapshot_load_seconds": round(self.follower.load_seconds, 2),
             "snapshot_reloads": self.reloads,
             "snapshot_fallbacks": self.fallbacks,
+            "snapshot_alone": self.alone,  # the only live worker: it writes its sends ahead (Processor._send_snapshot)
             **(
                 {"snapshot_source": self.source, "snapshot_replica_lost": self.replica_lost}
                 if self.replica is not None
