@@ -75,6 +75,13 @@ if os.environ.get("AB_PHASES"):  # where the main thread's time goes, phase by p
     timed(processing.Processor, "prepare", "prepare (main thread)")
     timed(processing.Processor, "_read", "read (main thread)")
     timed(processing.Processor, "read_and_process", "all")
+    if os.environ.get("AB_PHASES") == "2":  # the refresh's parts, and the sends' writes and reply waits
+        from worker import snapshot as snapshot_module, transport as transport_module
+        timed(readpath.ChangeFollower, "_read_log", "refresh: log read")
+        timed(snapshot_module.MemoryIndex, "apply", "refresh: apply")
+        timed(processing.Processor, "_snapshot_adds", "pack")
+        timed(processing.Processor, "_send_ahead", "sends ahead")
+        timed(transport_module.ConnectionTransport, "receive", "reply wait")
 if os.environ.get("AB_GC"):  # the cyclic collector's own time (wall, summed over its passes), as t_gc
     import gc
     gc_started = []

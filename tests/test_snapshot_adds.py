@@ -97,7 +97,7 @@ def test_the_written_call_is_the_packed_call_or_none(
     replied: int | None,
 ) -> None:
     """(IDs and (ID, distance) pairs listed again, by later adds and examples, and by the same send written a second
-    time, are written from `_BULK_IDS` and `_BULK_PAIRS`.)"""
+    time, are written from the pair cache, `_PAIRS`.)"""
     index = FingerprintIndex(redis.Redis(), "w", bands=bands, max_distance=max_distance)  # never connects
     expected = one_by_one(index, sent, extra, cap, budget, replied)
     for _ in range(2):

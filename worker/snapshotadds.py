@@ -30,41 +30,34 @@ class SnapshotAdd(NamedTuple):
 _BULK_DISTANCES = {d: bulk(str(d)) for d in range(65)}
 """A listed match's distance as an argument (`FingerprintIndex.snapshot_adds`)."""
 
-_BULK_IDS: dict[str, str] = {}
-"""A listed match's ID as an argument, kept once written: a near storm's claims list 116 matches each, nearly all of
-them listed by earlier claims too (96% in the storm of `bench --near-storm`), and writing each costs about what the
-rest of the add does. Emptied at _BULK_IDS_KEPT."""
 
-_BULK_IDS_KEPT = 16_384
+class _PairCache(dict[tuple[str, int], str]):
+    """(ID, distance) -> the pair's two arguments, written on a miss (`__missing__`) and kept: a whole listing is
+    then one join over look-ups made in C, with Python only for the pairs not seen before.
 
-_BULK_PAIRS: dict[tuple[str, int], str] = {}
-"""A listed (ID, distance) pair as its two arguments, kept once written: the whole listing is then one join over
-look-ups made in C (about 10 -> 4 us a storm event's 116 pairs, timeit). Emptied with _BULK_IDS, or at
-_BULK_PAIRS_KEPT."""
+    A near storm's claims list 116 matches each, nearly all of them listed by earlier claims too (96% of the IDs in
+    the storm of `bench --near-storm`), but most claims also list one pair or more not seen before. A cache that
+    fell back to writing the whole listing at its first miss wrote most listings pair by pair: a third of a storm
+    worker's Python time (benchmarks/journal/near-storms.md, section 12). Emptied at _PAIRS_KEPT."""
 
-_BULK_PAIRS_KEPT = 65_536
+    def __missing__(self, pair: tuple[str, int]) -> str:
+        incident_id, d = pair
+        written = f"${len(incident_id)}\r\n{incident_id}\r\n" + (_BULK_DISTANCES.get(d) or bulk(str(d)))
+        if type(incident_id) is str and type(d) is int:  # (what else a listing holds is written, not kept)
+            self[pair] = written
+        return written
 
 
-def _bulk_id(incident_id: str) -> str:
-    written = _BULK_IDS[incident_id] = f"${len(incident_id)}\r\n{incident_id}\r\n"
-    return written
+_PAIRS = _PairCache()
+_PAIRS_KEPT = 65_536
 
 
 def _listing(listed: Sequence[tuple[str, int]]) -> str:
-    """A claim's listed matches as their arguments (ID, distance, ...), written from the caches."""
-    pair_of = _BULK_PAIRS.__getitem__
+    """A claim's listed matches as their arguments (ID, distance, ...), written from the cache."""
     try:
-        return "".join(map(pair_of, listed))
-    except (KeyError, TypeError):  # (a pair not written yet; or a listing of lists, which are no keys)
-        pass
-    listed_id, distances = _BULK_IDS.get, _BULK_DISTANCES
-    parts = []
-    for m, d in listed:
-        part = (listed_id(m) or _bulk_id(m)) + (distances.get(d) or bulk(str(d)))
-        if type(m) is str and type(d) is int:
-            _BULK_PAIRS[m, d] = part
-        parts.append(part)
-    return "".join(parts)
+        return "".join(map(_PAIRS.__getitem__, listed))
+    except TypeError:  # (a listing of lists, which are no keys: each pair written)
+        return "".join(_PairCache.__missing__(_PAIRS, (m, d)) for m, d in listed)
 
 
 def pack_adds(
@@ -112,9 +105,8 @@ def pack_adds(
     ]
     if len(sliced) < layout.bands:
         sliced = []
-    if len(_BULK_IDS) > _BULK_IDS_KEPT or len(_BULK_PAIRS) > _BULK_PAIRS_KEPT:
-        _BULK_IDS.clear()
-        _BULK_PAIRS.clear()
+    if len(_PAIRS) > _PAIRS_KEPT:
+        _PAIRS.clear()
     key_parts: list[str] = []
     counts: list[str] = []
     arg_parts: list[str] = []
