@@ -302,7 +302,7 @@ def test_near_storm_benchmark_measures_only_the_read_paths_asked() -> None:
     refused = subprocess.run(
         [*command, "--read-paths", "replica"], env=clean_env(), capture_output=True, text=True, timeout=60
     )
-    assert refused.returncode == 2 and "give primary, snapshot or both" in refused.stderr
+    assert refused.returncode == 2 and "give one or more of primary, snapshot, auto" in refused.stderr
 
 
 @pytest.mark.slow

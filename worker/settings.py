@@ -232,11 +232,19 @@ class Settings(BaseSettings):
         description=(
             "Where the search for matches runs: primary (inside the atomic step on the primary) or snapshot (on "
             "the worker's own copy of the index, validated by the atomic step); auto: the copy once the index "
-            "holds snapshot_min_incidents."
+            "holds snapshot_min_incidents, or once a storm is met on the primary (snapshot_storm_candidates)."
         ),
     )
     snapshot_min_incidents: int = Field(
         100_000, ge=0, description="Index size from which read_path=auto searches the worker's own copy."
+    )
+    snapshot_storm_candidates: int = Field(
+        500,
+        ge=0,
+        description="With read_path=auto, a batch on the primary whose indexed events verified this many candidates "
+        "each on average, or any event cut at max_candidates (a near-duplicate storm, or bags crafted to share band "
+        "values), has the worker search its own copy from then on, whatever the index's size: the storm's cost then "
+        "falls on the worker, not on the primary's one thread. 0: only snapshot_min_incidents decides.",
     )
     snapshot_max_candidates: int = Field(
         DEFAULT_SNAPSHOT_MAX_CANDIDATES,

@@ -41,8 +41,8 @@ def _layouts(value: str) -> list[str]:
 
 def _read_paths(value: str) -> list[str]:
     names = [name for name in value.split(",") if name]
-    if not names or set(names) - {"primary", "snapshot"}:
-        raise argparse.ArgumentTypeError(f"{value!r}: give primary, snapshot or both, comma-separated")
+    if not names or set(names) - {"primary", "snapshot", "auto"}:
+        raise argparse.ArgumentTypeError(f"{value!r}: give one or more of primary, snapshot, auto, comma-separated")
     return names
 
 
@@ -223,7 +223,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=_read_paths,
         default="primary,snapshot",
         metavar="PATHS",
-        help="with --near-storm: the read paths measured, comma-separated, of primary and snapshot (default both)",
+        help="with --near-storm: the read paths measured, comma-separated, of primary, snapshot and auto (the "
+        "default setting: the primary until a storm or SNAPSHOT_MIN_INCIDENTS moves the search to the copy; default "
+        "primary,snapshot)",
     )
     parser.add_argument(
         "--verify",

@@ -1,9 +1,10 @@
 """The near-duplicate storm benchmark behind `incident-worker bench --near-storm N`
 (docs/contract.md, "The per-event budget").
 
-Three backlogs of N events each, on both read paths (or those `--read-paths` names), each into an empty index on the
-same real Redis, with one worker process (the code of `incident-worker run`, default settings, so the default
-per-event budget):
+Three backlogs of N events each, on both read paths (or those `--read-paths` names; `auto` is the default setting,
+which searches on the primary until a storm, or SNAPSHOT_MIN_INCIDENTS, moves the search to the worker's copy), each
+into an empty index on the same real Redis, with one worker process (the code of `incident-worker run`, default
+settings, so the default per-event budget):
 
 * distinct: N distinct incidents of the synthetic workload;
 * near storm: one incident reworded N times: the same 16 tokens plus one of its own each (a request ID), so that
@@ -235,7 +236,7 @@ def near_storm_markdown(results: dict[str, Any]) -> str:
     labels = {"distinct": "distinct", "near_storm": "near storm (one token each)", "flood": "crafted flood"}
     if results.get("flood_preload"):
         labels["flood_preloaded"] = f"crafted flood after {results['flood_preload']:,} pre-loaded"
-    read_paths = [path for path in ("primary", "snapshot") if path in results]
+    read_paths = [path for path in ("primary", "snapshot", "auto") if path in results]
     for read_path in read_paths:
         rows = results[read_path]
         for name, label in labels.items():

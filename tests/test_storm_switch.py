@@ -1,0 +1,114 @@
+"""READ_PATH=auto and a storm met on the primary: a batch whose searches verified SNAPSHOT_STORM_CANDIDATES an event
+on average, or cut one at the budget, has the worker search its own copy from then on, whatever the index's size;
+the answers stay exact (every pair within r reported once, against a linear scan), and nothing else switches."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from tests.streams import FP, alerts, assert_pairs_reported_once, fingerprints, pending_count, publish
+from worker.devtools.near_storm import near_storm_bags
+from worker.devtools.workload import Workload
+from worker.settings import Settings
+from worker.stream import StreamWorker
+
+pytestmark = pytest.mark.usefixtures("no_worker_env")
+
+
+@pytest.fixture
+def fake_decodes() -> bool:
+    return False  # the worker refuses a client that decodes replies
+
+
+class _Log:
+    """The worker's log, its warnings and info lines kept too."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.warnings: list[tuple[str, dict[str, Any]]] = []
+        self.infos: list[tuple[str, dict[str, Any]]] = []
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self.warnings.append((event, fields))
+        self.inner.warning(event, **fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        self.infos.append((event, fields))
+        self.inner.info(event, **fields)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _worker(client: redis.Redis, **overrides: Any) -> tuple[StreamWorker, _Log]:
+    values: dict[str, Any] = {
+        "consumer": "w1",
+        "block_ms": 50,
+        "batch_size": 32,
+        "summary_interval_s": 60,
+        "max_matches": 0,  # every match listed: the pairs are checked whole
+        "read_path": "auto",
+        "snapshot_storm_candidates": 40,
+    }
+    values.update(overrides)
+    worker = StreamWorker(client, Settings(**values))
+    log = _Log(worker.processor.log)
+    worker.processor.log = log
+    return worker, log
+
+
+def _storm(count: int) -> list[dict[str, Any]]:
+    return [{"incident_id": f"near-{n:04d}", "features": bag} for n, bag in enumerate(near_storm_bags(count))]
+
+
+def test_a_near_storm_on_the_primary_moves_the_search_to_the_workers_copy(redis_client: redis.Redis) -> None:
+    events = _storm(300)  # (at most about 180 matches an event: every one fits in the alert's 8 KB)
+    publish(redis_client, events)
+    worker, log = _worker(redis_client)
+    worker.setup()
+    assert worker.processor.snapshot is None  # 0 incidents: far below SNAPSHOT_MIN_INCIDENTS
+    worker.run(until_idle=True)
+    assert worker.processor.storm_seen and worker.processor.snapshot is not None
+    [(event, fields)] = [w for w in log.warnings if w[0].startswith("storm on the primary")]
+    assert fields["candidates_per_event"] >= 40 and not fields["cut_at_the_budget"]
+    # the first batches were indexed on the primary, the rest through the copy: every pair exactly once all the same
+    [(_, loaded)] = [i for i in log.infos if i[0] == "snapshot loaded"]
+    assert 32 <= loaded["incidents"] <= 128
+    assert_pairs_reported_once(fingerprints(events), alerts(redis_client))
+    assert redis_client.hlen(FP) == 300
+    assert pending_count(redis_client) == 0
+
+
+def test_an_event_cut_at_the_budget_is_a_storm_whatever_the_mean(redis_client: redis.Redis) -> None:
+    publish(redis_client, _storm(200))
+    worker, log = _worker(redis_client, max_candidates=20, snapshot_storm_candidates=10**6)
+    worker.run(until_idle=True)
+    assert worker.processor.snapshot is not None
+    [(_, fields)] = [w for w in log.warnings if w[0].startswith("storm on the primary")]
+    assert fields["cut_at_the_budget"] and fields["candidates_per_event"] < 10**6
+    assert redis_client.hlen(FP) == 200 and pending_count(redis_client) == 0
+
+
+@pytest.mark.parametrize(
+    "events, overrides",
+    [
+        ("distinct", {}),  # the synthetic workload: a few candidates an event
+        ("storm", {"snapshot_storm_candidates": 0}),  # switched off
+        ("storm", {"read_path": "primary"}),  # a worker told to search on the primary does
+    ],
+)
+def test_nothing_else_moves_the_search(redis_client: redis.Redis, events: str, overrides: dict[str, Any]) -> None:
+    items = (
+        _storm(200)
+        if events == "storm"
+        else [{"incident_id": i, "features": bag} for i, bag in Workload(seed=3).take(200)]
+    )
+    publish(redis_client, items)
+    worker, log = _worker(redis_client, **overrides)
+    worker.run(until_idle=True)
+    assert worker.processor.snapshot is None and not worker.processor.storm_seen
+    assert not [w for w in log.warnings if w[0].startswith("storm on the primary")]
+    assert_pairs_reported_once(fingerprints(items), alerts(redis_client))
