@@ -71,8 +71,8 @@ def test_a_near_storm_on_the_primary_moves_the_search_to_the_workers_copy(redis_
     worker.setup()
     assert worker.processor.snapshot is None  # 0 incidents: far below SNAPSHOT_MIN_INCIDENTS
     worker.run(until_idle=True)
-    assert worker.processor.storm_seen and worker.processor.snapshot is not None
-    [(event, fields)] = [w for w in log.warnings if w[0].startswith("storm on the primary")]
+    assert worker.processor.storm.seen and worker.processor.snapshot is not None
+    [(_, fields)] = [w for w in log.warnings if w[0].startswith("storm on the primary")]
     assert fields["candidates_per_event"] >= 40 and not fields["cut_at_the_budget"]
     # the first batches were indexed on the primary, the rest through the copy: every pair exactly once all the same
     [(_, loaded)] = [i for i in log.infos if i[0] == "snapshot loaded"]
@@ -109,6 +109,6 @@ def test_nothing_else_moves_the_search(redis_client: redis.Redis, events: str, o
     publish(redis_client, items)
     worker, log = _worker(redis_client, **overrides)
     worker.run(until_idle=True)
-    assert worker.processor.snapshot is None and not worker.processor.storm_seen
+    assert worker.processor.snapshot is None and not worker.processor.storm.seen
     assert not [w for w in log.warnings if w[0].startswith("storm on the primary")]
     assert_pairs_reported_once(fingerprints(items), alerts(redis_client))

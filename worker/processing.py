@@ -57,6 +57,7 @@ from .outcomes import CLOSEST_LOGGED, DEAD, FAILED, NOT_PENDING, Outcomes
 from .readpath import SNAPSHOT_SEND, SnapshotLostError, SnapshotReader
 from .replies import text
 from .settings import ALERT_EVENT_FIELD_CHARS, Settings
+from .stormwatch import StormWatch
 from .text import TOKENIZER_VERSION
 from .transport import Command, Packed
 from .upkeep import Upkeep
@@ -155,9 +156,8 @@ class Processor:
         self._reader = _reader()
         self._tokenizer = str(TOKENIZER_VERSION)
         self._snapshot_off_until = 0.0
-        # the primary's searches of this worker's current batch, and whether they met a storm (choose_read_path)
-        self._batch_candidates, self._batch_indexed, self._batch_cut = 0, 0, False
-        self.storm_seen = False
+        # whether the primary's searches met a storm (read_path=auto: choose_read_path)
+        self.storm = StormWatch(settings.snapshot_storm_candidates if settings.read_path == "auto" else 0)
         self.replica = replica  # where the snapshot path reads its copy, when not the primary (readpath.py)
         self._layout_seen: tuple[str, str] | None = None
         self._inbox_due = True  # move the inbox before the next read
@@ -171,7 +171,7 @@ class Processor:
 
     def choose_read_path(self) -> None:
         """Search a copy of the index in this worker once the settings (or, with auto, the index's size, or a storm
-        met on the primary: `_note_storm`) ask for it.
+        met on the primary: `StormWatch`) ask for it.
 
         Auto never switches back: a copy that is loaded stays correct however small the index gets.
         """
@@ -179,7 +179,7 @@ class Processor:
             return
         if time.monotonic() < self._snapshot_off_until:
             return
-        if self.settings.read_path == "auto" and not self.storm_seen:
+        if self.settings.read_path == "auto" and not self.storm.seen:
             try:
                 size = len(self.index)
             except ResponseError:  # a damaged fingerprint hash: the primary path reports it entry by entry
@@ -217,7 +217,7 @@ class Processor:
         pending.
         """
         self._inbox_due = True
-        if self.storm_seen and self.snapshot is None:
+        if self.storm.seen and self.snapshot is None:
             self.choose_read_path()
         entries = self._read()
         if not entries:
@@ -230,7 +230,7 @@ class Processor:
             while items:
                 ahead = None
                 # (a storm met on the primary ends the round: the next one searches the copy, choose_read_path)
-                if not self._stop.is_set() and time.monotonic() < until and (self.snapshot or not self.storm_seen):
+                if not self._stop.is_set() and time.monotonic() < until and (self.snapshot or not self.storm.seen):
                     ahead = self._reader.submit(self._read_ahead)
                 # a snapshot is validated from the moment it is sent: no batch goes out with a copy one batch behind
                 if self.snapshot is None and all(item.event is None or item.event.op == "add" for item in items):
@@ -639,36 +639,8 @@ class Processor:
                 self._record_dead_letter(item, reply)
             return
         self.outcomes.record(result.status, item.entry_id, event=event, result=result)
-        if self.snapshot is None and result.status == "indexed":
-            self._batch_candidates += result.candidates
-            self._batch_indexed += 1
-            self._batch_cut = self._batch_cut or result.incomplete
-
-    def _note_storm(self) -> None:
-        """With read_path=auto, a batch on the primary whose indexed events verified `snapshot_storm_candidates`
-        each on average, or one of them cut at the budget, is a storm (near-duplicate, or bags crafted to share band
-        values): its cost would fall on the primary's one thread, so the worker searches its own copy from its next
-        read on (`choose_read_path`), whatever the index's size. Decided by each worker for itself."""
-        indexed, candidates, cut = self._batch_indexed, self._batch_candidates, self._batch_cut
-        self._batch_candidates, self._batch_indexed, self._batch_cut = 0, 0, False
-        threshold = self.settings.snapshot_storm_candidates
-        if (
-            self.storm_seen
-            or not indexed
-            or not threshold
-            or self.settings.read_path != "auto"
-            or self.snapshot is not None
-            or not (cut or candidates >= threshold * indexed)
-        ):
-            return
-        self.storm_seen = True
-        self.log.warning(
-            "storm on the primary: searching this worker's copy of the index from now on",
-            candidates_per_event=round(candidates / indexed, 1),
-            cut_at_the_budget=cut,
-            events=indexed,
-            hint="SNAPSHOT_STORM_CANDIDATES sets how many candidates an event make a storm (0: never switch for one)",
-        )
+        if self.snapshot is None:
+            self.storm.note(result)
 
     def _retry_stale(self, item: _Item) -> None:
         """An upsert or delete raced with another consumer changing the same incident: read again, apply again."""
@@ -792,9 +764,16 @@ class Processor:
         self.outcomes.record(DEAD, item.entry_id, dead=item.dead, dead_entry=text(reply), incident_id=incident_id)
 
     def _record_batch(self, started: float) -> None:
-        """A batch is settled: count it, and see whether its searches on the primary met a storm."""
+        """A batch is settled: count it, and see whether its searches on the primary met a storm (`StormWatch`:
+        the worker then searches its own copy from its next read on, `choose_read_path`)."""
         self.outcomes.batch_done(time.perf_counter() - started)
-        self._note_storm()
+        storm = self.storm.batch_done() if self.snapshot is None else None
+        if storm is not None:
+            self.log.warning(
+                "storm on the primary: searching this worker's copy of the index from now on",
+                **storm,
+                hint="SNAPSHOT_STORM_CANDIDATES sets the candidates an event that make a storm (0: none does)",
+            )
 
 
 def _entry_of(entry_id: Any, fields: Mapping[Any, Any] | None) -> Entry:

@@ -1,0 +1,39 @@
+"""Whether a worker's searches on the primary met a storm (`READ_PATH=auto`, `SNAPSHOT_STORM_CANDIDATES`: see
+docs/contract.md, "Snapshot reads"): a batch whose indexed events verified that many candidates each on average, or
+had one cut at the per-event budget. A near-duplicate storm, or bags crafted to share band values, would cost the
+primary's one thread milliseconds an event; on the worker's own copy the primary only validates them. `Processor`
+notes each indexed event's search here and, when a batch ends, moves its search to the copy once this says so."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .library import ApplyResult
+
+__all__ = ["StormWatch"]
+
+
+class StormWatch:
+    """The searches of a worker's current batch on the primary, and whether one batch of them was a storm."""
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        """Candidates an indexed event, on average over a batch, that make a storm (0: none does, nor a cut)."""
+        self.seen = False
+        self._candidates, self._indexed, self._cut = 0, 0, False
+
+    def note(self, result: ApplyResult) -> None:
+        """One call's result on the primary (only `indexed` ones searched)."""
+        if result.status == "indexed":
+            self._candidates += result.candidates
+            self._indexed += 1
+            self._cut = self._cut or result.incomplete
+
+    def batch_done(self) -> dict[str, Any] | None:
+        """The batch is settled: its figures when it made this the first storm (for the log line), else None."""
+        indexed, candidates, cut = self._indexed, self._candidates, self._cut
+        self._candidates, self._indexed, self._cut = 0, 0, False
+        if self.seen or not indexed or not self.threshold or not (cut or candidates >= self.threshold * indexed):
+            return None
+        self.seen = True
+        return {"candidates_per_event": round(candidates / indexed, 1), "cut_at_the_budget": cut, "events": indexed}
