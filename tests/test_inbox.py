@@ -341,10 +341,10 @@ def test_a_worker_that_found_the_inbox_empty_looks_again_only_after_a_quiet_whil
 ) -> None:
     """Under a steady load of XADDed events a worker reads a round every few milliseconds; looking at an empty inbox
     each round was one more call on the primary a round for every worker. An inbox found empty is looked at again
-    _INBOX_QUIET_S later, and what arrived meanwhile is moved then, once."""
-    from worker import processing
+    _QUIET_S later, and what arrived meanwhile is moved then, once."""
+    from worker import inbox
 
-    monkeypatch.setattr(processing, "_INBOX_QUIET_S", 3600.0)  # every round below falls within one
+    monkeypatch.setattr(inbox, "_QUIET_S", 3600.0)  # every round below falls within one
     worker = StreamWorker(real_redis, fast_settings())
     worker.setup()
     append(real_redis, {"incident_id": "a0", "features": {"dock": 3}}, "stream")
@@ -356,6 +356,6 @@ def test_a_worker_that_found_the_inbox_empty_looks_again_only_after_a_quiet_whil
     assert "cmdstat_llen" not in real_redis.info("commandstats")  # no look at the inbox
     append(real_redis, {"incident_id": "b", "features": {"dock": 3}}, "submit")
     assert worker.read_and_process() == 0 and real_redis.llen(INBOX) == 1  # waits out the quiet while
-    worker.processor._inbox_quiet_until = 0.0  # as _INBOX_QUIET_S later
+    worker.processor.inbox._quiet_until = 0.0  # as _QUIET_S later
     assert worker.read_and_process() == 1 and real_redis.llen(INBOX) == 0
     assert real_redis.hlen(FP) == 11 and len(alerts(real_redis)) == 10

@@ -13,19 +13,27 @@ writes.
   `submit_command` is its FCALL, to pipeline.
 * `intake(client, inbox, target, settings, consumer)`: move up to a batch into the events stream; `Intake` says what
   it did.
+* `InboxMover`: a worker's moves of the inbox, at the start of each read round (`Processor`), and when it leaves the
+  inbox alone (refused, of another type, found empty a moment ago).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+import redis as redis_lib
+from redis.exceptions import OutOfMemoryError, ResponseError
+
 from .connection import RedisClient
+from .keys import IndexKeys
+from .keytypes import diagnose, is_wrong_type, wrong_types
 from .library import FN_INTAKE, FN_SUBMIT, StreamTarget
 from .replies import as_bytes
 from .settings import Settings
 
-__all__ = ["Intake", "encode", "intake", "submit", "submit_command"]
+__all__ = ["InboxMover", "Intake", "encode", "intake", "refused", "submit", "submit_command"]
 
 
 def _pairs(fields: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> list[bytes]:
@@ -87,3 +95,84 @@ def intake(client: RedisClient, inbox: str, target: StreamTarget, settings: Sett
         consumer,
     )
     return Intake(*(int(value) for value in reply))
+
+
+def refused(error: ResponseError) -> bool:
+    """Whether an error reply is an ACL refusal (of the command itself, or of one a function sent)."""
+    message = str(error)
+    return isinstance(error, redis_lib.exceptions.NoPermissionError) or "can't run this command" in message
+
+
+_OFF_S = 60.0
+"""How long a worker leaves the inbox alone after it could not move it (its user lacks LPOP, the inbox holds
+another type, or a stream refused an entry): the error is logged once a period, and the stream's own entries are
+read on meanwhile."""
+
+
+_QUIET_S = 0.02
+"""How long a worker leaves an inbox it found empty before it looks again. Under a steady load every worker reads a
+round every few milliseconds, and a look is one more call on the primary each: that many calls a second for every
+worker of the fleet, for an inbox that may never be used (producers that XADD). An event put in the inbox meanwhile
+waits that much longer; an idle worker polls less often than this anyway (up to block_ms)."""
+
+
+class InboxMover:
+    """A worker's moves of the inbox into the events stream (`move`, at the start of each read round), and when it
+    leaves the inbox alone: after a refusal or a key of another type (`paused`, _OFF_S), or an empty look (_QUIET_S)."""
+
+    def __init__(
+        self, redis: RedisClient, keys: IndexKeys, target: StreamTarget, settings: Settings, outcomes: Any, log: Any
+    ) -> None:
+        self.redis, self.keys, self.target, self.settings = redis, keys, target, settings
+        self.outcomes, self.log = outcomes, log
+        self._off_until = 0.0  # the inbox cannot be moved (grant, type): tried again _OFF_S later
+        self._quiet_until = 0.0  # the inbox was found empty: looked at again _QUIET_S later
+
+    @property
+    def paused(self) -> bool:
+        """Whether the inbox is left alone for now, after it could not be moved."""
+        return time.monotonic() < self._off_until
+
+    def move(self) -> bool:
+        """Move what producers appended to the inbox into the events stream; returns whether the inbox holds more.
+
+        At maxmemory the call is refused whole (the inbox keeps its entries) and the stream is read on; a user that
+        may not move the inbox (made from an older users.acl) is told what to grant, once a minute, and a stream that
+        refused an entry (NOTMOVED: the entry is back at the inbox's head) is named once a minute too."""
+        if self.paused or time.monotonic() < self._quiet_until:
+            return False
+        inbox = self.keys.inbox
+        try:
+            done = intake(self.redis, inbox, self.target, self.settings, self.settings.consumer)
+        except OutOfMemoryError:
+            return False
+        except ResponseError as error:
+            if is_wrong_type(error) and wrong_types(self.redis, {inbox: "list"}):
+                # the inbox holds another type (by hand): the stream's own entries go on, the inbox waits for repair
+                self._off_until = time.monotonic() + _OFF_S
+                self.log.error("inbox not moved", error=str(diagnose(self.redis, self.keys, only=[inbox])))
+                return False
+            if str(error).startswith("NOTMOVED"):
+                # a stream refused an entry's XADD (its last ID the largest, XADDed by hand): the entry went back to
+                # the inbox's head, the stream's own entries go on
+                self._off_until = time.monotonic() + _OFF_S
+                self.log.error(
+                    "inbox not moved",
+                    error=str(error),
+                    hint="a stream whose last ID is the largest takes no XADD *: delete that entry and set the "
+                    "stream's ID back (XDEL, XSETID; then XGROUP SETID, as `check` says)",
+                )
+                return False
+            if not refused(error):
+                raise
+            self._off_until = time.monotonic() + _OFF_S
+            self.log.error(
+                "inbox not moved: the worker's user may not",
+                error=str(error),
+                hint=f"grant +lpop +llen +lpush on {inbox} (deploy/redis/users.acl); events XADDed to the stream go on",
+            )
+            return False
+        self.outcomes.record_intake(inbox, {"too_large": done.too_large, "bad_inbox_entry": done.bad})
+        if done.left == 0 and done.moved + done.too_large + done.bad == 0:
+            self._quiet_until = time.monotonic() + _QUIET_S
+        return done.left > 0 and done.moved + done.too_large + done.bad > 0

@@ -4,8 +4,8 @@
 
 * read: the group's next entries, through the `read_new` function (worker/entries.py: each entry sized on the
   server, a huge one sent only as a summary), after moving what producers appended to the inbox into the stream
-  (worker/inbox.py: at the start of each round, but not within _INBOX_QUIET_S of finding it empty, and before each
-  read while the inbox has more); pending and
+  (worker/inbox.py's `InboxMover`: at the start of each round, but not within a moment of finding it empty, and
+  before each read while the inbox has more); pending and
   claimed entries come in through `process` instead (worker/recovery.py);
 * prepare: validate and fingerprint each entry into an item, or mark it for a dead letter (too large, deleted,
   poison, invalid);
@@ -40,9 +40,9 @@ from .connection import RedisClient
 from .entries import Entry, parse_entries
 from .errors import DamagedMetaError, DuplicateIncidentError
 from .formats import DeadLetter, IncidentEvent, decode_fields, event_error
-from .inbox import intake
+from .inbox import InboxMover
 from .index import FingerprintIndex, SnapshotAdd, retry_while_stale
-from .keytypes import diagnose, incident_keys, is_wrong_type, search_keys, wrong_types
+from .keytypes import diagnose, incident_keys, is_wrong_type, search_keys
 from .library import (
     FN_APPLY,
     FN_READ_NEW,
@@ -72,12 +72,6 @@ _RESENDS = 3
 """Times a call refused for a lost state or a layout change is built again and resent before it counts as failed."""
 
 
-def _refused(error: ResponseError) -> bool:
-    """Whether an error reply is an ACL refusal (of the command itself, or of one a function sent)."""
-    message = str(error)
-    return isinstance(error, redis_lib.exceptions.NoPermissionError) or "can't run this command" in message
-
-
 def waits_out(error: BaseException) -> bool:
     """Whether an error reply means "not now" rather than "this call failed" (see _WAIT_OUT_CODES)."""
     if isinstance(error, ReadOnlyError | TryAgainError | ClusterDownError | redis_lib.BusyLoadingError):
@@ -93,19 +87,6 @@ def read_sizes(settings: Settings) -> list[int]:
 _SNAPSHOT_OFF_S = 60.0
 """How long the snapshot read path stays off after its copy could not be used: a damaged `{N}:meta` floor, or three
 loads in a row that lost their position to a trim."""
-
-
-_INBOX_OFF_S = 60.0
-"""How long a worker leaves the inbox alone after it could not move it (its user lacks LPOP, the inbox holds
-another type, or a stream refused an entry): the error is logged once a period, and the stream's own entries are
-read on meanwhile."""
-
-
-_INBOX_QUIET_S = 0.02
-"""How long a worker leaves an inbox it found empty before it looks again. Under a steady load every worker reads a
-round every few milliseconds, and a look is one more call on the primary each: that many calls a second for every
-worker of the fleet, for an inbox that may never be used (producers that XADD). An event put in the inbox meanwhile
-waits that much longer; an idle worker polls less often than this anyway (up to block_ms)."""
 
 
 @dataclass(slots=True)
@@ -161,8 +142,7 @@ class Processor:
         self.replica = replica  # where the snapshot path reads its copy, when not the primary (readpath.py)
         self._layout_seen: tuple[str, str] | None = None
         self._inbox_due = True  # move the inbox before the next read
-        self._inbox_off_until = 0.0  # the inbox cannot be moved (grant, type): tried again _INBOX_OFF_S later
-        self._inbox_quiet_until = 0.0  # the inbox was found empty: looked at again _INBOX_QUIET_S later
+        self.inbox = InboxMover(redis, index.keys, target, settings, outcomes, log)
 
     def close(self) -> None:
         """Wait for a read ahead in flight; the processor can run again afterwards (tests run a worker twice)."""
@@ -262,7 +242,7 @@ class Processor:
         """Deliver and read the group's next entries: at most batch_size of them, and about max_batch_bytes."""
         group, consumer = self.target.group, self.settings.consumer
         if self._inbox_due:
-            self._inbox_due = self._intake()
+            self._inbox_due = self.inbox.move()
         reply = self.redis.fcall(
             FN_READ_NEW,
             1,
@@ -276,52 +256,8 @@ class Processor:
 
     @property
     def inbox_paused(self) -> bool:
-        """Whether the inbox is left alone for now, after it could not be moved (see `_intake`)."""
-        return time.monotonic() < self._inbox_off_until
-
-    def _intake(self) -> bool:
-        """Move what producers appended to the inbox into the events stream; returns whether the inbox holds more.
-
-        At maxmemory the call is refused whole (the inbox keeps its entries) and the stream is read on; a user that
-        may not move the inbox (made from an older users.acl) is told what to grant, once a minute, and a stream that
-        refused an entry (NOTMOVED: the entry is back at the inbox's head) is named once a minute too."""
-        if self.inbox_paused or time.monotonic() < self._inbox_quiet_until:
-            return False
-        inbox = self.index.keys.inbox
-        try:
-            done = intake(self.redis, inbox, self.target, self.settings, self.settings.consumer)
-        except OutOfMemoryError:
-            return False
-        except ResponseError as error:
-            if is_wrong_type(error) and wrong_types(self.redis, {inbox: "list"}):
-                # the inbox holds another type (by hand): the stream's own entries go on, the inbox waits for repair
-                self._inbox_off_until = time.monotonic() + _INBOX_OFF_S
-                self.log.error("inbox not moved", error=str(diagnose(self.redis, self.index.keys, only=[inbox])))
-                return False
-            if str(error).startswith("NOTMOVED"):
-                # a stream refused an entry's XADD (its last ID the largest, XADDed by hand): the entry went back to
-                # the inbox's head, the stream's own entries go on
-                self._inbox_off_until = time.monotonic() + _INBOX_OFF_S
-                self.log.error(
-                    "inbox not moved",
-                    error=str(error),
-                    hint="a stream whose last ID is the largest takes no XADD *: delete that entry and set the "
-                    "stream's ID back (XDEL, XSETID; then XGROUP SETID, as `check` says)",
-                )
-                return False
-            if not _refused(error):
-                raise
-            self._inbox_off_until = time.monotonic() + _INBOX_OFF_S
-            self.log.error(
-                "inbox not moved: the worker's user may not",
-                error=str(error),
-                hint=f"grant +lpop +llen +lpush on {inbox} (deploy/redis/users.acl); events XADDed to the stream go on",
-            )
-            return False
-        self.outcomes.record_intake(inbox, {"too_large": done.too_large, "bad_inbox_entry": done.bad})
-        if done.left == 0 and done.moved + done.too_large + done.bad == 0:
-            self._inbox_quiet_until = time.monotonic() + _INBOX_QUIET_S
-        return done.left > 0 and done.moved + done.too_large + done.bad > 0
+        """Whether the inbox is left alone for now, after it could not be moved (`InboxMover`)."""
+        return self.inbox.paused
 
     def _read_ahead(self) -> list[_Item]:
         entries = self._read()
