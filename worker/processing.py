@@ -254,11 +254,6 @@ class Processor:
         )
         return parse_entries(reply)[1]
 
-    @property
-    def inbox_paused(self) -> bool:
-        """Whether the inbox is left alone for now, after it could not be moved (`InboxMover`)."""
-        return self.inbox.paused
-
     def _read_ahead(self) -> list[_Item]:
         entries = self._read()
         return self.prepare(entries) if entries else []

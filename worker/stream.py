@@ -255,7 +255,7 @@ class StreamWorker:
     def _inbox_waiting(self) -> bool:
         """Whether producers' events wait in the inbox (worker/inbox.py). An inbox this worker cannot move for now
         (its user lacks LPOP, or it holds another type: the read round logged which) or may not look at says no."""
-        if self.processor.inbox_paused:
+        if self.processor.inbox.paused:
             return False
         try:
             return bool(self.redis.llen(self.index.keys.inbox))
