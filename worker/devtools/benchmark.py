@@ -233,31 +233,19 @@ def _backlog_done(client: redis.Redis, events: str, group: str) -> bool:
 
 
 def _publish(client: redis.Redis, stream: str, events: list[dict[str, str]]) -> None:
-    for start in range(0, len(events), 2000):
-        pipe = client.pipeline(transaction=False)
-        for fields in events[start : start + 2000]:
-            pipe.xadd(stream, fields)  # type: ignore[arg-type]
-        pipe.execute()
-
-
-_PUBLISH_CHUNK = 2000
+    """XADD `events` to `stream`, written and sent at once (a throughput measure writes them before its clock)."""
+    _send_xadds(client, _packed_xadds(client, stream, events))
 
 
 def _packed_xadds(client: redis.Redis, stream: str, events: list[dict[str, str]]) -> list[tuple[list[bytes], int]]:
-    """The XADDs of `events` written for the wire, in chunks of _PUBLISH_CHUNK (and each chunk's count): the
-    producer's work, done before a throughput measurement's clock starts (`_send_xadds` sends them in it). On this
-    2-core machine the benchmark's own redis-py pipeline took about 25 us of CPU an event from the workers measured."""
+    """The XADDs of `events` written for the wire, 2,000 a chunk (with each chunk's count): the producer's work, which
+    a throughput measurement does before its clock starts (`_send_xadds` sends them in it). On this 2-core machine
+    the benchmark's own redis-py pipeline took about 25 us of CPU an event from the workers."""
     connection = client.connection_pool.get_connection()
+    chunks = [events[k : k + 2000] for k in range(0, len(events), 2000)]
     try:
-        return [
-            (
-                connection.pack_commands(
-                    [("XADD", stream, "*", *(part for pair in fields.items() for part in pair)) for fields in chunk]
-                ),
-                len(chunk),
-            )
-            for chunk in (events[k : k + _PUBLISH_CHUNK] for k in range(0, len(events), _PUBLISH_CHUNK))
-        ]
+        pack = connection.pack_commands
+        return [(pack([("XADD", stream, "*", *(p for f in e.items() for p in f)) for e in c]), len(c)) for c in chunks]
     finally:
         client.connection_pool.release(connection)
 
