@@ -33,7 +33,7 @@ from .library import FN_INTAKE, FN_SUBMIT, StreamTarget
 from .replies import as_bytes
 from .settings import Settings
 
-__all__ = ["InboxMover", "Intake", "encode", "intake", "refused", "submit", "submit_command"]
+__all__ = ["InboxMover", "Intake", "encode", "intake", "submit", "submit_command"]
 
 
 def _pairs(fields: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> list[bytes]:
@@ -97,7 +97,7 @@ def intake(client: RedisClient, inbox: str, target: StreamTarget, settings: Sett
     return Intake(*(int(value) for value in reply))
 
 
-def refused(error: ResponseError) -> bool:
+def _refused(error: ResponseError) -> bool:
     """Whether an error reply is an ACL refusal (of the command itself, or of one a function sent)."""
     message = str(error)
     return isinstance(error, redis_lib.exceptions.NoPermissionError) or "can't run this command" in message
@@ -163,7 +163,7 @@ class InboxMover:
                     "stream's ID back (XDEL, XSETID; then XGROUP SETID, as `check` says)",
                 )
                 return False
-            if not refused(error):
+            if not _refused(error):
                 raise
             self._off_until = time.monotonic() + _OFF_S
             self.log.error(
