@@ -57,6 +57,7 @@ __all__ = [
     "building_damaged",
     "changes_floor",
     "floor_ahead",
+    "is_entry_id",
     "is_layout_tag",
     "layout_tag",
     "parse_layout_tag",
@@ -64,6 +65,11 @@ __all__ = [
 
 _ENTRY_ID = re.compile(r"\d{1,20}-\d{1,20}")
 _LAYOUT_TAG = re.compile(r"[^/]+/bands=\d+/max_distance=\d+/format=\d+(/generation=\d+)?")
+
+
+def is_entry_id(value: str) -> bool:
+    """Whether `value` is a stream entry ID as Redis writes one (`<ms>-<seq>`)."""
+    return _ENTRY_ID.fullmatch(value) is not None
 
 
 def is_layout_tag(value: str) -> bool:

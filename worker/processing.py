@@ -54,12 +54,12 @@ from .library import (
     parse_apply,
 )
 from .outcomes import CLOSEST_LOGGED, DEAD, FAILED, NOT_PENDING, Outcomes
-from .readpath import SNAPSHOT_SEND, SnapshotLostError, SnapshotReader
+from .readpath import SNAPSHOT_SEND, LogRead, SnapshotLostError, SnapshotReader
 from .replies import text
 from .settings import ALERT_EVENT_FIELD_CHARS, Settings
 from .stormwatch import StormWatch
 from .text import TOKENIZER_VERSION
-from .transport import Command, Packed
+from .transport import Command, Packed, Transport
 from .upkeep import Upkeep
 
 __all__ = ["Processor", "read_sizes", "waits_out"]
@@ -316,29 +316,34 @@ class Processor:
         call, which reads the changes after it once; each call is validated against those and the earlier calls of
         its send. Short sends, each after a refresh, keep that to a few changes an event.
 
-        A worker alone in its namespace (by the count of live workers its copy's refresh reads: `alone`) searches up
-        to `snapshot_sends_alone` sends on one refresh, and writes each send of adds before it reads the previous
-        one's reply: its search of the next send overlaps the primary's work on this one, and one refresh serves them
-        all. Each later send's claims name the position of that refresh, so its window holds the earlier sends'
-        changes too, which the atomic step validates like any other (docs/contract.md, "Snapshot reads"). With peers,
-        every window would also hold their changes of the longer cycle: one send at a time."""
+        A worker alone in its namespace (by the count of live workers its copy's reads of the log find: `alone`)
+        writes up to `snapshot_sends_alone` sends of adds in a row, each before it reads the previous one's reply
+        (`_send_ahead`): its search of the next send overlaps the primary's work on this one. No refresh of its own
+        comes between them: a read of the log rides behind each send, on its connection, and its reply brings the copy
+        up to that send, so each send's window holds about the one send still in flight (docs/contract.md, "Snapshot
+        reads"); and a copy a ride brought up to date moments ago (`SnapshotReader.fresh`) starts the next batch
+        without a refresh either. With peers, every window would also hold their changes of the longer cycle: one
+        send at a time, each after a refresh."""
         assert self.snapshot is not None
         replies: list[Any] = []
         start = 0
+        writes_ahead = self.settings.snapshot_sends_alone > 1
         while start < len(items):
-            try:
-                self.snapshot.refresh()
-            except (DamagedMetaError, SnapshotLostError) as error:
-                self._snapshot_off(error)
-                return replies + self.index.execute([self._command(item, expected) for item in items[start:]])
+            if not (writes_ahead and self.snapshot.fresh and self.snapshot.alone):
+                try:
+                    self.snapshot.refresh()
+                except (DamagedMetaError, SnapshotLostError) as error:
+                    self._snapshot_off(error)
+                    return replies + self.index.execute([self._command(item, expected) for item in items[start:]])
             send = items[start : start + SNAPSHOT_SEND]
             claims = self._claims(send)
             packed = self._snapshot_adds(send, claims)
             if packed is None:  # upserts, deletes, dead letters, a migration's double writes: built call by call
+                self.snapshot.stale()
                 replies += self._send_batched(
                     [self._command(item, expected, claim) for item, claim in zip(send, claims, strict=True)]
                 )
-            elif self.settings.snapshot_sends_alone == 1 or not self.snapshot.alone or start + len(send) >= len(items):
+            elif not writes_ahead or not self.snapshot.alone:
                 [batch] = self.index.execute([packed])  # the usual send: adds only, their call written at once
                 replies += _batch_replies(send, batch)
             else:
@@ -350,30 +355,40 @@ class Processor:
         return replies
 
     def _send_ahead(self, items: list[_Item], packed: Packed, depth: int) -> tuple[int, list[Any]]:
-        """Write the first send of `items` (`packed`), then search and write up to `depth` - 1 more sends of adds on
-        the same copy, each before the previous one's reply is read. Stops at the end of `items`, or before a send
-        that is not all adds (the caller sends it after a refresh). Returns how many items went, and their replies."""
+        """Write the first send of `items` (`packed`), then search and write up to `depth` - 1 more sends of adds,
+        each before the previous one's reply is read, each with a read of the log riding behind it
+        (`SnapshotReader.ride`): the reply of send k brings the copy up to send k before send k + 2 is searched.
+        Stops at the end of `items`, or before a send that is not all adds (the caller sends it after a refresh).
+        Returns how many items went, and their replies."""
+        assert self.snapshot is not None
         replies: list[Any] = []
-        in_flight = [items[:SNAPSHOT_SEND]]
-        went = len(in_flight[0])
+        in_flight: deque[tuple[list[_Item], LogRead | None]] = deque()
+        went = 0
         with self.index.transport() as calls:
-            calls.send([packed])
-            for k in range(1, depth):
-                following = items[k * SNAPSHOT_SEND : (k + 1) * SNAPSHOT_SEND]
-                if not following:
+            for k in range(depth):
+                send = items[k * SNAPSHOT_SEND : (k + 1) * SNAPSHOT_SEND]
+                if not send:
                     break
-                following_packed = self._snapshot_adds(following, self._claims(following))
-                if following_packed is None:
+                written = packed if not k else self._snapshot_adds(send, self._claims(send))
+                if written is None:
                     break
-                calls.send([following_packed])
-                in_flight.append(following)
-                went += len(following)
-                [batch] = calls.receive()
-                replies += _batch_replies(in_flight.pop(0), batch)
+                ride = self.snapshot.ride()
+                calls.send([written, *ride.commands] if ride else [written])
+                in_flight.append((send, ride))
+                went += len(send)
+                if len(in_flight) > 1:
+                    replies += self._ridden(calls, *in_flight.popleft())
             while in_flight:
-                [batch] = calls.receive()
-                replies += _batch_replies(in_flight.pop(0), batch)
+                replies += self._ridden(calls, *in_flight.popleft())
         return went, replies
+
+    def _ridden(self, calls: Transport, send: list[_Item], ride: LogRead | None) -> list[Any]:
+        """The replies of a send written ahead; the log read that rode behind it brings the copy up to it."""
+        assert self.snapshot is not None
+        batch, *log = calls.receive()
+        if ride is not None:
+            self.snapshot.ridden(ride, log)
+        return _batch_replies(send, batch)
 
     def _snapshot_adds(self, items: list[_Item], claims: list[SnapshotClaim | None]) -> Packed | None:
         """The apply_batch call of a send whose every item is an add with its claim, packed (the calls `_command`

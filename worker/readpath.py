@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import redis
@@ -30,16 +30,17 @@ from .keys import IndexKeys
 from .library import SnapshotClaim
 from .loadedrows import RowsBuilder, parse_stored_fingerprints
 from .logs import error_message
-from .metafields import changes_floor, floor_ahead
+from .metafields import changes_floor, floor_ahead, is_entry_id
 from .replies import text as _text
 from .snapshot import MemoryIndex
-from .transport import round_trip, sends_packed
+from .transport import Command, round_trip, sends_packed
 
 __all__ = [
     "CHANGES_FLOOR_FIELD",
     "READ_PATHS",
     "SNAPSHOT_SEND",
     "ChangeFollower",
+    "LogRead",
     "SnapshotLostError",
     "SnapshotReader",
 ]
@@ -50,6 +51,24 @@ CHANGES_FLOOR_FIELD = "changes_trimmed_to"
 
 class SnapshotLostError(Exception):
     """The change log no longer holds every change after the copy's position: load it again."""
+
+
+def _fields(flat: Any) -> Any:
+    """An entry's fields as XRANGE's reply callback gives them (a dict), from the protocol's flat list."""
+    if isinstance(flat, dict):
+        return flat
+    pairs = iter(flat)
+    return dict(zip(pairs, pairs, strict=False))
+
+
+class LogRead(NamedTuple):
+    """A read of the change log written behind another call (`ChangeFollower.log_read`): the copy's position and
+    the fields of its entry when it was written, and its commands (XRANGE from that position, the floor, the live
+    workers)."""
+
+    position: str
+    at_position: Any
+    commands: list[Command]
 
 
 def entry_id_tuple(entry_id: str) -> tuple[int, int]:
@@ -149,34 +168,90 @@ class ChangeFollower:
                 self._check_position(position, floor)
             if not entries:
                 break
-            # the changes applied at once (`MemoryIndex.apply`); an entry the copy cannot follow ends them there
-            changes: list[tuple[str, int | None]] = []
-            lost = None
-            for _, fields in entries:
-                try:
-                    changes.append(self._change(fields))
-                except SnapshotLostError as error:
-                    lost = error
-                    break
-            index.apply(changes)
-            if changes:
-                index.position = _text(entries[len(changes) - 1][0])
-            if lost is not None:
-                raise lost
-            self._at_position = entries[-1][1]
+            self._apply(entries)
             applied += len(entries)
             if len(entries) < count:
                 break
         return applied
 
-    def _read_log(self, position: str, count: int) -> list[Any]:
+    def _apply(self, entries: Sequence[Any]) -> None:
+        """Apply log entries that follow the copy's position, at once (`MemoryIndex.apply`); an entry the copy cannot
+        follow ends them there and raises `SnapshotLostError`, the copy left at the entry before it."""
+        index = self.index
+        changes: list[tuple[str, int | None]] = []
+        lost = None
+        for _, fields in entries:
+            try:
+                changes.append(self._change(fields))
+            except SnapshotLostError as error:
+                lost = error
+                break
+        index.apply(changes)
+        if changes:
+            index.position = _text(entries[len(changes) - 1][0])
+            self._at_position = entries[len(changes) - 1][1]
+        if lost is not None:
+            raise lost
+
+    def log_read(self) -> LogRead | None:
+        """A read of the log from the copy's position, for a caller to send behind a call of its own on its
+        connection (`ride`): the log's changes up to that call come back with its reply, with no round trip of their
+        own. None when the copy has no entry to prove its position with (not loaded, or at '0-0' or the floor): the
+        copy's own `catch_up` reads the log then."""
+        if not self.loaded or self._at_position is None:
+            return None
+        position = self.index.position
+        return LogRead(position, self._at_position, self._log_commands(position, self.batch))
+
+    def apply_ridden(self, read: LogRead, replies: Sequence[Any]) -> bool:
+        """Apply the entries of a `log_read` sent behind a call (its three replies) past the copy's position, which
+        may have moved since the read was written (an earlier one applied). Returns whether they were applied.
+
+        The same proofs as `catch_up`'s: the read starts at the entry of the position it was written at, as the copy
+        applied it, and the floor read after the entries is at or below that position. A read that proves nothing
+        (its position's entry gone or changed, the floor past it, the copy's position not among its entries, an
+        error) is left: the copy stays where it is, behind but exact, and its next `catch_up` reads the log and says
+        what went wrong."""
+        # (as sent behind a call, the entries come as the protocol has them: [ID, [name, value, ...]] each)
+        entries, floor, live = replies
+        if isinstance(entries, Exception) or isinstance(floor, Exception) or not entries:
+            return False
+        if _text(entries[0][0]) != read.position or _fields(entries[0][1]) != read.at_position:
+            return False
+        if floor is not None and not is_entry_id(_text(floor)):
+            return False
+        if floor is not None and entry_id_tuple(read.position) < entry_id_tuple(_text(floor)):
+            return False
+        at = 0
+        position = self.index.position
+        if position != read.position:  # an earlier read moved the copy: its position must be one of these entries
+            ids = [_text(entry_id) for entry_id, _ in entries]
+            if position not in ids:
+                return entry_id_tuple(position) > entry_id_tuple(ids[-1])  # (nothing new here: no harm)
+            at = ids.index(position)
+            if _fields(entries[at][1]) != self._at_position:
+                return False
+        self.live_workers = live if isinstance(live, int) else None
+        try:
+            self._apply([(entry_id, _fields(flat)) for entry_id, flat in entries[at + 1 :]])
+        except SnapshotLostError:
+            return False  # (the copy stays at the entry before; its next catch_up meets it and loads again)
+        return True
+
+    def _log_commands(self, position: str, count: int) -> list[Command]:
         """`count` entries of the log from `position` on, its floor, and the live workers of the namespace (those
-        whose heartbeat has not expired in `{N}:workers`: `live_workers`), in one round trip: for a standalone client
-        on a connection of its own pool (`round_trip`: redis-py's pipeline without its steps, the same retries and
-        errors), else (a cluster client) in a pipeline."""
-        xrange = ("XRANGE", self.keys.changes, position, "+", "COUNT", count)
-        hget = ("HGET", self.keys.meta, CHANGES_FLOOR_FIELD)
-        zcount = ("ZCOUNT", self.keys.workers, int(time.time() * 1000), "+inf")
+        whose heartbeat has not expired in `{N}:workers`)."""
+        return [
+            ("XRANGE", self.keys.changes, position, "+", "COUNT", count),
+            ("HGET", self.keys.meta, CHANGES_FLOOR_FIELD),
+            ("ZCOUNT", self.keys.workers, int(time.time() * 1000), "+inf"),
+        ]
+
+    def _read_log(self, position: str, count: int) -> list[Any]:
+        """`_log_commands` (and so `live_workers`) in one round trip: for a standalone client on a connection of its
+        own pool (`round_trip`: redis-py's pipeline without its steps, the same retries and errors), else (a cluster
+        client) in a pipeline."""
+        xrange, hget, zcount = self._log_commands(position, count)
         if sends_packed(self.client):
             replies = round_trip(self.client, [xrange, hget, zcount], raise_on_error=False)
         else:
@@ -328,6 +403,10 @@ means the replica is that far behind, and the copy follows the primary instead. 
 milliseconds; a quarter of a second behind at 5,000 events/s is over a thousand changes for the primary to re-check
 in every call (past 4,000 it refuses to: the full search)."""
 
+FRESH_S = 0.05
+"""How long a copy that a ride brought up to date stays fresh enough to search without a refresh (`SnapshotReader.
+fresh`): a lone worker's next batch, read meanwhile, goes out at once; after a pause in the stream it refreshes."""
+
 REPLICA_RETRY_S = 10.0
 """How long a copy that left its replica (failed, behind, or no longer the primary's) reads the primary before it
 tries the replica again."""
@@ -362,6 +441,7 @@ class SnapshotReader:
         self._retry_replica_at = 0.0
         self._lag_check_at = 0.0
         self._primary_last: str | None = None  # the primary's last change at the previous comparison
+        self._fed_at = -FRESH_S  # when a ride last brought the copy up to date (see `fresh`)
 
     @property
     def alone(self) -> bool:
@@ -392,6 +472,28 @@ class SnapshotReader:
         self.follower.layout = layout
         self.follower.index = index
         self._freeze()
+
+    def ride(self) -> LogRead | None:
+        """A read of the log for the caller to send behind its next call to the primary (`ChangeFollower.log_read`),
+        then hand to `ridden` with its replies; None when the copy follows a replica, or has no position to prove."""
+        return None if self.source == "replica" else self.follower.log_read()
+
+    def ridden(self, read: LogRead, replies: Sequence[Any]) -> None:
+        """Apply a `ride`'s replies: the copy then holds every change up to the call it rode behind."""
+        if self.follower.apply_ridden(read, replies):
+            self._fed_at = time.monotonic()
+            self._tidy()
+
+    @property
+    def fresh(self) -> bool:
+        """Whether a ride brought the copy up to the primary's log within the last FRESH_S: a lone worker's next
+        send then goes without a `refresh` of its own (a round trip that would find at most the changes of the
+        sends still in flight)."""
+        return time.monotonic() - self._fed_at < FRESH_S
+
+    def stale(self) -> None:
+        """A send went without a ride (its changes are not in the copy): the next one refreshes first."""
+        self._fed_at = -FRESH_S
 
     def refresh(self) -> None:
         """Bring the copy up to the end of the change log (loading it the first time, again when it was lost)."""
