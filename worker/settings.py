@@ -258,12 +258,11 @@ class Settings(BaseSettings):
         7,
         ge=1,
         le=64,
-        description="Sends of 16 events that a snapshot worker searches on one refresh of its copy while it is the "
-        "only live worker of its namespace (by the heartbeats in {N}:workers, counted at each refresh), each written "
-        "before the previous one's reply is read, so that its search overlaps the primary's work: about 1.4x the "
-        "events/s of one worker at a million incidents. Each send's window then holds the earlier sends' changes, "
-        "which the primary validates: a worker with peers sends one at a time, so a fleet's windows stay a send "
-        "long. 1: one send at a time always.",
+        description="Sends of 16 events that a snapshot worker writes in a row while it is the only live worker of its "
+        "namespace (by the heartbeats in {N}:workers, counted with each read of the change log), each before the "
+        "previous one's reply is read, so that its search overlaps the primary's work, and each with a read of the "
+        "change log behind it that keeps its copy up to date. A worker with peers sends one at a time, each after a "
+        "refresh, so a fleet's windows stay a send long. 1: one send at a time always.",
     )
     snapshot_replica_url: SecretStr | None = Field(
         None,
