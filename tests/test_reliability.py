@@ -195,6 +195,26 @@ def test_connection_kill_storm_makes_no_poison(fresh: RedisServer, tmp_path: Pat
     assert "redis unavailable; retrying" in "".join(log.read_text() for log in logs)
 
 
+def test_connection_kill_storm_under_a_lone_snapshot_worker(fresh: RedisServer, tmp_path: Path) -> None:
+    """The storm above against one worker on the snapshot path: alone in its namespace, it writes its sends ahead,
+    each with a read of the change log riding behind it on the same connection (docs/contract.md, "Snapshot
+    reads"). Kills land between a send and its reply, and between a reply and the read behind it: a copy left
+    behind by a lost read must still be exact, and every pair reported once."""
+    admin = fresh.client()
+    killed: list[int] = []
+
+    def storm(_: redis.Redis) -> None:
+        def kill() -> None:
+            with contextlib.suppress(redis.RedisError):
+                killed.append(int(admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")))
+
+        _for(3.0, kill, 0.005)
+
+    _, logs = scenario(fresh, tmp_path, storm, seed=12, workers=1, claim_idle_ms=5000, read_path="snapshot")
+    assert sum(killed) > 20, f"only {sum(killed)} connections killed"
+    assert "redis unavailable; retrying" in "".join(log.read_text() for log in logs)
+
+
 def test_client_pause_is_waited_out(fresh: RedisServer, tmp_path: Path) -> None:
     def pauses(client: redis.Redis) -> None:
         for _ in range(3):
