@@ -173,6 +173,23 @@ def _for(seconds: float, step: Callable[[], None], pause: float) -> None:
         time.sleep(pause)
 
 
+def _kill_storm(server: RedisServer, tmp_path: Path, **options: Any) -> None:
+    """CLIENT KILL of every worker connection every 5 ms for 3 s, mid-run; then the oracle's checks (`scenario`)."""
+    admin = server.client()
+    killed: list[int] = []
+
+    def storm(_: redis.Redis) -> None:
+        def kill() -> None:
+            with contextlib.suppress(redis.RedisError):
+                killed.append(int(admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")))
+
+        _for(3.0, kill, 0.005)
+
+    _, logs = scenario(server, tmp_path, storm, claim_idle_ms=5000, **options)
+    assert sum(killed) > 20, f"only {sum(killed)} connections killed"
+    assert "redis unavailable; retrying" in "".join(log.read_text() for log in logs)
+
+
 def test_connection_kill_storm_makes_no_poison(fresh: RedisServer, tmp_path: Path) -> None:
     """CLIENT KILL of every worker connection every 5 ms for 3 s: many reconnects, each re-reading own entries.
 
@@ -180,19 +197,7 @@ def test_connection_kill_storm_makes_no_poison(fresh: RedisServer, tmp_path: Pat
     its entries to a peer, and each takeover counts a delivery (docs/reliability.md, "What it does not promise").
     With the suite's usual 1 s, a loaded machine let claims through the storm: entries taken over back and forth
     turned to poison."""
-    admin = fresh.client()
-    killed: list[int] = []
-
-    def storm(_: redis.Redis) -> None:
-        def kill() -> None:
-            with contextlib.suppress(redis.RedisError):
-                killed.append(int(admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")))
-
-        _for(3.0, kill, 0.005)
-
-    _, logs = scenario(fresh, tmp_path, storm, seed=11, claim_idle_ms=5000)
-    assert sum(killed) > 20, f"only {sum(killed)} connections killed"
-    assert "redis unavailable; retrying" in "".join(log.read_text() for log in logs)
+    _kill_storm(fresh, tmp_path, seed=11)
 
 
 def test_connection_kill_storm_under_a_lone_snapshot_worker(fresh: RedisServer, tmp_path: Path) -> None:
@@ -200,19 +205,7 @@ def test_connection_kill_storm_under_a_lone_snapshot_worker(fresh: RedisServer, 
     each with a read of the change log riding behind it on the same connection (docs/contract.md, "Snapshot
     reads"). Kills land between a send and its reply, and between a reply and the read behind it: a copy left
     behind by a lost read must still be exact, and every pair reported once."""
-    admin = fresh.client()
-    killed: list[int] = []
-
-    def storm(_: redis.Redis) -> None:
-        def kill() -> None:
-            with contextlib.suppress(redis.RedisError):
-                killed.append(int(admin.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")))
-
-        _for(3.0, kill, 0.005)
-
-    _, logs = scenario(fresh, tmp_path, storm, seed=12, workers=1, claim_idle_ms=5000, read_path="snapshot")
-    assert sum(killed) > 20, f"only {sum(killed)} connections killed"
-    assert "redis unavailable; retrying" in "".join(log.read_text() for log in logs)
+    _kill_storm(fresh, tmp_path, seed=12, workers=1, read_path="snapshot")
 
 
 def test_client_pause_is_waited_out(fresh: RedisServer, tmp_path: Path) -> None:
