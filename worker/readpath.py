@@ -441,7 +441,7 @@ class SnapshotReader:
         self._retry_replica_at = 0.0
         self._lag_check_at = 0.0
         self._primary_last: str | None = None  # the primary's last change at the previous comparison
-        self._fed_at = -FRESH_S  # when a ride last brought the copy up to date (see `fresh`)
+        self._fed_at = float("-inf")  # when a ride last brought the copy up to date (see `fresh`)
 
     @property
     def alone(self) -> bool:
@@ -493,7 +493,7 @@ class SnapshotReader:
 
     def stale(self) -> None:
         """A send went without a ride (its changes are not in the copy): the next one refreshes first."""
-        self._fed_at = -FRESH_S
+        self._fed_at = float("-inf")
 
     def refresh(self) -> None:
         """Bring the copy up to the end of the change log (loading it the first time, again when it was lost)."""
