@@ -219,11 +219,19 @@ def test_the_alerts_matches_json_is_each_match_escaped_and_capped_in_bytes(redis
     for _ in range(25):
         flat = []
         rate = rng.choice([0.0, 0.001, 0.2])  # (IDs all plain, one needing escapes among many, many)
+        # (distances each with its piece made in advance, as a claim's are, or now and then one without)
+        written_otherwise = rng.choice([[], ["2.25", "07", "-0", "7.0"]])
         for _ in range(rng.choice([0, 1, 2, 5, 100, 400])):
             raw = "".join(rng.choice(alphabet) if rng.random() < rate else "x" for _ in range(rng.choice([1, 6, 300])))
-            digits = rng.choice(["0", "1", "7", "9", "10", "64", "2.25", "07", "-0", "7.0"])
+            digits = rng.choice(["0", "1", "7", "9", "10", "64", *written_otherwise])
             flat.append((raw.encode(), digits))
         args = [part for raw, d in flat for part in (raw, d)]
         reply = redis_client.eval(script, 0, *args)
         written = reply if isinstance(reply, bytes) else reply.encode("utf-8", "surrogateescape")
+        assert written == _matches_json_oracle(flat)
+    # plain lists of one ID length about the byte cap: whole, or cut after the last match that fits
+    for count in range(seed * 10 + 180, seed * 10 + 300, 7):
+        flat = [(f"i{k:05d}".encode(), str(k % 65)) for k in range(count)]
+        reply = redis_client.eval(script, 0, *[part for pair in flat for part in pair])
+        written = reply if isinstance(reply, bytes) else reply.encode()
         assert written == _matches_json_oracle(flat)
