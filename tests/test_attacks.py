@@ -214,17 +214,22 @@ def test_a_damaged_meta_field_is_named_and_takes_no_worker_down(
     assert first.wait(timeout=60) == 0, (tmp_path / "first.log").read_text()[-3000:]
     admin.hset(META, field, value)
     publish(admin, events[200:])
-    log = tmp_path / "w.log"
+    # a log each: two processes writing one file can interleave the pieces of their lines
+    logs = [tmp_path / f"w{n}.log" for n in range(2)]
+
+    def logged() -> str:
+        return "".join(log.read_text() for log in logs)
+
     workers = [
         start_worker(url, log=log, read_path=read_path, consumer=f"w{n}", reconnect_max_backoff_s=0.5, **FAST)
-        for n in range(2)
+        for n, log in enumerate(logs)
     ]
     try:
         # the upkeep's first trim of the change log comes within a second of a worker's start
-        _wait_for(lambda: field in log.read_text() or any(w.poll() is not None for w in workers), 20, "the finding")
+        _wait_for(lambda: field in logged() or any(w.poll() is not None for w in workers), 20, "the finding")
         time.sleep(2)
-        assert [w.poll() for w in workers] == [None, None], log.read_text()[-3000:]
-        lines = [json.loads(line) for line in log.read_text().splitlines() if field in line]
+        assert [w.poll() for w in workers] == [None, None], logged()[-3000:]
+        lines = [json.loads(line) for line in logged().splitlines() if field in line]
         message = lines[0]["error"]
         assert f"{META} field {field} holds {value!r}" in message
         if field == "building":
@@ -233,7 +238,7 @@ def test_a_damaged_meta_field_is_named_and_takes_no_worker_down(
         _wait_for(lambda: admin.hlen(FP) == 400 and pending_count(admin) == 0, 60, "the events after the repair")
         for worker in workers:
             worker.terminate()
-            assert worker.wait(timeout=30) == 0, log.read_text()[-3000:]
+            assert worker.wait(timeout=30) == 0, logged()[-3000:]
     finally:
         for worker in workers:
             worker.kill()
