@@ -314,7 +314,7 @@ class Processor:
     def _send_snapshot(self, items: list[_Item], expected: Mapping[str, int | str | None]) -> list[Any]:
         """`_send` on the snapshot path. The calls of one send share their copy's position and go as one apply_batch
         call, which reads the changes after it once; each call is validated against those and the earlier calls of
-        its send. Short sends, each after a refresh, keep that to a few changes an event.
+        its send. Short sends, each on a copy brought up to date, keep that to a few changes an event.
 
         A worker alone in its namespace (by the count of live workers its copy's reads of the log find: `alone`)
         writes up to `snapshot_sends_alone` sends of adds in a row, each before it reads the previous one's reply

@@ -380,8 +380,10 @@ READ_PATHS = ("auto", "primary", "snapshot")
 copy and the atomic step validates them. `auto`: the snapshot once the index holds `snapshot_min_incidents`."""
 
 SNAPSHOT_SEND = 16
-"""Calls sent at once on the snapshot path. The copy is refreshed before each send, and every call validates the
-changes after the copy's position, the earlier calls of its send included: ~8 changes an event on average here."""
+"""Calls sent at once on the snapshot path. The copy is brought up to date before each send (by a refresh, or by
+the log read that rode behind an earlier send of a lone worker), and every call validates the changes after the
+copy's position, the earlier calls of its send included: a few changes an event (BENCHMARKS.md's "changes
+validated")."""
 
 COMPACT_FROM = 50_000
 """Empty rows (fingerprints that went: upserts and deletes) the copy holds before it numbers its rows anew to give
