@@ -1,6 +1,7 @@
-"""The copy's candidates verified by its compiled loop (`compiled.near_ranges`), against the plain gather, and
-searches whose loop had too little room for its near candidates (it runs again with room for all) against searches
-with room to spare and the oracle.
+"""The copy's candidates verified by its compiled loop (`compiled.near_ranges`), against the plain gather; a near
+storm's send counted and picked by its two compiled passes over every row (`scan_counts`, `scan_picks`), against the
+table of distances; and searches whose loop had too little room for its near candidates (it runs again with room for
+all) against searches with room to spare and the oracle.
 
 An ordinary send finds a few dozen near candidates, within the loop's first room; a near storm's send thousands. Here
 a room of a few candidates makes every search run the loop twice, ranges that are empty or find nothing included."""
@@ -75,6 +76,43 @@ def _copy(seed: int, layout: BandLayout) -> tuple[MemoryIndex, Oracle, list[int]
             index.set(incident_id, fp)
             oracle.fps[incident_id] = fp
     return index, oracle, pool
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**32),
+    rows=st.sampled_from([0, 1, 2, 7, 64, 300]),
+    n=st.sampled_from([1, 2, 16]),
+    r=st.sampled_from([0, 3, 7, 12]),
+    room=st.sampled_from([1, 3, 4096]),
+)
+def test_a_scan_counts_and_picks_what_the_table_of_distances_gives(
+    seed, rows, n, r, room, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`scan_counts` and `scan_picks` (a near storm's send compared with every row: `copylisting.scanned_results`)
+    against the table of every distance they spare: each query's member counts by distance (`np.bincount` weighted
+    by them), and the (query, row, distance) of the rows of members within each query's bound, in the same order;
+    fingerprints near the queries and far, rows with no member, bounds of 0 to r, and too little room at first."""
+    rng = np.random.default_rng(seed)
+    centre = rng.integers(0, 2**64, dtype=np.uint64, endpoint=False)
+    fps = centre ^ rng.integers(0, 2**64, rows, dtype=np.uint64, endpoint=False)
+    near = rng.random(rows) < 0.7  # (most of them within a few bits of the queries, as a storm's are)
+    flips = np.array([sum(1 << b for b in rng.choice(64, rng.integers(0, 9), replace=False)) for _ in range(rows)])
+    fps[near] = centre ^ flips.astype(np.uint64)[near]
+    sizes = rng.choice(np.array([0, 1, 1, 1, 2, 5], dtype=np.int32), rows)
+    queries = centre ^ np.array([1 << int(b) for b in rng.integers(0, 64, n)], dtype=np.uint64)
+    table = np.bitwise_count(fps ^ queries[:, None]).astype(np.int64)
+    counts = np.zeros((n, r + 1), dtype=np.int64)
+    worker.compiled.scan_counts(fps, sizes, queries, r, counts)
+    for k in range(n):
+        assert counts[k].tolist() == np.bincount(table[k], weights=sizes, minlength=65)[: r + 1].astype(int).tolist()
+    bound = rng.integers(0, r + 1, n).astype(np.uint64)
+    monkeypatch.setattr(worker.compiled, "_ROOM", room)
+    which, at, distance = worker.compiled.scan_picks(fps, sizes, queries, bound)
+    expected_which, expected_at = ((table <= bound[:, None].astype(np.int64)) & (sizes > 0)).nonzero()
+    assert which.tolist() == expected_which.tolist()
+    assert at.tolist() == expected_at.tolist()
+    assert distance.tolist() == table[expected_which, expected_at].tolist()
 
 
 @pytest.mark.parametrize("room", [1, 5, 64])

@@ -1,4 +1,5 @@
-"""The copy's one compiled loop (numba): a search's candidates read from the arena and verified in one pass.
+"""The copy's compiled loops (numba): a search's candidates read from the arena and verified in one pass; a near
+storm's send compared with every row, counted and picked in two (`scan_counts`, `scan_picks`).
 
 numpy needs five passes over a send's candidates (positions, gather, the queries repeated, XOR, popcount), each an
 array as long as the send: at 10M incidents ~280,000 candidates a send of 16, so each pass spills out of the cache,
@@ -17,7 +18,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["near_ranges", "warm"]
+__all__ = ["near_ranges", "scan_counts", "scan_picks", "warm"]
 
 
 @intrinsic
@@ -93,8 +94,75 @@ def near_ranges(
         room = found
 
 
+@_jit
+def _scan_counts(
+    fps: np.ndarray, sizes: np.ndarray, queries: np.ndarray, r: np.uint64, by_distance: np.ndarray
+) -> None:  # pragma: no cover (compiled: its coverage is the tests of scan_counts)
+    for k in range(queries.shape[0]):
+        query = queries[k]
+        for j in range(fps.shape[0]):
+            d = _popcount(fps[j] ^ query)  # type: ignore[call-arg,var-annotated]
+            if d <= r:
+                by_distance[k, d] += sizes[j]
+
+
+def scan_counts(fps: np.ndarray, sizes: np.ndarray, queries: np.ndarray, r: int, by_distance: np.ndarray) -> None:
+    """Add to `by_distance[k, d]` (int64, query x (r + 1)) the member counts `sizes` (int32) of the fingerprints
+    `fps` at distance d <= r of `queries[k]`: the same as `np.bincount(np.bitwise_count(fps ^ queries[k]),
+    weights=sizes)[: r + 1]` for each k, in one pass without the query x fingerprint table of distances. A near
+    storm's send is compared with every row of the copy (`MemoryIndex._scan`): the table and a bincount a query
+    were most of such a send's search (benchmarks/journal/near-storms.md, section 15)."""
+    _scan_counts(fps, sizes, queries, np.uint64(r), by_distance)
+
+
+@_jit
+def _scan_picks(
+    fps: np.ndarray,
+    sizes: np.ndarray,
+    queries: np.ndarray,
+    bound: np.ndarray,
+    which: np.ndarray,
+    at: np.ndarray,
+    distance: np.ndarray,
+) -> int:  # pragma: no cover (compiled: its coverage is the tests of scan_picks)
+    found = 0
+    room = which.shape[0]
+    for k in range(queries.shape[0]):
+        query = queries[k]
+        within = bound[k]
+        for j in range(fps.shape[0]):
+            d = _popcount(fps[j] ^ query)  # type: ignore[call-arg,var-annotated]
+            if d <= within and sizes[j] > 0:
+                if found < room:
+                    which[found] = k
+                    at[found] = j
+                    distance[found] = d
+                found += 1
+    return found
+
+
+def scan_picks(
+    fps: np.ndarray, sizes: np.ndarray, queries: np.ndarray, bound: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each (query k, fingerprint j) with `sizes[j] > 0` and distance d <= `bound[k]` (uint64): k, j and d (int64),
+    in order of k, then j. The same as `((np.bitwise_count(fps ^ queries[:, None]) <= bound[:, None]) & (sizes >
+    0)).nonzero()` and the distances there, in one pass (`scan_counts`)."""
+    room = min(len(fps) * len(queries), _ROOM)
+    while True:
+        which = np.empty(room, dtype=np.int64)
+        at = np.empty(room, dtype=np.int64)
+        distance = np.empty(room, dtype=np.int64)
+        found = _scan_picks(fps, sizes, queries, bound, which, at, distance)
+        if found <= room:
+            return which[:found], at[:found], distance[:found]
+        room = found
+
+
 def warm() -> None:
-    """Compile (or load from the cache) the loop now rather than in the first search: a call on one candidate (numba
+    """Compile (or load from the cache) the loops now rather than in the first search: a call on one candidate (numba
     compiles once a process, under its own lock; later calls only run it). `snapshot.compile_soon` calls it once."""
     one = np.zeros(1, dtype=np.uint64)
     near_ranges(one, np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64), one, 0)
+    sizes = np.ones(1, dtype=np.int32)  # (a copy's member counts: MemoryIndex._sizes)
+    scan_counts(one, sizes, one, 0, np.zeros((1, 1), dtype=np.int64))
+    scan_picks(one, sizes, one, one)

@@ -36,8 +36,8 @@ Hits = tuple[np.ndarray, np.ndarray, np.ndarray]
 """What a search found in the tiers or the tail: the query, the row and the distance of each match found."""
 
 Scanned = tuple[np.ndarray, np.ndarray, np.ndarray]
-"""A block of rows a send was compared with whole (a near storm's: `MemoryIndex._scan`): the distance of each query
-to each row's fingerprint (uint8, query x row), each row's number, and its member count (0: no incident holds it)."""
+"""A block of rows a send is compared with whole (a near storm's: `MemoryIndex._scan`): each row's fingerprint
+(uint64, contiguous), its number, and its member count (int32; 0: no incident holds it)."""
 
 NO_HITS: Hits = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint8))
 
@@ -122,15 +122,18 @@ def scanned_results(
     limit: int,
 ) -> list[SearchResult]:
     """`results` of a send compared with every row of the copy (`blocks`, `MemoryIndex._scan`): the same answers,
-    counted from the distances without gathering the matches (a near storm's thousands a query): a query's members
-    by distance are one `bincount` of its distances weighted by the rows' member counts, a block at a time, its
-    excluded ID taken off at its own distance; then only the rows its cap reaches are picked out and listed."""
+    counted without gathering the matches (a near storm's thousands a query), in two compiled passes over each
+    block (worker/compiled.py): a query's members by distance summed from the rows' member counts, its excluded ID
+    taken off at its own distance; then only the rows its cap reaches, and that hold an incident, picked out and
+    listed. (A table of every distance, and a bincount and a pick of it a query, had been most of a storm
+    send's search: benchmarks/journal/near-storms.md, section 15.)"""
+    from .compiled import scan_counts, scan_picks  # (imported by compile_soon's thread; waits for it if need be)
+
     n = len(queries)
-    by_distance = np.zeros((n, r + 1))
-    for distances, _, sizes in blocks:
-        weights = sizes.astype(np.float64)  # (bincount's own type: not converted again for each query)
-        for k in range(n):
-            by_distance[k] += np.bincount(distances[k], weights=weights, minlength=65)[: r + 1]
+    fps = np.array([fp for fp, _ in queries], dtype=np.uint64)
+    by_distance = np.zeros((n, r + 1), dtype=np.int64)
+    for block, _, sizes in blocks:
+        scan_counts(block, sizes, fps, r, by_distance)
     for k, (fp, exclude) in enumerate(queries):
         own = copy.get(exclude) if exclude is not None else None
         if own is not None:
@@ -139,14 +142,14 @@ def scanned_results(
             if distance <= r:
                 by_distance[k, distance] -= 1
     counts, last, need = _caps(np.cumsum(by_distance, axis=1), r, limit)
-    bound = np.minimum(last, r).astype(np.uint8)[:, None]
+    bound = np.minimum(last, r).astype(np.uint64)
     cells, picked = [], []
-    for distances, rows, _ in blocks:
-        which, at = (distances <= bound).nonzero()  # the rows the cap reaches
-        cells.append(which * (r + 1) + distances[which, at])
+    for block, rows, sizes in blocks:
+        which, at, apart = scan_picks(block, sizes, fps, bound)  # the rows the cap reaches
+        cells.append(which * (r + 1) + apart)
         picked.append(rows.take(at))
-    cell = np.concatenate(cells).astype(np.int64) if cells else np.zeros(0, dtype=np.int64)
-    rows = np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
+    cell = np.concatenate(cells) if cells else np.zeros(0, dtype=np.int64)
+    rows = np.concatenate(picked).astype(np.int64) if picked else np.zeros(0, dtype=np.int64)
     return _listings(copy, queries, r, verified, cut, cell, rows, counts, last, need)
 
 

@@ -788,8 +788,8 @@ class MemoryIndex:
         return (query_of_near[live], rows[live], np.bitwise_count(apart[live])), once and not cut.any()
 
     def _scan(self, tiers: list[Tier], queries: np.ndarray, r: int, verified: np.ndarray) -> list[copylisting.Scanned]:
-        """The distance of each query to every fingerprint of `tiers` and of the tail (a block each: distances,
-        query x fingerprint, with each fingerprint's row and member count), for a send none of whose queries was cut
+        """Every fingerprint of `tiers` and of the tail, to be compared with each query (a block each: the
+        fingerprints, with each one's row and member count), for a send none of whose queries was cut
         (`_tier_hits` counted their candidates in `verified`; the tail's are added here). A near storm's query meets
         more candidates through its probes than the copy holds rows (each row within r reached through two bands or
         more, most candidates matches): one pass over the rows costs a fraction of gathering the candidates, and
@@ -807,19 +807,18 @@ class MemoryIndex:
                 assert self._base is not None
                 rows = self._base.fps.searchsorted(fps)
             sizes = self._sizes.take(rows)
-            distances = distance_table(fps, queries, _SCAN_STEP)
-            blocks.append((distances, rows, sizes))
             if tier.stale:
+                fps = fps.copy()  # (`_waste` below may build this tier anew in its place in the arena)
+                distances = distance_table(fps, queries, _SCAN_STEP)
                 which, at = ((distances <= r) & (sizes == 0)).nonzero()
                 if len(at):
                     wasted.append(at + tier.at)
                     wasted_weight.append(self._reach.count(fps.take(at) ^ queries.take(which), r))
+            blocks.append((fps, rows, sizes))
         first, end = self._sealed, self._row_count()
         if end > first:
             rows = np.arange(first, end, dtype=np.int64)
-            blocks.append(
-                (distance_table(self._row_fps(first, end), queries, _SCAN_STEP), rows, self._sizes[first:end])
-            )
+            blocks.append((np.ascontiguousarray(self._row_fps(first, end)), rows, self._sizes[first:end]))
             verified += end - first
         if wasted:
             self._waste(np.concatenate(wasted), np.concatenate(wasted_weight))

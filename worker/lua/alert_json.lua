@@ -31,28 +31,37 @@ for d = 0, 64 do
   BETWEEN[digits], AFTER[digits], WIDTH[digits] = BETWEEN[d], AFTER[d], WIDTH[d]
 end
 
--- The alert's `matches`: [{"incident_id":"<id>","distance":<d>},...] of the longest head of `flat` (id, d, ...)
--- whose JSON fits in MAX_MATCHES_BYTES, at least one match; in pieces joined once: each ID as it is unless it needs
--- escapes (all of them checked with one anchored match over them joined, or, when one does, each with its own), then
--- its distance and what follows it up to the next ID, one piece made in advance. A near storm lists its cap of
--- matches in every alert: making each ID's JSON twice, once to size it and once to write it, was most of such an
--- event's time on the primary; then the distances written by sprintf, five pieces a match and a match of each ID
--- were most of what was left (benchmarks/journal/near-storms.md, section 9).
-local function matches_json_within(flat)
+-- IDs that need no escape, kept as they are seen (an ID's check is then one look-up), up to PLAIN_KEPT bytes of them,
+-- then forgotten all at once. A near storm lists its cap of matches in every alert, nearly all of them listed before
+-- (benchmarks/journal/near-storms.md, section 15): checking each by pattern took a third of making their JSON.
+local PLAIN_KEPT = 262144
+local plain_ids = {ids = {}, bytes = 0}
+
+local function remember_plain(id)
+  if plain_ids.bytes > PLAIN_KEPT then plain_ids.ids, plain_ids.bytes = {}, 0 end
+  plain_ids.ids[id] = true
+  plain_ids.bytes = plain_ids.bytes + #id + 40  -- (a key's table slot and string header, about)
+end
+
+local function is_plain(id)
+  if string.find(id, '^[^%z\1-\31\127"\\]*$') == nil then return false end
+  pcall(remember_plain, id)  -- (a server whose Lua tables were read-only keeps nothing: each ID is checked again)
+  return true
+end
+
+-- The alert's `matches` written the long way (matches_json_within): each ID checked, its bytes counted, up to the
+-- longest head that fits, in pieces joined once: each ID as it is unless it needs escapes, then its distance and
+-- what follows it up to the next ID, one piece made in advance (for a distance of no such piece, as tostring
+-- writes its number, -0 included).
+local function matches_json_counted(flat)
   local n_flat = #flat
-  if n_flat == 0 then return '[]' end
-  local find = string.find
-  -- whether no ID needs an escape, in one pass over them all (the usual case); else each is checked
-  local ids = {}
-  for i = 1, n_flat, 2 do ids[#ids + 1] = flat[i] end
-  local plain = find(table.concat(ids), '^[^%z\1-\31\127"\\]*$') ~= nil
   local parts, n, size = {'[{"incident_id":"'}, 1, 2
   local last_d, last_digits
   for i = 1, n_flat, 2 do
     local id, d = flat[i], flat[i + 1]
-    if not plain and not find(id, '^[^%z\1-\31\127"\\]*$') then id = string.sub(json_string(id), 2, -2) end
+    if not is_plain(id) then id = string.sub(json_string(id), 2, -2) end
     local width = WIDTH[d]
-    local digits = nil  -- (a distance of no piece made in advance: as tostring writes its number, -0 included)
+    local digits = nil
     if not width or d == 0 and 1 / d < 0 then
       digits = tostring(tonumber(d))
       width = #digits
@@ -70,4 +79,33 @@ local function matches_json_within(flat)
   end
   parts[n + 1] = last_digits and '","distance":' .. last_digits .. '}]' or AFTER[last_d]
   return table.concat(parts)
+end
+
+-- The alert's `matches`: [{"incident_id":"<id>","distance":<d>},...] of the longest head of `flat` (id, d, ...)
+-- whose JSON fits in MAX_MATCHES_BYTES, at least one match. The usual list (IDs seen before and plain, each distance
+-- with its pieces, the whole list within the cap) is written in one pass of two look-ups a match and one join, its
+-- bytes counted from the join's length: the cap counts each match 2 bytes fewer than it takes, and the list 1 more
+-- (that count is the JSON's length + 1 - 2n). Anything else is written the long way. A near storm lists its cap of
+-- matches in every alert: its JSON was most of such an event's time on the primary (near-storms journal, sections 9
+-- and 15).
+local function matches_json_within(flat)
+  local n_flat = #flat
+  if n_flat == 0 then return '[]' end
+  local plain = plain_ids.ids
+  local parts = {'[{"incident_id":"'}
+  local d
+  for i = 1, n_flat, 2 do
+    local id = flat[i]
+    d = flat[i + 1]
+    local between = BETWEEN[d]
+    if not between or d == 0 and 1 / d < 0 or not plain[id] and not is_plain(id) then
+      return matches_json_counted(flat)
+    end
+    parts[i + 1] = id
+    parts[i + 2] = between
+  end
+  parts[n_flat + 1] = AFTER[d]
+  local json = table.concat(parts)
+  if #json + 1 - n_flat > MAX_MATCHES_BYTES then return matches_json_counted(flat) end
+  return json
 end

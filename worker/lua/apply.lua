@@ -309,7 +309,7 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
   -- (a claim's own head keeps its distances as sent: numbers here, as every reply gives them)
   local n_replied = #flat
   if replied and 2 * replied < n_replied then n_replied = 2 * replied end
-  for i = 1, n_replied, 2 do reply[6 + i], reply[7 + i] = flat[i], tonumber(flat[i + 1]) end
+  for i = 1, n_replied, 2 do reply[6 + i], reply[7 + i] = flat[i], distance_number(flat[i + 1]) end
   return reply
 end
 

@@ -43,7 +43,7 @@ local function changes_after(context, meta_key, changes_key, position)
     if first and #changes - first + 1 <= MAX_VALIDATED_CHANGES then
       view = {count = 0, first_prev = {}, latest = {}, order = {}}
       if context.qbands then
-        view.qbands, view.registered, view.near = context.qbands, context.registered, {}
+        view.qbands, view.registered, view.near, view.marks = context.qbands, context.registered, {}, {}
       else
         view.bands = {{}, {}, {}, {}, {}, {}, {}, {}}
       end
@@ -84,7 +84,7 @@ end
 --
 -- `listed` is read in place: args[lo + 1 .. lo + n] of the call.
 local function surely_unheld(held, count, listed, lo, n)
-  if count ~= 0 and not (n >= 2 and tonumber(listed[lo + 2]) > 0) then return false end
+  if count ~= 0 and not (n >= 2 and distance_number(listed[lo + 2]) > 0) then return false end
   return not held
 end
 
@@ -128,7 +128,7 @@ local function merge_claim(count, listed, lo, n_listed, kept, n_kept, additions,
   if not cut and not complete then
     if n_listed == 0 then return nil end
     -- what the copy did not list lies past its last listed match: a change past it may not be listed either
-    local bound_d, bound_id = tonumber(listed[lo + n_listed]), listed[lo + n_listed - 1]
+    local bound_d, bound_id = distance_number(listed[lo + n_listed]), listed[lo + n_listed - 1]
     adds, n_adds = {}, 0
     for i = 1, n_additions do
       local pair = additions[i]
@@ -158,11 +158,11 @@ local function merge_claim(count, listed, lo, n_listed, kept, n_kept, additions,
   for out = 1, want do
     local pair = adds[a]
     local i = kept[k]
-    if pair and (not i or pair_before(less, pair[1], pair[2], tonumber(listed[lo + i + 1]), listed[lo + i])) then
+    if pair and (not i or pair_before(less, pair[1], pair[2], distance_number(listed[lo + i + 1]), listed[lo + i])) then
       flat[2 * out - 1], flat[2 * out] = pair[2], pair[1]
       a = a + 1
     else
-      flat[2 * out - 1], flat[2 * out] = listed[lo + i], tonumber(listed[lo + i + 1])
+      flat[2 * out - 1], flat[2 * out] = listed[lo + i], distance_number(listed[lo + i + 1])
       k = k + 1
     end
   end
@@ -259,7 +259,8 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
     for i = 1, n_listed, 2 do
       local id = listed[lo + i]
       if first_prev[id] == nil then
-        local d = tonumber(listed[lo + i + 1])
+        local d = listed[lo + i + 1]
+        d = DISTANCES[d] or tonumber(d)  -- (distance_number, without a call a match)
         if not d or (last_d and not (last_d < d or last_d == d and
             (plain and last_id < id or not plain and less(last_id, id)))) then
           in_order = false
@@ -282,7 +283,7 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
     local id = listed[lo + i]
     if first_prev[id] == nil then
       n_kept = n_kept + 1
-      kept[n_kept] = {tonumber(i < n_listed and listed[lo + i + 1] or nil), id}
+      kept[n_kept] = {distance_number(i < n_listed and listed[lo + i + 1] or nil), id}
     end
   end
 
@@ -303,7 +304,7 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
   local bound_d, bound_id = nil, nil
   if not complete then
     if n_listed == 0 then return nil end
-    bound_d, bound_id = tonumber(listed[lo + n_listed]), n_listed >= 2 and listed[lo + n_listed - 1] or nil
+    bound_d, bound_id = distance_number(listed[lo + n_listed]), n_listed >= 2 and listed[lo + n_listed - 1] or nil
   end
   for i = 1, n_additions do
     local pair = additions[i]

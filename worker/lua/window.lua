@@ -37,8 +37,8 @@ end
 
 -- The send's own queries instead (apply_batch registers them first: register_queries): `qbands[k]` maps each of
 -- their band values to the query, or a list of them, and each change is looked up there instead of being filed:
--- `near[query]` lists the incidents that share a band with `query` (an incident once a change, so maybe more than
--- once). A change looked up in 8 small tables costs about half of one filed in 8 growing ones (benchmarks/journal/
+-- `near[query]` lists the incidents that share a band with `query` (an incident once, or again when a change of
+-- another came between two of its own: near_of then lists each once). A change looked up in 8 small tables costs about half of one filed in 8 growing ones (benchmarks/journal/
 -- pipeline.md, "The fleet by part"), and a send's window is read once a send: the part of the primary's cost an
 -- event that grows with the workers.
 local function register_queries(context, queries)
@@ -58,33 +58,40 @@ local function register_queries(context, queries)
   context.qbands, context.registered = qbands, registered
 end
 
-local function near_add(near, q, id)
-  local list = near[q]
-  if list == nil then near[q] = {id} else list[#list + 1] = id end
-end
-
--- `v`, a band value's query or list of them (qbands), shares that band with incident `id`
-local function near_hit(near, v, id)
+-- Each query sharing a band with the change of incident `id` (v: a band value's query, or list of them) gets `id`
+-- once, however many of its bands it shares: `marks[query]` is the last incident noted for it. In a near storm the
+-- send's queries and its window's changes share most of their bands, and an incident noted once a shared band had
+-- made each query's list eight times as long, and near_of's reading of it as slow.
+local function near_hit(near, marks, v, id)
   if type(v) == 'table' then
-    for i = 1, #v do near_add(near, v[i], id) end
-  else
-    near_add(near, v, id)
+    for i = 1, #v do
+      local q = v[i]
+      if marks[q] ~= id then
+        marks[q] = id
+        local list = near[q]
+        if list == nil then near[q] = {id} else list[#list + 1] = id end
+      end
+    end
+  elseif marks[v] ~= id then
+    marks[v] = id
+    local list = near[v]
+    if list == nil then near[v] = {id} else list[#list + 1] = id end
   end
 end
 
 local function note_near(view, id, h)
   if #h ~= 16 then return end
   local c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13, c14, c15, c16 = string.byte(string.lower(h), 1, 16)
-  local qb, near = view.qbands, view.near
+  local qb, near, marks = view.qbands, view.near, view.marks
   local v
-  v = qb[1][c1 * 256 + c2]; if v ~= nil then near_hit(near, v, id) end
-  v = qb[2][c3 * 256 + c4]; if v ~= nil then near_hit(near, v, id) end
-  v = qb[3][c5 * 256 + c6]; if v ~= nil then near_hit(near, v, id) end
-  v = qb[4][c7 * 256 + c8]; if v ~= nil then near_hit(near, v, id) end
-  v = qb[5][c9 * 256 + c10]; if v ~= nil then near_hit(near, v, id) end
-  v = qb[6][c11 * 256 + c12]; if v ~= nil then near_hit(near, v, id) end
-  v = qb[7][c13 * 256 + c14]; if v ~= nil then near_hit(near, v, id) end
-  v = qb[8][c15 * 256 + c16]; if v ~= nil then near_hit(near, v, id) end
+  v = qb[1][c1 * 256 + c2]; if v ~= nil then near_hit(near, marks, v, id) end
+  v = qb[2][c3 * 256 + c4]; if v ~= nil then near_hit(near, marks, v, id) end
+  v = qb[3][c5 * 256 + c6]; if v ~= nil then near_hit(near, marks, v, id) end
+  v = qb[4][c7 * 256 + c8]; if v ~= nil then near_hit(near, marks, v, id) end
+  v = qb[5][c9 * 256 + c10]; if v ~= nil then near_hit(near, marks, v, id) end
+  v = qb[6][c11 * 256 + c12]; if v ~= nil then near_hit(near, marks, v, id) end
+  v = qb[7][c13 * 256 + c14]; if v ~= nil then near_hit(near, marks, v, id) end
+  v = qb[8][c15 * 256 + c16]; if v ~= nil then near_hit(near, marks, v, id) end
 end
 
 local function note_change(view, id, fp, prev)
@@ -94,6 +101,8 @@ local function note_change(view, id, fp, prev)
     view.first_prev[id] = prev
     view.order[#view.order + 1] = id
     if near then note_near(view, id, prev) else note_bands(view.bands, id, prev) end
+  else
+    view.again = true  -- (an incident noted again, after others maybe: near_of's lists may hold it twice)
   end
   view.latest[id] = fp
   if near then note_near(view, id, fp) else note_bands(view.bands, id, fp) end
@@ -103,6 +112,7 @@ end
 local function near_of(view, query)
   local list = view.near[query]
   if list == nil then return nil, 0 end
+  if not view.again then return list, #list end  -- (each incident noted once: in a list once, see near_hit)
   local ids, n, seen = {}, 0, {}
   for i = 1, #list do
     local id = list[i]
