@@ -1,5 +1,6 @@
 """READ_PATH=auto and a storm met on the primary: a batch whose searches verified SNAPSHOT_STORM_CANDIDATES an event
-on average, or cut one at the budget, has the worker search its own copy from then on, whatever the index's size;
+on average (or a tenth of that, half of it matched), or cut one at the budget, has the worker search its own copy from
+then on, whatever the index's size;
 the answers stay exact (every pair within r reported once, against a linear scan), and nothing else switches."""
 
 from __future__ import annotations
@@ -73,13 +74,48 @@ def test_a_near_storm_on_the_primary_moves_the_search_to_the_workers_copy(redis_
     worker.run(until_idle=True)
     assert worker.processor.storm.seen and worker.processor.snapshot is not None
     [(_, fields)] = [w for w in log.warnings if w[0].startswith("storm on the primary")]
-    assert fields["candidates_per_event"] >= 40 and not fields["cut_at_the_budget"]
+    # (at this threshold its first batch is a storm by its matches: 4 candidates an event or more, half matched)
+    assert fields["candidates_per_event"] >= 4 and 2 * fields["matches_per_event"] >= fields["candidates_per_event"]
+    assert not fields["cut_at_the_budget"]
     # the first batches were indexed on the primary, the rest through the copy: every pair exactly once all the same
     [(_, loaded)] = [i for i in log.infos if i[0] == "snapshot loaded"]
     assert 32 <= loaded["incidents"] <= 128
     assert_pairs_reported_once(fingerprints(events), alerts(redis_client))
     assert redis_client.hlen(FP) == 300
     assert pending_count(redis_client) == 0
+
+
+def test_a_near_storm_is_known_by_its_matches_before_its_candidates_reach_the_threshold(
+    redis_client: redis.Redis,
+) -> None:
+    """At the default threshold (500), no batch of this storm of 300 verifies 500 candidates an event; but its
+    events match most of what they verify, so a batch of a tenth of that (50) is a storm: the copy takes over within
+    its first few batches, and every pair is still reported once."""
+    events = _storm(300)
+    publish(redis_client, events)
+    worker, log = _worker(redis_client, snapshot_storm_candidates=500)
+    worker.run(until_idle=True)
+    assert worker.processor.snapshot is not None
+    [(_, fields)] = [w for w in log.warnings if w[0].startswith("storm on the primary")]
+    assert (
+        50 <= fields["candidates_per_event"] < 500 and 2 * fields["matches_per_event"] >= fields["candidates_per_event"]
+    )
+    [(_, loaded)] = [i for i in log.infos if i[0] == "snapshot loaded"]
+    assert loaded["incidents"] <= 192  # (a storm within its first six batches of 32)
+    assert_pairs_reported_once(fingerprints(events), alerts(redis_client))
+    assert redis_client.hlen(FP) == 300 and pending_count(redis_client) == 0
+
+
+def test_a_storm_of_exact_twins_stays_on_the_primary(redis_client: redis.Redis) -> None:
+    """Exact twins match every earlier twin but verify one candidate an event (their group's representative): cheap
+    on the primary, so not a storm to move, at a threshold whose tenth one twin's single candidate falls short of."""
+    items = [{"incident_id": f"twin-{n:04d}", "features": {"dock": 3, "scanner": 2, "timeout": 1}} for n in range(200)]
+    publish(redis_client, items)
+    worker, log = _worker(redis_client, snapshot_storm_candidates=40)
+    worker.run(until_idle=True)
+    assert worker.processor.snapshot is None and not worker.processor.storm.seen
+    assert not [w for w in log.warnings if w[0].startswith("storm on the primary")]
+    assert redis_client.hlen(FP) == 200 and pending_count(redis_client) == 0
 
 
 def test_an_event_cut_at_the_budget_is_a_storm_whatever_the_mean(redis_client: redis.Redis) -> None:

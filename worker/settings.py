@@ -242,8 +242,9 @@ class Settings(BaseSettings):
         500,
         ge=0,
         description="With read_path=auto, a batch on the primary whose indexed events verified this many candidates "
-        "each on average, or any event cut at max_candidates (a near-duplicate storm, or bags crafted to share band "
-        "values), has the worker search its own copy from then on, whatever the index's size: the storm's cost then "
+        "each on average, or a tenth of that of which at least half matched, or any event cut at max_candidates (a "
+        "near-duplicate storm, or bags crafted to share band values), has the worker search its own copy from then "
+        "on, whatever the index's size: the storm's cost then "
         "falls on the worker, not on the primary's one thread. 0: only snapshot_min_incidents decides.",
     )
     snapshot_max_candidates: int = Field(
