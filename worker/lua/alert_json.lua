@@ -82,12 +82,12 @@ local function matches_json_counted(flat)
 end
 
 -- The alert's `matches`: [{"incident_id":"<id>","distance":<d>},...] of the longest head of `flat` (id, d, ...)
--- whose JSON fits in MAX_MATCHES_BYTES, at least one match. The usual list (IDs seen before and plain, each distance
--- with its pieces, the whole list within the cap) is written in one pass of two look-ups a match and one join, its
--- bytes counted from the join's length: the cap counts each match 2 bytes fewer than it takes, and the list 1 more
--- (that count is the JSON's length + 1 - 2n). Anything else is written the long way. A near storm lists its cap of
--- matches in every alert: its JSON was most of such an event's time on the primary (near-storms journal, sections 9
--- and 15).
+-- whose JSON fits in MAX_MATCHES_BYTES, at least one match. The usual list (IDs that need no escape, most of them
+-- known so already; each distance with its pieces; the whole list within the cap) is written in one pass of two
+-- look-ups a match and one join, its bytes counted from the join's length: the cap counts each match 2 bytes fewer
+-- than it takes, and the list 1 more (that count is the JSON's length + 1 - 2n). Anything else is written the long
+-- way. A near storm lists its cap of matches in every alert: its JSON was most of such an event's time on the
+-- primary (near-storms journal, sections 9 and 15).
 local function matches_json_within(flat)
   local n_flat = #flat
   if n_flat == 0 then return '[]' end
