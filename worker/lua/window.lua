@@ -36,11 +36,11 @@ local function note_bands(bands, id, h)
 end
 
 -- The send's own queries instead (apply_batch registers them first: register_queries): `qbands[k]` maps each of
--- their band values to the query, or a list of them, and each change is looked up there instead of being filed:
+-- their band values to the list of queries that have it, and each change is looked up there instead of being filed:
 -- `near[query]` lists the incidents that share a band with `query` (an incident once, or again when a change of
--- another came between two of its own: near_of then lists each once). A change looked up in 8 small tables costs about half of one filed in 8 growing ones (benchmarks/journal/
--- pipeline.md, "The fleet by part"), and a send's window is read once a send: the part of the primary's cost an
--- event that grows with the workers.
+-- another came between two of its own: near_of then lists each once). A change looked up in 8 small tables costs
+-- about half of one filed in 8 growing ones (benchmarks/journal/pipeline.md, "The fleet by part"), and a send's
+-- window is read once a send: the part of the primary's cost an event that grows with the workers.
 local function register_queries(context, queries)
   local qbands, registered = {{}, {}, {}, {}, {}, {}, {}, {}}, {}
   for i = 1, #queries do
@@ -51,31 +51,25 @@ local function register_queries(context, queries)
       for k = 1, 8 do
         local band, key = qbands[k], c[2 * k - 1] * 256 + c[2 * k]
         local v = band[key]
-        if v == nil then band[key] = q elseif type(v) == 'table' then v[#v + 1] = q else band[key] = {v, q} end
+        if v == nil then band[key] = {q} else v[#v + 1] = q end
       end
     end
   end
   context.qbands, context.registered = qbands, registered
 end
 
--- Each query sharing a band with the change of incident `id` (v: a band value's query, or list of them) gets `id`
--- once, however many of its bands it shares: `marks[query]` is the last incident noted for it. In a near storm the
--- send's queries and its window's changes share most of their bands, and an incident noted once a shared band had
--- made each query's list eight times as long, and near_of's reading of it as slow.
+-- Each query sharing a band with the change of incident `id` (v: the queries of a band value) gets `id` once,
+-- however many of its bands it shares: `marks[query]` is the last incident noted for it. In a near storm the send's
+-- queries and its window's changes share most of their bands, and an incident noted once a shared band had made
+-- each query's list eight times as long, and near_of's reading of it as slow.
 local function near_hit(near, marks, v, id)
-  if type(v) == 'table' then
-    for i = 1, #v do
-      local q = v[i]
-      if marks[q] ~= id then
-        marks[q] = id
-        local list = near[q]
-        if list == nil then near[q] = {id} else list[#list + 1] = id end
-      end
+  for i = 1, #v do
+    local q = v[i]
+    if marks[q] ~= id then
+      marks[q] = id
+      local list = near[q]
+      if list == nil then near[q] = {id} else list[#list + 1] = id end
     end
-  elseif marks[v] ~= id then
-    marks[v] = id
-    local list = near[v]
-    if list == nil then near[v] = {id} else list[#list + 1] = id end
   end
 end
 
