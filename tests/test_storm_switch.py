@@ -79,7 +79,8 @@ def test_a_near_storm_on_the_primary_moves_the_search_to_the_workers_copy(redis_
     assert not fields["cut_at_the_budget"]
     # the first batches were indexed on the primary, the rest through the copy: every pair exactly once all the same
     [(_, loaded)] = [i for i in log.infos if i[0] == "snapshot loaded"]
-    assert 32 <= loaded["incidents"] <= 128
+    # the batch that met it (its first) and the one in flight then went to the primary; the one read ahead did not
+    assert 32 <= loaded["incidents"] <= 64
     assert_pairs_reported_once(fingerprints(events), alerts(redis_client))
     assert redis_client.hlen(FP) == 300
     assert pending_count(redis_client) == 0
@@ -101,7 +102,8 @@ def test_a_near_storm_is_known_by_its_matches_before_its_candidates_reach_the_th
         50 <= fields["candidates_per_event"] < 500 and 2 * fields["matches_per_event"] >= fields["candidates_per_event"]
     )
     [(_, loaded)] = [i for i in log.infos if i[0] == "snapshot loaded"]
-    assert loaded["incidents"] <= 192  # (a storm within its first six batches of 32)
+    # (a storm by its second batch: it and the one in flight then on the primary, nothing read ahead after them)
+    assert loaded["incidents"] <= 128
     assert_pairs_reported_once(fingerprints(events), alerts(redis_client))
     assert redis_client.hlen(FP) == 300 and pending_count(redis_client) == 0
 

@@ -208,8 +208,14 @@ class Processor:
         sent: deque[tuple[list[_Item], float]] = deque()
         with self.index.transport() as calls:
             while items:
+                if self.storm.seen and self.snapshot is None:
+                    # a storm met by a batch settled in this round: the batches in flight settle, and those read
+                    # but not sent yet search the copy (choose_read_path), not the primary
+                    while sent:
+                        self._settle_batch(*sent.popleft(), calls.receive())
+                    self.choose_read_path()
                 ahead = None
-                # (a storm met on the primary ends the round: the next one searches the copy, choose_read_path)
+                # (a storm met on the primary while the copy cannot be had ends the round: choose_read_path)
                 if not self._stop.is_set() and time.monotonic() < until and (self.snapshot or not self.storm.seen):
                     ahead = self._reader.submit(self._read_ahead)
                 # a snapshot is validated from the moment it is sent: no batch goes out with a copy one batch behind
@@ -711,7 +717,7 @@ class Processor:
 
     def _record_batch(self, started: float) -> None:
         """A batch is settled: count it, and see whether its searches on the primary met a storm (`StormWatch`:
-        the worker then searches its own copy from its next read on, `choose_read_path`)."""
+        the worker then searches its own copy from its next batch on, `choose_read_path`)."""
         self.outcomes.batch_done(time.perf_counter() - started)
         storm = self.storm.batch_done() if self.snapshot is None else None
         if storm is not None:
