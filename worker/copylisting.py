@@ -116,12 +116,14 @@ def scanned_results(
     copy: ListingRows,
     blocks: list[Scanned],
     queries: Sequence[tuple[int, str | None]],
+    fps: np.ndarray,
     r: int,
     verified: np.ndarray,
     cut: np.ndarray,
     limit: int,
 ) -> list[SearchResult]:
-    """`results` of a send compared with every row of the copy (`blocks`, `MemoryIndex._scan`): the same answers,
+    """`results` of a send compared with every row of the copy (`blocks`, `MemoryIndex._scan`; `fps`: the queries'
+    fingerprints, uint64, as `search_many` holds them): the same answers,
     counted without gathering the matches (a near storm's thousands a query), in two compiled passes over each
     block (worker/compiled.py): a query's members by distance summed from the rows' member counts, its excluded ID
     taken off at its own distance; then only the rows its cap reaches, and that hold an incident, picked out and
@@ -130,7 +132,6 @@ def scanned_results(
     from .compiled import scan_counts, scan_picks  # (imported by compile_soon's thread; waits for it if need be)
 
     n = len(queries)
-    fps = np.array([fp for fp, _ in queries], dtype=np.uint64)
     by_distance = np.zeros((n, r + 1), dtype=np.int64)
     for block, _, sizes in blocks:
         scan_counts(block, sizes, fps, r, by_distance)

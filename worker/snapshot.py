@@ -673,9 +673,8 @@ class MemoryIndex:
             if tiers:
                 hits, unique = self._tier_hits(tiers, queries_array, r, verified, budget, cut)
                 if hits is None:  # (a near storm's send: see _scan)
-                    return copylisting.scanned_results(
-                        self, self._scan(tiers, queries_array, r, verified), queries, r, verified, cut, limit
-                    )
+                    blocks = self._scan(tiers, queries_array, r, verified)
+                    return copylisting.scanned_results(self, blocks, queries, queries_array, r, verified, cut, limit)
                 found.append(hits)
             if self._row_count() > self._sealed:
                 found.append(self._tail_hits(queries_array, r, verified))
