@@ -103,6 +103,11 @@ _MAX_FP = (1 << 64) - 1
 _APPLY_MANY = 4
 """Changes from which `MemoryIndex.apply` looks them all up in the loaded rows at once (fewer: one by one)."""
 
+_READ_KEPT = 65_536
+"""Loaded rows whose members a copy keeps as it read them (`MemoryIndex._held`), emptied when full: a near storm in a
+loaded copy lists the same rows for every event (a copy loaded with the storm's first 300 incidents searched it 1.25x
+as long when each listing decoded them again, benchmarks/journal/near-storms.md)."""
+
 
 _compiling = threading.Lock()
 _compiler: threading.Thread | None = None
@@ -145,6 +150,9 @@ class MemoryIndex:
         self._gone = np.zeros(0, dtype=bool)
         self._dead = np.zeros(0, dtype=bool)
         self._over: dict[int, str | list[str] | None] = {}
+        # the members of loaded rows as read (decoded from the base once: a storm lists the same rows query after
+        # query), up to _READ_KEPT rows; `_over` comes first, so a row given other members is never read from here
+        self._read: dict[int, str | list[str]] = {}
         # What changed since the load, in Python: the incidents set since (not the base's), the rows made since
         # (row _base_rows + k at [k]) and their fingerprints (`_row_of`)
         self._fp_of: dict[str, int] = {}
@@ -230,9 +238,9 @@ class MemoryIndex:
         # the arena's and the counts' reserves are not resident until written
         arrays += self._arena_end() * self._arena.itemsize + self._row_count() * self._sizes.itemsize
         objects = 0
-        if self._fp_of or self._members or self._over:
+        if self._fp_of or self._members or self._over or self._read:
             # a dict entry, its key and value; a list slot and its members (measured with tracemalloc: about these)
-            objects = 150 * len(self._fp_of) + 100 * len(self._row_of) + 100 * len(self._over)
+            objects = 150 * len(self._fp_of) + 100 * len(self._row_of) + 100 * (len(self._over) + len(self._read))
         return arrays + (self._base.nbytes() if self._base is not None else 0) + objects
 
     def _arena_end(self) -> int:
@@ -259,12 +267,20 @@ class MemoryIndex:
             return self._members[row - self._base_rows]
         if row in self._over:
             return self._over[row]
-        assert self._base is not None
-        base = self._base
-        incidents = base.row_members(row)
-        if len(incidents) == 1:
-            return base.incident_id(incidents[0])
-        return [base.incident_id(incident) for incident in incidents]
+        held = self._read.get(row)
+        if held is None:
+            assert self._base is not None
+            base = self._base
+            incidents = base.row_members(row)
+            held = (
+                base.incident_id(incidents[0])
+                if len(incidents) == 1
+                else [base.incident_id(incident) for incident in incidents]
+            )
+            if len(self._read) >= _READ_KEPT:
+                self._read.clear()
+            self._read[row] = held
+        return held
 
     def _hold(self, row: int, members: str | list[str] | None) -> None:
         self._sizes[row] = 0 if members is None else 1 if isinstance(members, str) else len(members)
@@ -896,11 +912,17 @@ class MemoryIndex:
 
     def _members_of(self, rows: np.ndarray) -> list[str | list[str] | None]:
         """`_held` of each of `rows`: those made since the load gathered in one step (a storm's thousands of matches
-        are rows made since the copy's load), the loaded ones one by one."""
+        are rows made since the copy's load), then the loaded ones put in their places one by one."""
         if not len(rows):
             return []
         made = rows - self._base_rows
-        if int(made.min()) >= 0:
-            got = operator.itemgetter(*made.tolist())(self._members)
-            return list(got) if len(rows) > 1 else [got]
-        return [self._held(row) for row in rows.tolist()]
+        if int(made.max()) < 0:
+            return [self._held(row) for row in rows.tolist()]
+        got = operator.itemgetter(*np.maximum(made, 0).tolist())(self._members)
+        members = list(got) if len(rows) > 1 else [got]
+        loaded = np.flatnonzero(made < 0)
+        if len(loaded):
+            held = self._held
+            for k, row in zip(loaded.tolist(), rows[loaded].tolist(), strict=True):
+                members[k] = held(row)
+        return members
