@@ -1,7 +1,8 @@
 """The copy's candidates verified by its compiled loop (`compiled.near_ranges`), against the plain gather; a near
 storm's send counted and picked by its two compiled passes over every row (`scan_counts`, `scan_picks`), against the
-table of distances; and searches whose loop had too little room for its near candidates (it runs again with room for
-all) against searches with room to spare and the oracle.
+table of distances; the numpy steps a copy searches with while the loops compile (`copyarrays.PLAIN_LOOPS`) against
+the same; and searches whose loop had too little room for its near candidates (it runs again with room for all)
+against searches with room to spare and the oracle.
 
 An ordinary send finds a few dozen near candidates, within the loop's first room; a near storm's send thousands. Here
 a room of a few candidates makes every search run the loop twice, ranges that are empty or find nothing included."""
@@ -12,6 +13,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import worker.compiled
+import worker.copyarrays
 import worker.snapshot
 from tests.oracle import Oracle, clustered, flip
 from worker.bands import BandLayout
-from worker.compiled import near_ranges
-from worker.copyarrays import ranges
+from worker.copyarrays import PLAIN_LOOPS, ranges
 from worker.snapshot import MemoryIndex
 
 
@@ -35,13 +37,16 @@ from worker.snapshot import MemoryIndex
     r=st.sampled_from([0, 1, 7, 30, 33, 64]),
     room=st.sampled_from([1, 2, 7, 4096]),
     near_values=st.booleans(),
+    plain=st.booleans(),
 )
 def test_the_loop_finds_what_the_plain_gather_finds(
-    seed, lengths, r, room, near_values, monkeypatch: pytest.MonkeyPatch
+    seed, lengths, r, room, near_values, plain, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every candidate within r found, in order, with its XOR; at every distance up to 64 (popcount of a value with
-    the top bit set included: r = 33 and 64 take values of any weight, a signed or float comparison breaks them)."""
+    the top bit set included: r = 33 and 64 take values of any weight, a signed or float comparison breaks them).
+    `plain`: the numpy steps used while the loop compiles."""
     monkeypatch.setattr(worker.compiled, "_ROOM", room)
+    near_ranges = PLAIN_LOOPS.near_ranges if plain else worker.compiled.near_ranges
     rng = np.random.default_rng(seed)
     values = rng.integers(0, 2**64, size=200, dtype=np.uint64)
     fps = rng.integers(0, 2**64, size=len(lengths), dtype=np.uint64)
@@ -85,14 +90,18 @@ def _copy(seed: int, layout: BandLayout) -> tuple[MemoryIndex, Oracle, list[int]
     n=st.sampled_from([1, 2, 16]),
     r=st.sampled_from([0, 3, 7, 12]),
     room=st.sampled_from([1, 3, 4096]),
+    plain=st.booleans(),
 )
 def test_a_scan_counts_and_picks_what_the_table_of_distances_gives(
-    seed, rows, n, r, room, monkeypatch: pytest.MonkeyPatch
+    seed, rows, n, r, room, plain, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`scan_counts` and `scan_picks` (a near storm's send compared with every row: `copylisting.scanned_results`)
     against the table of every distance they spare: each query's member counts by distance (`np.bincount` weighted
     by them), and the (query, row, distance) of the rows of members within each query's bound, in the same order;
-    fingerprints near the queries and far, rows with no member, bounds of 0 to r, and too little room at first."""
+    fingerprints near the queries and far, rows with no member, bounds of 0 to r, and too little room at first.
+    `plain`: the numpy steps used while the loops compile, their XORs made a few pairs at a time."""
+    loops = PLAIN_LOOPS if plain else worker.compiled
+    monkeypatch.setattr(worker.copyarrays, "_PLAIN_STEP", room)
     rng = np.random.default_rng(seed)
     centre = rng.integers(0, 2**64, dtype=np.uint64, endpoint=False)
     fps = centre ^ rng.integers(0, 2**64, rows, dtype=np.uint64, endpoint=False)
@@ -103,12 +112,12 @@ def test_a_scan_counts_and_picks_what_the_table_of_distances_gives(
     queries = centre ^ np.array([1 << int(b) for b in rng.integers(0, 64, n)], dtype=np.uint64)
     table = np.bitwise_count(fps ^ queries[:, None]).astype(np.int64)
     counts = np.zeros((n, r + 1), dtype=np.int64)
-    worker.compiled.scan_counts(fps, sizes, queries, r, counts)
+    loops.scan_counts(fps, sizes, queries, r, counts)
     for k in range(n):
         assert counts[k].tolist() == np.bincount(table[k], weights=sizes, minlength=65)[: r + 1].astype(int).tolist()
     bound = rng.integers(0, r + 1, n).astype(np.uint64)
     monkeypatch.setattr(worker.compiled, "_ROOM", room)
-    which, at, distance = worker.compiled.scan_picks(fps, sizes, queries, bound)
+    which, at, distance = loops.scan_picks(fps, sizes, queries, bound)
     expected_which, expected_at = ((table <= bound[:, None].astype(np.int64)) & (sizes > 0)).nonzero()
     assert which.tolist() == expected_which.tolist()
     assert at.tolist() == expected_at.tolist()
@@ -140,6 +149,37 @@ def test_searches_whose_loop_had_little_room_answer_as_with_room_to_spare(
             for (fp, exclude), result in zip(queries, got, strict=True):
                 found = oracle.matches(fp, exclude=exclude)
                 assert (result.match_count, result.matches) == (len(found), found[:5])
+
+
+@pytest.mark.parametrize("scan_share", [0, 2**62])
+def test_a_copy_searches_with_numpy_while_its_loops_compile(scan_share, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While `compile_soon`'s thread runs, `loops` gives the numpy steps, and a copy's searches (through the bands,
+    or a near storm's send compared with every row: `scan_share`) answer as the compiled loops do, and as the oracle;
+    once the thread is done, the compiled loops."""
+    monkeypatch.setattr(worker.snapshot, "_SCAN_SHARE", scan_share)
+    layout = BandLayout(4, 7)
+    compiled, oracle, pool = _copy(13, layout)
+    plain, _, _ = _copy(13, layout)
+    compiling = threading.Event()
+    thread = threading.Thread(target=compiling.wait, daemon=True)
+    thread.start()
+    try:
+        monkeypatch.setattr(worker.snapshot, "_compiler", thread)
+        assert worker.snapshot.loops() is PLAIN_LOOPS
+        rng = random.Random(7)
+        for _ in range(8):
+            queries = [(flip(rng.choice(pool), rng.randint(0, 8), rng), rng.choice([None, "i1"])) for _ in range(16)]
+            got = plain.search_many(queries, limit=5)
+            with monkeypatch.context() as done:
+                done.setattr(worker.snapshot, "loops", lambda: worker.compiled)
+                assert compiled.search_many(queries, limit=5) == got
+            for (fp, exclude), result in zip(queries, got, strict=True):
+                found = oracle.matches(fp, exclude=exclude)
+                assert (result.match_count, result.matches) == (len(found), found[:5])
+    finally:
+        compiling.set()
+        thread.join(timeout=5)
+    assert worker.snapshot.loops() is worker.compiled
 
 
 def test_the_loop_runs_where_numba_has_nowhere_to_cache_it() -> None:

@@ -7,11 +7,13 @@ a module function's own dispatch costs microseconds (benchmarks/journal/pipeline
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from .bands import BandLayout, probe_radii
 
-__all__ = ["BandReach", "bounds", "distance_table", "ranges", "tile", "value_dtype"]
+__all__ = ["PLAIN_LOOPS", "BandReach", "bounds", "distance_table", "ranges", "tile", "value_dtype"]
 
 
 def tile(values: np.ndarray, times: int) -> np.ndarray:
@@ -97,3 +99,39 @@ def distance_table(fps: np.ndarray, queries: np.ndarray, step: int) -> np.ndarra
     for first in range(0, len(queries), rows):
         np.bitwise_count(fps ^ queries[first : first + rows, None], out=distances[first : first + rows])
     return distances
+
+
+_PLAIN_STEP = 1 << 20
+"""(query, fingerprint) pairs whose XORs `PLAIN_LOOPS` makes at a time (8 MB)."""
+
+
+def _plain_near_ranges(
+    values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, fps: np.ndarray, r: int
+) -> tuple[np.ndarray, np.ndarray]:
+    apart = values.take(ranges(starts, starts + lengths)) ^ fps.repeat(lengths)
+    near = (np.bitwise_count(apart) <= r).nonzero()[0]
+    return near, apart[near]
+
+
+def _plain_scan_counts(
+    fps: np.ndarray, sizes: np.ndarray, queries: np.ndarray, r: int, by_distance: np.ndarray
+) -> None:
+    distances = distance_table(fps, queries, _PLAIN_STEP)
+    for k in range(len(queries)):
+        by_distance[k] += np.bincount(distances[k], weights=sizes, minlength=r + 1)[: r + 1].astype(np.int64)
+
+
+def _plain_scan_picks(
+    fps: np.ndarray, sizes: np.ndarray, queries: np.ndarray, bound: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    distances = distance_table(fps, queries, _PLAIN_STEP)
+    which, at = ((distances <= bound[:, None]) & (sizes > 0)).nonzero()
+    return which, at, distances[which, at].astype(np.int64)
+
+
+PLAIN_LOOPS = SimpleNamespace(
+    near_ranges=_plain_near_ranges, scan_counts=_plain_scan_counts, scan_picks=_plain_scan_picks
+)
+"""worker/compiled.py's loops as the numpy steps their docstrings give (the same answers, slower): what a copy
+searches with while its thread still compiles them (`snapshot.loops`), so that a copy made in the middle of a storm
+(`READ_PATH=auto`'s switch) searches at once rather than wait ~0.3 s for numba."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -121,16 +121,16 @@ def scanned_results(
     verified: np.ndarray,
     cut: np.ndarray,
     limit: int,
+    loops: Any,
 ) -> list[SearchResult]:
     """`results` of a send compared with every row of the copy (`blocks`, `MemoryIndex._scan`; `fps`: the queries'
-    fingerprints, uint64, as `search_many` holds them): the same answers,
-    counted without gathering the matches (a near storm's thousands a query), in two compiled passes over each
-    block (worker/compiled.py): a query's members by distance summed from the rows' member counts, its excluded ID
-    taken off at its own distance; then only the rows its cap reaches, and that hold an incident, picked out and
-    listed. (A table of every distance, and a bincount and a pick of it a query, had been most of a storm
-    send's search: benchmarks/journal/near-storms.md, section 15.)"""
-    from .compiled import scan_counts, scan_picks  # (imported by compile_soon's thread; waits for it if need be)
-
+    fingerprints, uint64, as `search_many` holds them): the same answers, counted without gathering the matches (a
+    near storm's thousands a query), in two compiled passes over each block (`loops`: worker/compiled.py, or its
+    numpy steps while it compiles): a query's members by distance summed from the rows' member counts, its excluded
+    ID taken off at its own distance; then only the rows its cap reaches, and that hold an incident, picked out and
+    listed. (A table of every distance, and a bincount and a pick of it a query, had been most of a storm send's
+    search: benchmarks/journal/near-storms.md, section 15.)"""
+    scan_counts, scan_picks = loops.scan_counts, loops.scan_picks  # (`snapshot.loops`)
     n = len(queries)
     by_distance = np.zeros((n, r + 1), dtype=np.int64)
     for block, _, sizes in blocks:

@@ -37,12 +37,13 @@ import bisect
 import operator
 import threading
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from . import copylisting
 from .bands import BandLayout
-from .copyarrays import BandReach, bounds, distance_table, ranges, tile
+from .copyarrays import PLAIN_LOOPS, BandReach, bounds, distance_table, ranges, tile
 from .copylisting import NO_HITS, Hits, SearchResult
 from .copytiers import Tier, span, tier_end, write_tier
 from .loadedrows import LoadedRows, RowsBuilder
@@ -114,9 +115,10 @@ _compiler: threading.Thread | None = None
 
 
 def compile_soon() -> None:
-    """Import and compile the search's loop (worker/compiled.py: numba, ~0.3 s, or ~0.13 s from its cache) in a
-    thread, once a process: a worker makes its copy meanwhile (mostly waiting on Redis), so the copy is not ready
-    later for it, and the first search does not pay for it."""
+    """Import and compile the search's loops (worker/compiled.py: numba, ~0.3 s, or ~0.13 s from its cache) in a
+    thread, once a process: a worker makes its copy meanwhile (mostly waiting on Redis), and a search made before
+    they are ready uses their numpy steps (`loops`): numba costs a worker about 100 MB, so a worker that may never
+    make a copy (`READ_PATH=auto` below SNAPSHOT_MIN_INCIDENTS) does not import it before it makes one."""
     global _compiler
     with _compiling:
         if _compiler is None:
@@ -128,6 +130,18 @@ def _compile() -> None:
     from . import compiled
 
     compiled.warm()
+
+
+def loops() -> Any:
+    """The search's loops: worker/compiled.py once `compile_soon`'s thread is done, their numpy steps until then
+    (`copyarrays.PLAIN_LOOPS`): a copy made as a storm begins, `READ_PATH=auto`'s, searched its first sends a
+    fifth of a 12,000-event storm's time later waiting for the compiler (benchmarks/journal/near-storms.md)."""
+    compiler = _compiler
+    if compiler is not None and compiler.is_alive():
+        return PLAIN_LOOPS
+    from . import compiled  # (imported by compile_soon's thread)
+
+    return compiled
 
 
 class MemoryIndex:
@@ -690,7 +704,9 @@ class MemoryIndex:
                 hits, unique = self._tier_hits(tiers, queries_array, r, verified, budget, cut)
                 if hits is None:  # (a near storm's send: see _scan)
                     blocks = self._scan(tiers, queries_array, r, verified)
-                    return copylisting.scanned_results(self, blocks, queries, queries_array, r, verified, cut, limit)
+                    return copylisting.scanned_results(
+                        self, blocks, queries, queries_array, r, verified, cut, limit, loops()
+                    )
                 found.append(hits)
             if self._row_count() > self._sealed:
                 found.append(self._tail_hits(queries_array, r, verified))
@@ -771,9 +787,7 @@ class MemoryIndex:
         # each candidate against its query's fingerprint, in one compiled pass over the arena; the range of each near
         # one found from its place among them, and its position in the arena from that (they are few: cheaper than
         # the range and position of every candidate)
-        from .compiled import near_ranges  # (imported by compile_soon's thread; waits for it if need be)
-
-        near, apart = near_ranges(self._arena, starts, lengths, queries[range_query], r)
+        near, apart = loops().near_ranges(self._arena, starts, lengths, queries[range_query], r)
         range_ends = lengths.cumsum()
         range_of = range_ends.searchsorted(near, side="right")
         once = len(near) > _FEW_HITS
