@@ -98,12 +98,25 @@ def near_ranges(
 def _scan_counts(
     fps: np.ndarray, sizes: np.ndarray, queries: np.ndarray, r: np.uint64, by_distance: np.ndarray
 ) -> None:  # pragma: no cover (compiled: its coverage is the tests of scan_counts)
+    # every distance counted, without a branch (a storm's rows are within r or not at random: a branch on it was
+    # mispredicted about half the time, 4x the loop's time at 20,000 rows), in two tables that alternate rows (a
+    # row's count added before the previous row's is stored, when both lie at one distance)
+    n = fps.shape[0]
+    even = np.zeros(65, dtype=np.int64)
+    odd = np.zeros(65, dtype=np.int64)
     for k in range(queries.shape[0]):
         query = queries[k]
-        for j in range(fps.shape[0]):
-            d = _popcount(fps[j] ^ query)  # type: ignore[call-arg,var-annotated]
-            if d <= r:
-                by_distance[k, d] += sizes[j]
+        even[:] = 0
+        odd[:] = 0
+        j = 0
+        while j + 1 < n:
+            even[_popcount(fps[j] ^ query)] += sizes[j]  # type: ignore[call-arg]
+            odd[_popcount(fps[j + 1] ^ query)] += sizes[j + 1]
+            j += 2
+        if j < n:
+            even[_popcount(fps[j] ^ query)] += sizes[j]  # type: ignore[call-arg]
+        for d in range(r + 1):
+            by_distance[k, d] += even[d] + odd[d]
 
 
 def scan_counts(fps: np.ndarray, sizes: np.ndarray, queries: np.ndarray, r: int, by_distance: np.ndarray) -> None:
@@ -132,12 +145,13 @@ def _scan_picks(
         within = bound[k]
         for j in range(fps.shape[0]):
             d = _popcount(fps[j] ^ query)  # type: ignore[call-arg,var-annotated]
-            if d <= within and sizes[j] > 0:
-                if found < room:
-                    which[found] = k
-                    at[found] = j
-                    distance[found] = d
-                found += 1
+            # each row written where the next pick goes, and kept by counting it (no branch on the distance, as in
+            # _scan_counts: 3 to 4x faster on a storm's rows)
+            if found < room:
+                which[found] = k
+                at[found] = j
+                distance[found] = d
+            found += (d <= within) & (sizes[j] > 0)
     return found
 
 
