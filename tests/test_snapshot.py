@@ -93,6 +93,23 @@ def _loaded_then_changed(
     return index, oracle
 
 
+def _change_both(index: MemoryIndex, oracle: Oracle, pool: list[int], changes: list[tuple[str, int, int]]) -> None:
+    """Each (set or delete, incident, pool index) of `changes` made in the copy and in the oracle."""
+    for op, incident, which in changes:
+        if op == "set":
+            index.set(f"i{incident}", pool[which])
+            oracle.fps[f"i{incident}"] = pool[which]
+        else:
+            index.delete(f"i{incident}")
+            oracle.fps.pop(f"i{incident}", None)
+
+
+def _change_rounds(*, incidents: int, pool: int, changes: int, rounds: int) -> st.SearchStrategy:
+    """Rounds of changes (set or delete, incident, pool index), each searched after it."""
+    change = st.tuples(st.sampled_from(["set", "set", "delete"]), st.integers(0, incidents), st.integers(0, pool))
+    return st.lists(st.lists(change, max_size=changes), min_size=1, max_size=rounds)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     layout=st.sampled_from(LAYOUTS),
@@ -127,13 +144,7 @@ def test_the_numpy_base_and_the_rows_made_after_it_search_like_a_linear_scan(
     layout=st.sampled_from(LAYOUTS),
     seed=st.integers(0, 2**32),
     loaded=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 11)), min_size=1, max_size=60),
-    rounds=st.lists(
-        st.lists(
-            st.tuples(st.sampled_from(["set", "set", "delete"]), st.integers(0, 30), st.integers(0, 11)), max_size=12
-        ),
-        min_size=1,
-        max_size=4,
-    ),
+    rounds=_change_rounds(incidents=30, pool=11, changes=12, rounds=4),
     kept=st.sampled_from([1, 3, 65_536]),
 )
 def test_loaded_rows_read_once_are_read_again_after_they_change(layout, seed, loaded, rounds, kept) -> None:
@@ -148,13 +159,7 @@ def test_loaded_rows_read_once_are_read_again_after_they_change(layout, seed, lo
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(worker.snapshot, "_READ_KEPT", kept)
         for changes in [[], *rounds]:
-            for op, incident, which in changes:
-                if op == "set":
-                    index.set(f"i{incident}", pool[which])
-                    oracle.fps[f"i{incident}"] = pool[which]
-                else:
-                    index.delete(f"i{incident}")
-                    oracle.fps.pop(f"i{incident}", None)
+            _change_both(index, oracle, pool, changes)
             results = index.search_many(queries, limit=100)
             assert len(index._read) <= kept
             for (fp, exclude), result in zip(queries, results, strict=True):
@@ -275,13 +280,7 @@ def _assert_tiers_hold_their_shape(index: MemoryIndex) -> None:
     layout=st.sampled_from(LAYOUTS),
     seed=st.integers(0, 2**32),
     loaded=st.integers(0, 30),
-    rounds=st.lists(
-        st.lists(
-            st.tuples(st.sampled_from(["set", "set", "delete"]), st.integers(0, 60), st.integers(0, 40)), max_size=30
-        ),
-        min_size=1,
-        max_size=6,
-    ),
+    rounds=_change_rounds(incidents=60, pool=40, changes=30, rounds=6),
     seal=st.sampled_from([1, 2, 5]),
 )
 def test_tiers_sealed_and_merged_while_the_copy_changes_search_like_a_linear_scan(
@@ -302,13 +301,7 @@ def test_tiers_sealed_and_merged_while_the_copy_changes_search_like_a_linear_sca
         index.load(dict(oracle.fps))
         queries = [*pool[:8], flip(pool[0], max_distance, rng), flip(pool[1], max_distance + 1, rng)]
         for ops in rounds:
-            for op, incident, which in ops:
-                if op == "set":
-                    index.set(f"i{incident}", pool[which])
-                    oracle.fps[f"i{incident}"] = pool[which]
-                else:
-                    index.delete(f"i{incident}")
-                    oracle.fps.pop(f"i{incident}", None)
+            _change_both(index, oracle, pool, ops)
             _assert_tiers_hold_their_shape(index)
             results = index.search_many([(fp, "i0") for fp in queries], limit=3)
             for fp, result in zip(queries, results, strict=True):
