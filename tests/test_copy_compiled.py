@@ -164,8 +164,8 @@ def test_a_copy_searches_with_numpy_while_its_loops_compile(scan_share, monkeypa
     thread = threading.Thread(target=compiling.wait, daemon=True)
     thread.start()
     try:
-        monkeypatch.setattr(worker.snapshot, "_compiler", thread)
-        assert worker.snapshot.loops() is PLAIN_LOOPS
+        monkeypatch.setattr(worker.copyarrays, "_compiler", thread)
+        assert worker.copyarrays.loops() is PLAIN_LOOPS
         rng = random.Random(7)
         for _ in range(8):
             queries = [(flip(rng.choice(pool), rng.randint(0, 8), rng), rng.choice([None, "i1"])) for _ in range(16)]
@@ -179,7 +179,7 @@ def test_a_copy_searches_with_numpy_while_its_loops_compile(scan_share, monkeypa
     finally:
         compiling.set()
         thread.join(timeout=5)
-    assert worker.snapshot.loops() is worker.compiled
+    assert worker.copyarrays.loops() is worker.compiled
 
 
 def test_the_loop_runs_where_numba_has_nowhere_to_cache_it() -> None:

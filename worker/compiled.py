@@ -8,7 +8,7 @@ even read a piece at a time. One compiled loop reads each candidate once and kee
 
 Compiled once a process (`warm`), or read from numba's cache beside this file (or in its user cache) when one of
 those is writable (~0.13 s instead of ~0.3). numba is imported with this module (~0.15 s): worker/snapshot.py imports
-it only for a copy, in a thread of its own while the copy loads (`snapshot.compile_soon`)."""
+it only for a copy, in a thread of its own while the copy loads (`copyarrays.compile_soon`)."""
 
 from __future__ import annotations
 
@@ -173,7 +173,7 @@ def scan_picks(
 
 def warm() -> None:
     """Compile (or load from the cache) the loops now rather than in the first search: a call on one candidate (numba
-    compiles once a process, under its own lock; later calls only run it). `snapshot.compile_soon` calls it once."""
+    compiles once a process, under its own lock; later calls only run it). `copyarrays.compile_soon` calls it once."""
     one = np.zeros(1, dtype=np.uint64)
     near_ranges(one, np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64), one, 0)
     sizes = np.ones(1, dtype=np.int32)  # (a copy's member counts: MemoryIndex._sizes)

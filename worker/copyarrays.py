@@ -1,19 +1,33 @@
 """The array steps the worker's copy (worker/snapshot.py, worker/loadedrows.py) is built from: ranges of positions
-in one array, a 1-d tile, where consecutive pieces start and end, a band's value type, and which bands reach a
-candidate (a near storm's search keeps a row once, from the first band that reaches it).
+in one array, a 1-d tile, where consecutive pieces start and end, a band's value type, which bands reach a
+candidate (a near storm's search keeps a row once, from the first band that reaches it), and the search's loops:
+worker/compiled.py's, compiled in a thread once a process (`compile_soon`), or their numpy steps until then
+(`loops`).
 
 Each is a few numpy calls without numpy's module-level wrappers: the copy's search calls them for every send, where
 a module function's own dispatch costs microseconds (benchmarks/journal/pipeline.md)."""
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 
 from .bands import BandLayout, probe_radii
 
-__all__ = ["PLAIN_LOOPS", "BandReach", "bounds", "distance_table", "ranges", "tile", "value_dtype"]
+__all__ = [
+    "PLAIN_LOOPS",
+    "BandReach",
+    "bounds",
+    "compile_soon",
+    "distance_table",
+    "loops",
+    "ranges",
+    "tile",
+    "value_dtype",
+]
 
 
 def tile(values: np.ndarray, times: int) -> np.ndarray:
@@ -133,5 +147,39 @@ PLAIN_LOOPS = SimpleNamespace(
     near_ranges=_plain_near_ranges, scan_counts=_plain_scan_counts, scan_picks=_plain_scan_picks
 )
 """worker/compiled.py's loops as the numpy steps their docstrings give (the same answers, slower): what a copy
-searches with while its thread still compiles them (`snapshot.loops`), so that a copy made in the middle of a storm
+searches with while its thread still compiles them (`loops`), so that a copy made in the middle of a storm
 (`READ_PATH=auto`'s switch) searches at once rather than wait ~0.3 s for numba."""
+
+
+_compiling = threading.Lock()
+_compiler: threading.Thread | None = None
+
+
+def compile_soon() -> None:
+    """Import and compile the search's loops (worker/compiled.py: numba, ~0.3 s, or ~0.13 s from its cache) in a
+    thread, once a process: a worker makes its copy meanwhile (mostly waiting on Redis), and a search made before
+    they are ready uses their numpy steps (`loops`): numba costs a worker about 100 MB, so a worker that may never
+    make a copy (`READ_PATH=auto` below SNAPSHOT_MIN_INCIDENTS) does not import it before it makes one."""
+    global _compiler
+    with _compiling:
+        if _compiler is None:
+            _compiler = threading.Thread(target=_compile, name="compile-search", daemon=True)
+            _compiler.start()
+
+
+def _compile() -> None:
+    from . import compiled
+
+    compiled.warm()
+
+
+def loops() -> Any:
+    """The search's loops: worker/compiled.py once `compile_soon`'s thread is done, their numpy steps until then
+    (`PLAIN_LOOPS`): a copy made as a storm begins, `READ_PATH=auto`'s, sent its first claims 0.2 s late waiting for
+    the compiler (benchmarks/journal/near-storms.md, section 16)."""
+    compiler = _compiler
+    if compiler is not None and compiler.is_alive():
+        return PLAIN_LOOPS
+    from . import compiled  # (imported by compile_soon's thread)
+
+    return compiled

@@ -130,7 +130,7 @@ def scanned_results(
     ID taken off at its own distance; then only the rows its cap reaches, and that hold an incident, picked out and
     listed. (A table of every distance, and a bincount and a pick of it a query, had been most of a storm send's
     search: benchmarks/journal/near-storms.md, section 15.)"""
-    scan_counts, scan_picks = loops.scan_counts, loops.scan_picks  # (`snapshot.loops`)
+    scan_counts, scan_picks = loops.scan_counts, loops.scan_picks  # (`copyarrays.loops`)
     n = len(queries)
     by_distance = np.zeros((n, r + 1), dtype=np.int64)
     for block, _, sizes in blocks:

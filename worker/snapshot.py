@@ -35,15 +35,13 @@ from __future__ import annotations
 
 import bisect
 import operator
-import threading
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import numpy as np
 
 from . import copylisting
 from .bands import BandLayout
-from .copyarrays import PLAIN_LOOPS, BandReach, bounds, distance_table, ranges, tile
+from .copyarrays import BandReach, bounds, compile_soon, distance_table, loops, ranges, tile
 from .copylisting import NO_HITS, Hits, SearchResult
 from .copytiers import Tier, span, tier_end, write_tier
 from .loadedrows import LoadedRows, RowsBuilder
@@ -108,40 +106,6 @@ _READ_KEPT = 65_536
 """Loaded rows whose members a copy keeps as it read them (`MemoryIndex._held`), emptied when full: a near storm in a
 loaded copy lists the same rows for every event (a copy loaded with the storm's first 300 incidents searched it 1.25x
 as long when each listing decoded them again, benchmarks/journal/near-storms.md)."""
-
-
-_compiling = threading.Lock()
-_compiler: threading.Thread | None = None
-
-
-def compile_soon() -> None:
-    """Import and compile the search's loops (worker/compiled.py: numba, ~0.3 s, or ~0.13 s from its cache) in a
-    thread, once a process: a worker makes its copy meanwhile (mostly waiting on Redis), and a search made before
-    they are ready uses their numpy steps (`loops`): numba costs a worker about 100 MB, so a worker that may never
-    make a copy (`READ_PATH=auto` below SNAPSHOT_MIN_INCIDENTS) does not import it before it makes one."""
-    global _compiler
-    with _compiling:
-        if _compiler is None:
-            _compiler = threading.Thread(target=_compile, name="compile-search", daemon=True)
-            _compiler.start()
-
-
-def _compile() -> None:
-    from . import compiled
-
-    compiled.warm()
-
-
-def loops() -> Any:
-    """The search's loops: worker/compiled.py once `compile_soon`'s thread is done, their numpy steps until then
-    (`copyarrays.PLAIN_LOOPS`): a copy made as a storm begins, `READ_PATH=auto`'s, searched its first sends a
-    fifth of a 12,000-event storm's time later waiting for the compiler (benchmarks/journal/near-storms.md)."""
-    compiler = _compiler
-    if compiler is not None and compiler.is_alive():
-        return PLAIN_LOOPS
-    from . import compiled  # (imported by compile_soon's thread)
-
-    return compiled
 
 
 class MemoryIndex:
