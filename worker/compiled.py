@@ -7,8 +7,9 @@ even read a piece at a time. One compiled loop reads each candidate once and kee
 0.62x of the pieces' time at 10M, 0.8x at 1M (benchmarks/candidates_ab.py, benchmarks/journal/pipeline.md).
 
 Compiled once a process (`warm`), or read from numba's cache beside this file (or in its user cache) when one of
-those is writable (~0.13 s instead of ~0.3). numba is imported with this module (~0.15 s): worker/snapshot.py imports
-it only for a copy, in a thread of its own while the copy loads (`copyarrays.compile_soon`)."""
+those is writable (~0.13 s instead of ~0.3). numba is imported with this module (~0.15 s, ~100 MB): it is imported
+only for a copy, in a thread of its own while the copy loads (`copyarrays.compile_soon`; searches made meanwhile use
+the loops' numpy steps, `copyarrays.loops`)."""
 
 from __future__ import annotations
 
