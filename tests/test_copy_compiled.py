@@ -13,11 +13,11 @@ import random
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +28,14 @@ from tests.oracle import Oracle, clustered, flip
 from worker.bands import BandLayout
 from worker.copyarrays import PLAIN_LOOPS, ranges
 from worker.snapshot import MemoryIndex
+
+
+@pytest.fixture(autouse=True)
+def _loops_compiled() -> None:
+    """The searches here run the compiled loops: a search made while they still compile uses their numpy steps."""
+    worker.copyarrays.compile_soon()
+    assert worker.copyarrays._compiler is not None
+    worker.copyarrays._compiler.join(timeout=120)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -153,33 +161,49 @@ def test_searches_whose_loop_had_little_room_answer_as_with_room_to_spare(
 
 @pytest.mark.parametrize("scan_share", [0, 2**62])
 def test_a_copy_searches_with_numpy_while_its_loops_compile(scan_share, monkeypatch: pytest.MonkeyPatch) -> None:
-    """While `compile_soon`'s thread runs, `loops` gives the numpy steps, and a copy's searches (through the bands,
-    or a near storm's send compared with every row: `scan_share`) answer as the compiled loops do, and as the oracle;
-    once the thread is done, the compiled loops."""
+    """Until `compile_soon`'s thread is done, `loops` gives the numpy steps, and a copy's searches (through the
+    bands, or a near storm's send compared with every row: `scan_share`) answer as the compiled loops do, and as the
+    oracle; once it is done, the compiled loops."""
+    assert worker.copyarrays.loops() is worker.compiled
     monkeypatch.setattr(worker.snapshot, "_SCAN_SHARE", scan_share)
     layout = BandLayout(4, 7)
     compiled, oracle, pool = _copy(13, layout)
     plain, _, _ = _copy(13, layout)
-    compiling = threading.Event()
-    thread = threading.Thread(target=compiling.wait, daemon=True)
-    thread.start()
-    try:
-        monkeypatch.setattr(worker.copyarrays, "_compiler", thread)
-        assert worker.copyarrays.loops() is PLAIN_LOOPS
-        rng = random.Random(7)
-        for _ in range(8):
-            queries = [(flip(rng.choice(pool), rng.randint(0, 8), rng), rng.choice([None, "i1"])) for _ in range(16)]
+    rng = random.Random(7)
+    for _ in range(8):
+        queries = [(flip(rng.choice(pool), rng.randint(0, 8), rng), rng.choice([None, "i1"])) for _ in range(16)]
+        with monkeypatch.context() as compiling:
+            compiling.setattr(worker.copyarrays, "_compiled", None)
+            assert worker.copyarrays.loops() is PLAIN_LOOPS
             got = plain.search_many(queries, limit=5)
-            with monkeypatch.context() as done:
-                done.setattr(worker.snapshot, "loops", lambda: worker.compiled)
-                assert compiled.search_many(queries, limit=5) == got
-            for (fp, exclude), result in zip(queries, got, strict=True):
-                found = oracle.matches(fp, exclude=exclude)
-                assert (result.match_count, result.matches) == (len(found), found[:5])
-    finally:
-        compiling.set()
-        thread.join(timeout=5)
-    assert worker.copyarrays.loops() is worker.compiled
+        assert compiled.search_many(queries, limit=5) == got
+        for (fp, exclude), result in zip(queries, got, strict=True):
+            found = oracle.matches(fp, exclude=exclude)
+            assert (result.match_count, result.matches) == (len(found), found[:5])
+
+
+def test_a_copy_whose_loops_cannot_compile_searches_with_numpy_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host that refuses to run the code numba makes (or a broken numba): the thread's failure is logged once, as
+    an error with what to check, and the copy searches on with the numpy steps, answering as the oracle."""
+
+    def refused() -> None:
+        raise RuntimeError("cannot allocate executable memory")
+
+    monkeypatch.setattr(worker.compiled, "warm", refused)
+    monkeypatch.setattr(worker.copyarrays, "_compiled", None)
+    with structlog.testing.capture_logs() as logs:
+        worker.copyarrays._compile()
+    assert worker.copyarrays.loops() is PLAIN_LOOPS
+    [line] = logs
+    assert line["log_level"] == "error"
+    assert "RuntimeError: cannot allocate executable memory" in line["error"]
+    assert "numba" in line["hint"]
+    index, oracle, pool = _copy(17, BandLayout(4, 7))
+    rng = random.Random(3)
+    queries = [(flip(rng.choice(pool), rng.randint(0, 8), rng), rng.choice([None, "i2"])) for _ in range(16)]
+    for (fp, exclude), result in zip(queries, index.search_many(queries, limit=5), strict=True):
+        found = oracle.matches(fp, exclude=exclude)
+        assert (result.match_count, result.matches) == (len(found), found[:5])
 
 
 def test_the_loop_runs_where_numba_has_nowhere_to_cache_it() -> None:

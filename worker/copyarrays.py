@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .bands import BandLayout, probe_radii
+from .logs import error_message, get_logger
 
 __all__ = [
     "PLAIN_LOOPS",
@@ -153,6 +154,10 @@ searches with while its thread still compiles them (`loops`), so that a copy mad
 
 _compiling = threading.Lock()
 _compiler: threading.Thread | None = None
+_compiled: Any = None
+"""worker/compiled.py once `compile_soon`'s thread ran its loops; PLAIN_LOOPS for good when they could not be had
+(numba or llvmlite missing or broken, or a host that refuses to run code a process made, as a hardened container
+may): the worker searches on, slower, and says so once; None until then."""
 
 
 def compile_soon() -> None:
@@ -168,18 +173,25 @@ def compile_soon() -> None:
 
 
 def _compile() -> None:
-    from . import compiled
+    global _compiled
+    try:
+        from . import compiled
 
-    compiled.warm()
+        compiled.warm()
+    except Exception as error:  # (the numpy steps answer alike: a copy that cannot compile still searches)
+        _compiled = PLAIN_LOOPS
+        get_logger().error(
+            "the copy's compiled search loops could not be loaded; searching with numpy's steps, slower",
+            error=error_message(error),
+            hint="check the numba and llvmlite the worker runs with (`make install`), and that its host lets a process"
+            " run code it compiled (a seccomp, W^X or SELinux execmem rule may not)",
+        )
+        return
+    _compiled = compiled
 
 
 def loops() -> Any:
     """The search's loops: worker/compiled.py once `compile_soon`'s thread is done, their numpy steps until then
-    (`PLAIN_LOOPS`): a copy made as a storm begins, `READ_PATH=auto`'s, sent its first claims 0.2 s late waiting for
-    the compiler (benchmarks/journal/near-storms.md, section 16)."""
-    compiler = _compiler
-    if compiler is not None and compiler.is_alive():
-        return PLAIN_LOOPS
-    from . import compiled  # (imported by compile_soon's thread)
-
-    return compiled
+    (`PLAIN_LOOPS`), and for good if the loops could not be had. A copy made as a storm begins, `READ_PATH=auto`'s,
+    sent its first claims 0.2 s late waiting for the compiler (benchmarks/journal/near-storms.md, section 16)."""
+    return PLAIN_LOOPS if _compiled is None else _compiled
