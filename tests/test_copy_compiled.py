@@ -13,6 +13,7 @@ import random
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -170,16 +171,36 @@ def test_a_copy_searches_with_numpy_while_its_loops_compile(scan_share, monkeypa
     compiled, oracle, pool = _copy(13, layout)
     plain, _, _ = _copy(13, layout)
     rng = random.Random(7)
-    for _ in range(8):
-        queries = [(flip(rng.choice(pool), rng.randint(0, 8), rng), rng.choice([None, "i1"])) for _ in range(16)]
-        with monkeypatch.context() as compiling:
-            compiling.setattr(worker.copyarrays, "_compiled", None)
-            assert worker.copyarrays.loops() is PLAIN_LOOPS
-            got = plain.search_many(queries, limit=5)
-        assert compiled.search_many(queries, limit=5) == got
-        for (fp, exclude), result in zip(queries, got, strict=True):
-            found = oracle.matches(fp, exclude=exclude)
-            assert (result.match_count, result.matches) == (len(found), found[:5])
+    running = threading.Event()
+    thread = threading.Thread(target=running.wait, daemon=True)  # (a compiler still at work)
+    thread.start()
+    try:
+        for _ in range(8):
+            queries = [(flip(rng.choice(pool), rng.randint(0, 8), rng), rng.choice([None, "i1"])) for _ in range(16)]
+            with monkeypatch.context() as compiling:
+                compiling.setattr(worker.copyarrays, "_compiled", None)
+                compiling.setattr(worker.copyarrays, "_compiler", thread)
+                assert worker.copyarrays.loops() is PLAIN_LOOPS
+                got = plain.search_many(queries, limit=5)
+            assert compiled.search_many(queries, limit=5) == got
+            for (fp, exclude), result in zip(queries, got, strict=True):
+                found = oracle.matches(fp, exclude=exclude)
+                assert (result.match_count, result.matches) == (len(found), found[:5])
+    finally:
+        running.set()
+        thread.join(timeout=5)
+
+
+def test_a_process_forked_while_its_loops_compiled_compiles_them_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process forked while the compiler's thread ran has the thread's record but not the thread (nor its
+    answer): its first search compiles the loops itself rather than search in numpy's steps for good."""
+    gone = threading.Thread(target=lambda: None)
+    gone.start()
+    gone.join()
+    monkeypatch.setattr(worker.copyarrays, "_compiler", gone)
+    monkeypatch.setattr(worker.copyarrays, "_compiled", None)
+    assert worker.copyarrays.loops() is worker.compiled
+    assert worker.copyarrays._compiled is worker.compiled
 
 
 def test_a_copy_whose_loops_cannot_compile_searches_with_numpy_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:

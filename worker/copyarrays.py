@@ -194,4 +194,9 @@ def loops() -> Any:
     """The search's loops: worker/compiled.py once `compile_soon`'s thread is done, their numpy steps until then
     (`PLAIN_LOOPS`), and for good if the loops could not be had. A copy made as a storm begins, `READ_PATH=auto`'s,
     sent its first claims 0.2 s late waiting for the compiler (benchmarks/journal/near-storms.md, section 16)."""
-    return PLAIN_LOOPS if _compiled is None else _compiled
+    if _compiled is None:
+        compiler = _compiler
+        if compiler is None or compiler.is_alive():
+            return PLAIN_LOOPS
+        _compile()  # (its thread is gone without an answer: this process was forked while it ran)
+    return _compiled
