@@ -254,19 +254,40 @@ def seal_at(request: pytest.FixtureRequest) -> Iterator[int]:
     worker.snapshot._SEAL_AT = saved
 
 
-@pytest.fixture(params=[2**62, 0, -1], ids=["python-always", "arrays-always", "scan-always"])
+def loops_compiled() -> None:
+    """Wait for the copy's compiled loops (a search made while they compile uses their numpy steps, and lists in
+    Python)."""
+    import worker.copyarrays
+
+    worker.copyarrays.compile_soon()
+    assert worker.copyarrays._compiler is not None
+    worker.copyarrays._compiler.join(timeout=120)
+
+
+@pytest.fixture(
+    params=[(2**62, False), (0, True), (-1, True), (-1, False)],
+    ids=["python-always", "arrays-written", "scan-written", "scan-python"],
+)
 def few_hits(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
     """How a snapshot copy counts and lists a send's matches: in plain Python (as it does when they are few) or in
     arrays (as it does a near storm's) whatever their number, through the bands; or (-1) by comparing every send
-    that no budget cut with every row (`MemoryIndex._scan`, as it does a near storm's); in this process's copies."""
+    that no budget cut with every row (`MemoryIndex._scan`, as it does a near storm's); in this process's copies.
+    In arrays, each query's listing written by the compiled loop (`copylisting._written`: the loops compiled first)
+    or made in Python (`_listed`, as while they compile, or for IDs that are not ASCII)."""
+    import worker.copylisting
     import worker.snapshot
 
-    if request.param < 0:
+    few, written = request.param
+    if written:
+        loops_compiled()
+    else:
+        monkeypatch.setattr(worker.copylisting, "_written", lambda *args: None)
+    if few < 0:
         monkeypatch.setattr(worker.snapshot, "_SCAN_SHARE", 2**62)
     else:
         monkeypatch.setattr(worker.snapshot, "_SCAN_SHARE", 0)
-        monkeypatch.setattr(worker.snapshot, "_FEW_HITS", request.param)
-    return int(request.param)
+        monkeypatch.setattr(worker.snapshot, "_FEW_HITS", few)
+    return int(few)
 
 
 @pytest.fixture(params=["as-set", "tables-from-3-rows", "binary-searches"])

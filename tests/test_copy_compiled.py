@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 import worker.compiled
 import worker.copyarrays
 import worker.snapshot
+from tests.conftest import loops_compiled
 from tests.oracle import Oracle, clustered, flip
 from worker.bands import BandLayout
 from worker.copyarrays import PLAIN_LOOPS, ranges
@@ -34,9 +35,7 @@ from worker.snapshot import MemoryIndex
 @pytest.fixture(autouse=True)
 def _loops_compiled() -> None:
     """The searches here run the compiled loops: a search made while they still compile uses their numpy steps."""
-    worker.copyarrays.compile_soon()
-    assert worker.copyarrays._compiler is not None
-    worker.copyarrays._compiler.join(timeout=120)
+    loops_compiled()
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

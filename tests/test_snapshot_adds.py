@@ -13,9 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker.bands import BandLayout
+from worker.copywritten import WrittenListing
 from worker.index import FingerprintIndex, LayoutTarget, SnapshotAdd
 from worker.library import SnapshotClaim, StreamTarget, apply_batch
 from worker.settings import Settings
+from worker.snapshotadds import _listing
 from worker.stream import StreamWorker
 
 TARGET = StreamTarget("{w}:events", "{w}:alerts", "{w}:dead", "workers", alerts_maxlen=10_000, dead_maxlen=77)
@@ -27,7 +29,13 @@ claims = st.builds(
     SnapshotClaim,
     position=st.sampled_from(["0-0", "1733000000000-5", "18446744073709551615-18446744073709551615"]),
     count=st.integers(0, 10**6),
-    listed=st.lists(st.tuples(ids, st.integers(0, 64)), max_size=5),
+    listed=st.one_of(
+        st.lists(st.tuples(ids, st.integers(0, 64)), max_size=5),
+        # a copy's listing written by its compiled loop (ASCII IDs): its arguments as they are, or read back as pairs
+        st.lists(st.tuples(ascii_text, st.integers(0, 64)), max_size=5).map(
+            lambda pairs: WrittenListing(_listing(pairs), len(pairs))
+        ),
+    ),
     complete=st.booleans(),
     cut=st.booleans(),
     holder=st.one_of(st.just(True), st.none(), st.just(False), ids),

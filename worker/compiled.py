@@ -1,5 +1,6 @@
 """The copy's compiled loops (numba): a search's candidates read from the arena and verified in one pass; a near
-storm's send compared with every row, counted and picked in two (`scan_counts`, `scan_picks`).
+storm's send compared with every row, counted and picked in two (`scan_counts`, `scan_picks`); each query's listing
+sorted and written as the claim's arguments from the rows' IDs kept as bytes (`write_listings`, worker/copywritten.py).
 
 numpy needs five passes over a send's candidates (positions, gather, the queries repeated, XOR, popcount), each an
 array as long as the send: at 10M incidents ~280,000 candidates a send of 16, so each pass spills out of the cache,
@@ -7,9 +8,9 @@ even read a piece at a time. One compiled loop reads each candidate once and kee
 0.62x of the pieces' time at 10M, 0.8x at 1M (benchmarks/candidates_ab.py, benchmarks/journal/pipeline.md).
 
 Compiled once a process (`warm`), or read from numba's cache beside this file (or in its user cache) when one of
-those is writable (~0.13 s instead of ~0.3). numba is imported with this module (~0.15 s, ~100 MB): it is imported
-only for a copy, in a thread of its own while the copy loads (`copyarrays.compile_soon`; searches made meanwhile use
-the loops' numpy steps, `copyarrays.loops`)."""
+those is writable (~0.2 s instead of ~1.3 on a 2-core machine). numba is imported with this module (~0.3 s, ~100 MB):
+it is imported only for a copy, in a thread of its own while the copy loads (`copyarrays.compile_soon`; searches made
+meanwhile use the loops' numpy steps, `copyarrays.loops`, and list in Python)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["near_ranges", "scan_counts", "scan_picks", "warm"]
+__all__ = ["near_ranges", "scan_counts", "scan_picks", "warm", "write_listings"]
 
 
 @intrinsic
@@ -170,6 +171,218 @@ def scan_picks(
         if found <= room:
             return which[:found], at[:found], distance[:found]
         room = found
+
+
+@_jit
+def _before(arena: np.ndarray, a: int, a_length: int, b: int, b_length: int) -> bool:  # pragma: no cover
+    # (compiled: its coverage is the tests of write_listings) byte order, a prefix before what it begins
+    for i in range(min(a_length, b_length)):
+        x = arena[a + i]
+        y = arena[b + i]
+        if x != y:
+            return x < y
+    return a_length < b_length
+
+
+@_jit
+def _digits(out: np.ndarray, o: int, value: int) -> int:  # pragma: no cover (as _before)
+    # `value` (0 to 99,999) in decimal at out[o:], returns where it ends
+    width = 1 if value < 10 else 2 if value < 100 else 3 if value < 1000 else 4 if value < 10_000 else 5
+    for i in range(width - 1, -1, -1):
+        out[o + i] = 48 + value % 10
+        value //= 10
+    return o + width
+
+
+@_jit
+def _write_listings(
+    arena: np.ndarray,
+    item_start: np.ndarray,
+    item_length: np.ndarray,
+    first: np.ndarray,
+    count: np.ndarray,
+    distances: np.ndarray,
+    rows: np.ndarray,
+    bounds: np.ndarray,
+    last: np.ndarray,
+    need: np.ndarray,
+    exclude_row: np.ndarray,
+    exclude: np.ndarray,
+    exclude_start: np.ndarray,
+    exclude_length: np.ndarray,
+    usable: np.ndarray,
+    room: int,
+    out: np.ndarray,
+    out_bounds: np.ndarray,
+    out_counts: np.ndarray,
+) -> int:  # pragma: no cover (as _before)
+    item = np.empty(room, dtype=np.int64)
+    distance = np.empty(room, dtype=np.int64)
+    key = np.empty(room, dtype=np.uint64)
+    order = np.empty(room, dtype=np.int64)
+    spare = np.empty(room, dtype=np.int64)
+    o = 0
+    for k in range(bounds.shape[0] - 1):
+        out_bounds[k] = o
+        out_counts[k] = 0
+        if not usable[k]:
+            continue
+        # the IDs the query's cap reaches: each row's whole before its distance, its first need + 1 there
+        cap, wanted = last[k], need[k]
+        e = 0
+        for j in range(bounds[k], bounds[k + 1]):
+            d = distances[j]
+            taken = count[j]
+            if d > cap:
+                continue
+            if d == cap and taken > wanted + 1:
+                taken = wanted + 1
+            for i in range(first[j], first[j] + taken):
+                start, length = item_start[i], item_length[i]
+                if rows[j] == exclude_row[k] and length == exclude_length[k]:
+                    same = True
+                    for b in range(length):
+                        if arena[start + b] != exclude[exclude_start[k] + b]:
+                            same = False
+                            break
+                    if same:
+                        continue
+                # its first 8 bytes as a number, big-endian (0 past its end): most comparisons are one of these
+                word = np.uint64(0)
+                for b in range(8):
+                    word = word << np.uint64(8)
+                    if b < length:
+                        word = word | np.uint64(arena[start + b])
+                item[e] = i
+                distance[e] = d
+                key[e] = word
+                order[e] = e
+                e += 1
+        # sorted by (distance, ID): a merge sort, bottom up, between two buffers
+        source, target = order, spare
+        width = 1
+        while width < e:
+            lo = 0
+            while lo < e:
+                mid = min(lo + width, e)
+                end = min(lo + 2 * width, e)
+                a, b, t = lo, mid, lo
+                while t < end:
+                    if b >= end:
+                        take_a = True
+                    elif a >= mid:
+                        take_a = False
+                    else:
+                        x, y = source[a], source[b]
+                        if distance[x] != distance[y]:
+                            take_a = distance[x] < distance[y]
+                        elif key[x] != key[y]:
+                            take_a = key[x] < key[y]
+                        else:
+                            p, q = item[x], item[y]
+                            take_a = not _before(arena, item_start[q], item_length[q], item_start[p], item_length[p])
+                    if take_a:
+                        target[t] = source[a]
+                        a += 1
+                    else:
+                        target[t] = source[b]
+                        b += 1
+                    t += 1
+                lo += 2 * width
+            source, target = target, source
+            width *= 2
+        # written: every ID before the cap's distance, then the first `need` of its
+        listed = 0
+        for t in range(e):
+            x = source[t]
+            d = distance[x]
+            if d == cap:
+                if listed >= wanted:
+                    break
+                listed += 1
+            out_counts[k] += 1
+            i = item[x]
+            start, length = item_start[i], item_length[i]
+            # $<length>\r\n<ID>\r\n$<digits>\r\n<distance>\r\n
+            out[o] = 36
+            o = _digits(out, o + 1, length)
+            out[o] = 13
+            out[o + 1] = 10
+            out[o + 2 : o + 2 + length] = arena[start : start + length]
+            o += 2 + length
+            out[o] = 13
+            out[o + 1] = 10
+            out[o + 2] = 36
+            out[o + 3] = 49 if d < 10 else 50
+            out[o + 4] = 13
+            out[o + 5] = 10
+            o = _digits(out, o + 6, d)
+            out[o] = 13
+            out[o + 1] = 10
+            o += 2
+    out_bounds[bounds.shape[0] - 1] = o
+    return o
+
+
+def write_listings(
+    arena: np.ndarray,
+    item_start: np.ndarray,
+    item_length: np.ndarray,
+    first: np.ndarray,
+    count: np.ndarray,
+    distances: np.ndarray,
+    rows: np.ndarray,
+    bounds: np.ndarray,
+    last: np.ndarray,
+    need: np.ndarray,
+    exclude_row: np.ndarray,
+    exclude: bytes,
+    exclude_start: np.ndarray,
+    exclude_length: np.ndarray,
+    usable: np.ndarray,
+) -> tuple[str, list[int], list[int]]:
+    """Each usable query's listing written as a claim's arguments (`copywritten`): the same IDs, in the same order
+    and with the same bytes, as `copylisting._listed` lists and `snapshotadds._listing` writes, without a Python object
+    a match (a near storm's claim lists 116 of them: about half of a storm worker's time).
+
+    Query k's rows are `rows[bounds[k] : bounds[k + 1]]`, at `distances` (0 to 64), each with its IDs (its members, or
+    its first ones: every one a listing can take) `arena[item_start[i] : item_start[i] + item_length[i]]` for i from
+    `first[j]`, `count[j]` of them, ASCII and sorted. Listed: every ID before the distance `last[k]`, then the first
+    `need[k]` of that distance, by distance then byte order (code point order, for ASCII), the ID
+    `exclude[exclude_start[k] :][: exclude_length[k]]` of row `exclude_row[k]` (-1: none) left out. Returns the
+    arguments of all (`$<length>\r\n<ID>\r\n` and the distance's likewise), where each query's start (n + 1), and
+    how many each listed."""
+    n = len(bounds) - 1
+    spans = np.diff(bounds)
+    # the IDs each query takes, at most (its buffers' room), and the bytes they may write
+    taken = np.where(distances < last.repeat(spans), count, np.minimum(count, need.repeat(spans) + 1))
+    within = np.concatenate(([0], taken.cumsum()))
+    room = int((within[bounds[1:]] - within[bounds[:-1]]).max(initial=0))
+    out = np.empty(int(within[-1]) * (24 + int(item_length.max(initial=0))) + 1, dtype=np.uint8)
+    out_bounds = np.empty(n + 1, dtype=np.int64)
+    out_counts = np.empty(n, dtype=np.int64)
+    end = _write_listings(
+        arena,
+        item_start,
+        item_length,
+        first,
+        count,
+        distances,
+        rows,
+        bounds,
+        last,
+        need,
+        exclude_row,
+        np.frombuffer(exclude, dtype=np.uint8) if exclude else np.zeros(1, dtype=np.uint8),
+        exclude_start,
+        exclude_length,
+        usable,
+        max(room, 1),
+        out,
+        out_bounds,
+        out_counts,
+    )
+    return out[:end].tobytes().decode("ascii"), out_bounds.tolist(), out_counts.tolist()
 
 
 def warm() -> None:

@@ -149,7 +149,7 @@ PLAIN_LOOPS = SimpleNamespace(
 )
 """worker/compiled.py's loops as the numpy steps their docstrings give (the same answers, slower): what a copy
 searches with while its thread still compiles them (`loops`), so that a copy made in the middle of a storm
-(`READ_PATH=auto`'s switch) searches at once rather than wait ~0.3 s for numba."""
+(`READ_PATH=auto`'s switch) searches at once rather than wait for numba (0.2 to 1.3 s)."""
 
 
 _compiling = threading.Lock()
@@ -161,7 +161,7 @@ may): the worker searches on, slower, and says so once; None until then."""
 
 
 def compile_soon() -> None:
-    """Import and compile the search's loops (worker/compiled.py: numba, ~0.3 s, or ~0.13 s from its cache) in a
+    """Import and compile the search's loops (worker/compiled.py: numba, ~1.3 s, or ~0.2 s from its cache) in a
     thread, once a process: a worker makes its copy meanwhile (mostly waiting on Redis), and a search made before
     they are ready uses their numpy steps (`loops`): numba costs a worker about 100 MB, so a worker that may never
     make a copy (`READ_PATH=auto` below SNAPSHOT_MIN_INCIDENTS) does not import it before it makes one."""

@@ -6,6 +6,10 @@ rows go in a dict and every member is listed and sorted in plain Python; with ma
 matches a query to list 100, benchmarks/journal/near-storms.md), in arrays: a query's count the sum of its rows'
 member counts, the distance where its cap falls found from its counts by distance, and only the rows the cap reaches
 sorted and read in Python. Both give the same answers (tests/test_snapshot.py runs the property tests through each).
+In arrays, once the copy's loops are compiled, each query's listing is sorted and written as the claim's arguments by
+a compiled loop from the rows' IDs kept as bytes (`_written`, worker/copywritten.py), no Python object a match; in
+Python (`_listed`) while they compile, for a query whose rows hold an ID that is not ASCII, and for a listing of every
+match or of KEPT or more.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from . import copyarrays
+from .copywritten import KEPT, WrittenIds, WrittenListing
+
 __all__ = ["NO_HITS", "Hits", "ListingRows", "Scanned", "SearchResult", "results", "scanned_results"]
 
 
@@ -25,7 +32,8 @@ class SearchResult:
     """What a search found: every match counted, the closest listed (sorted by distance, then ID)."""
 
     match_count: int
-    matches: list[tuple[str, int]]
+    matches: Sequence[tuple[str, int]]
+    """(ID, distance) pairs: a list, or a `WrittenListing` (a claim's arguments as a compiled loop wrote them)."""
     candidates: int
     cut: bool = False
     """The search stopped at its budget: `matches` are real matches, not necessarily the closest, and `match_count`
@@ -46,6 +54,7 @@ class ListingRows(Protocol):
     """What listing reads of the copy: each row's members and their count, an incident's fingerprint and row."""
 
     _sizes: np.ndarray
+    _written: WrittenIds
 
     def get(self, incident_id: str) -> int | None: ...
 
@@ -109,7 +118,7 @@ def results(
     if limit:
         read = np.flatnonzero(distance_of <= last[query_of])  # the rows the cap reaches
         cell, rows = cell[read], rows[read]
-    return _listings(copy, queries, r, verified, cut, cell, rows, counts, last, need)
+    return _listings(copy, queries, r, verified, cut, cell, rows, counts, last, need, limit)
 
 
 def scanned_results(
@@ -151,7 +160,7 @@ def scanned_results(
         picked.append(rows.take(at))
     cell = np.concatenate(cells) if cells else np.zeros(0, dtype=np.int64)
     rows = np.concatenate(picked).astype(np.int64) if picked else np.zeros(0, dtype=np.int64)
-    return _listings(copy, queries, r, verified, cut, cell, rows, counts, last, need)
+    return _listings(copy, queries, r, verified, cut, cell, rows, counts, last, need, limit)
 
 
 def _caps(within: np.ndarray, r: int, limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -180,20 +189,84 @@ def _listings(
     counts: np.ndarray,
     last: np.ndarray,
     need: np.ndarray,
+    limit: int,
 ) -> list[SearchResult]:
-    """Each query's result: the rows its cap reaches (`cell`: query x (r + 1) + distance, and `rows`), listed."""
+    """Each query's result: the rows its cap reaches (`cell`: query x (r + 1) + distance, and `rows`), listed: by
+    the compiled loop where it can (`_written`), else in Python (`_listed`)."""
     n = len(queries)
     order = np.argsort(cell, kind="stable")
     cell, rows = cell[order], rows[order]
-    members = copy._members_of(rows)
     bounds = np.searchsorted(cell, np.arange(n + 1) * (r + 1)).tolist()
-    distances = (cell % (r + 1)).tolist()
+    distance_of = cell % (r + 1)
+    written = _written(copy, queries, rows, distance_of, bounds, last, need, limit)
+    members = copy._members_of(rows) if written is None or None in written else []
+    distances = distance_of.tolist()
     results = []
     for k, (_, exclude) in enumerate(queries):
         lo, hi = bounds[k], bounds[k + 1]
-        listed = _listed(members[lo:hi], distances[lo:hi], int(last[k]), int(need[k]), exclude) if hi > lo else []
+        listed: Sequence[tuple[str, int]] = []
+        if written is not None and written[k] is not None:
+            listed = written[k]  # type: ignore[assignment]
+        elif hi > lo:
+            listed = _listed(members[lo:hi], distances[lo:hi], int(last[k]), int(need[k]), exclude)
         results.append(SearchResult(int(counts[k]), listed, int(verified[k]), bool(cut[k])))
     return results
+
+
+def _written(
+    copy: ListingRows,
+    queries: Sequence[tuple[int, str | None]],
+    rows: np.ndarray,
+    distances: np.ndarray,
+    bounds: list[int],
+    last: np.ndarray,
+    need: np.ndarray,
+    limit: int,
+) -> list[WrittenListing | None] | None:
+    """Each query's listing written by the compiled loop (`compiled.write_listings`) from the copy's IDs kept as
+    bytes (`copywritten.WrittenIds`), or None for a query whose rows hold an ID that is not ASCII (listed in Python:
+    code point order is not the order of every such ID's bytes); None for all while the loops are not compiled
+    (`copyarrays.loops`), or for a listing of all matches or of KEPT or more (more than the rows' kept IDs)."""
+    write = getattr(copyarrays.loops(), "write_listings", None)
+    if write is None or not 0 < limit < KEPT or not len(rows):
+        return None
+    first, count = copy._written.ensure(rows, copy._members_of)
+    spans = np.array(bounds, dtype=np.int64)
+    unwritable = np.concatenate(([0], (first < 0).cumsum()))
+    usable = unwritable[spans[1:]] == unwritable[spans[:-1]]
+    n = len(queries)
+    exclude_row = np.full(n, -1, dtype=np.int64)
+    exclude_start = np.zeros(n, dtype=np.int64)
+    exclude_length = np.zeros(n, dtype=np.int64)
+    excluded: list[str] = []
+    at = 0
+    for k, (_, exclude) in enumerate(queries):
+        if exclude is not None and exclude.isascii():  # (a row holding one that is not is not written)
+            fp = copy.get(exclude)
+            row = copy._row(fp) if fp is not None else None
+            if row is not None:
+                exclude_row[k], exclude_start[k], exclude_length[k] = row, at, len(exclude)
+                excluded.append(exclude)
+                at += len(exclude)
+    arena, item_start, item_length = copy._written.arrays()
+    text, out_bounds, listed = write(
+        arena,
+        item_start,
+        item_length,
+        first - 1,
+        count,
+        distances,
+        rows,
+        spans,
+        last,
+        need,
+        exclude_row,
+        "".join(excluded).encode("ascii"),
+        exclude_start,
+        exclude_length,
+        usable,
+    )
+    return [WrittenListing(text[out_bounds[k] : out_bounds[k + 1]], listed[k]) if usable[k] else None for k in range(n)]
 
 
 def _few_results(

@@ -44,6 +44,7 @@ from .bands import BandLayout
 from .copyarrays import BandReach, bounds, compile_soon, distance_table, loops, ranges, tile
 from .copylisting import NO_HITS, Hits, SearchResult
 from .copytiers import Tier, span, tier_end, write_tier
+from .copywritten import WrittenIds
 from .loadedrows import LoadedRows, RowsBuilder
 
 __all__ = ["MemoryIndex", "SearchResult"]
@@ -144,6 +145,7 @@ class MemoryIndex:
         # every row's members counted (0: none), the base's rows and those made since, for the searches' counts
         # (`_hits_of`): at least as long as the base's rows and `_fps` together
         self._sizes = np.zeros(1024, dtype=np.int32)
+        self._written = WrittenIds()  # rows' IDs as bytes, for listings written by a compiled loop (copywritten)
         self._free: list[int] = []  # rows of the tail whose fingerprint went, to be used again
         self._empty = 0  # rows of the tiers whose fingerprint went
         self._rebuilds = 0  # tiers built anew for the rows that went from them (`_rebuild`)
@@ -212,7 +214,7 @@ class MemoryIndex:
     def nbytes(self) -> int:
         """Bytes the copy holds: its arrays, and an estimate of its Python objects (the changes since the load)."""
         held: list[np.ndarray] = [self._fps, self._gone, self._dead, *self._tier_arrays()]
-        arrays = sum(a.nbytes for a in held)
+        arrays = sum(a.nbytes for a in held) + self._written.nbytes()
         # the arena's and the counts' reserves are not resident until written
         arrays += self._arena_end() * self._arena.itemsize + self._row_count() * self._sizes.itemsize
         objects = 0
@@ -262,6 +264,7 @@ class MemoryIndex:
 
     def _hold(self, row: int, members: str | list[str] | None) -> None:
         self._sizes[row] = 0 if members is None else 1 if isinstance(members, str) else len(members)
+        self._written.forget(row)
         if row >= self._base_rows:
             self._members[row - self._base_rows] = members
             return
@@ -594,6 +597,7 @@ class MemoryIndex:
         k = row - self._base_rows
         self._members[k] = incident_id
         self._sizes[row] = 1
+        self._written.forget(row)
         self._fps[k] = value
         self._fp_list[k] = fp
         self._row_of[fp] = row

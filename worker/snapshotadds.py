@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from . import library
+from .copywritten import WrittenListing
 from .library import SnapshotClaim, StreamTarget
 from .transport import Packed, bulk, sends_packed
 
@@ -53,7 +54,10 @@ _PAIRS_KEPT = 65_536
 
 
 def _listing(listed: Sequence[tuple[str, int]]) -> str:
-    """A claim's listed matches as their arguments (ID, distance, ...), written from the cache."""
+    """A claim's listed matches as their arguments (ID, distance, ...): as the copy's compiled loop wrote them
+    (`copywritten`), or written from the cache."""
+    if type(listed) is WrittenListing:
+        return listed.written
     try:
         return "".join(map(_PAIRS.__getitem__, listed))
     except TypeError:  # (a listing of lists, which are no keys: each pair written)
