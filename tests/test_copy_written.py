@@ -7,6 +7,7 @@ than the kept IDs, listed in Python instead."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -34,9 +35,20 @@ def _loops_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(worker.snapshot, "_FEW_HITS", 0)
 
 
-def _arguments(pairs: list[tuple[str, int]]) -> str:
-    """A listing's claim arguments as the Python writer writes them."""
-    return "".join(_PairCache.__missing__(_PAIRS, pair) for pair in pairs)
+def _arguments(pairs: list[tuple[str, int]], as_json: bool = False) -> str:
+    """A listing's claim arguments as the Python writer writes them, or (`as_json`) its one argument of JSON as
+    worker/lua/claim_json.lua reads it: '<n>:<offsets><entries>'."""
+    if not as_json:
+        return "".join(_PairCache.__missing__(_PAIRS, pair) for pair in pairs)
+    entries = [json.dumps({"incident_id": i, "distance": d}, separators=(",", ":")) for i, d in pairs]
+    starts = [sum(len(e) + 1 for e in entries[:k]) for k in range(len(entries) + 1)]
+    payload = f"{len(pairs)}:" + "".join(f"{at:05x}" for at in starts) + ",".join(entries)
+    return f"${len(payload)}\r\n{payload}\r\n"
+
+
+def _plain(incident_id: str) -> bool:
+    """Whether JSON writes the ID as it is."""
+    return not any(c in '"\\' or ord(c) < 32 or ord(c) == 127 for c in incident_id)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -100,7 +112,9 @@ def _rounds(seed: int, loaded: int, rounds: int, limit: int) -> None:
             if result.match_count:
                 assert isinstance(result.matches, WrittenListing)
                 assert len(result.matches) == min(limit, len(found))
-                assert result.matches.written == _arguments(found[:limit])
+                listed = found[:limit]
+                assert result.matches.as_json == all(_plain(i) for i, _ in listed)
+                assert result.matches.written == _arguments(listed, result.matches.as_json)
 
 
 def test_a_query_near_an_id_that_is_not_ascii_is_listed_in_python_and_the_others_written() -> None:
@@ -147,6 +161,10 @@ def test_a_written_listing_reads_back_as_its_pairs() -> None:
     """What a written listing holds, read back from its arguments (for a call built argument by argument): IDs with
     the separators of the protocol inside them, long and empty ones, every distance."""
     pairs = [("", 0), ("a\r\nb", 3), ("$5\r\n", 9), ("x" * 300, 10), ("q", 64)]
+    for as_json, listed in ((True, [("", 0), ("a},{b:1,", 3), ("x" * 300, 10), ("q", 64)]), (False, [])):
+        listing = WrittenListing(_arguments(listed, as_json), len(listed), as_json)
+        assert listing.pairs() == listed
+        assert listing.arguments == (1 if as_json else 0)
     listing = WrittenListing(_arguments(pairs), len(pairs))
     assert listing.pairs() == pairs
     assert listing == pairs and pairs == listing and list(listing) == pairs

@@ -194,6 +194,10 @@ def _digits(out: np.ndarray, o: int, value: int) -> int:  # pragma: no cover (as
     return o + width
 
 
+_ENTRY_HEAD = np.frombuffer(b'{"incident_id":"', dtype=np.uint8).copy()
+_ENTRY_MIDDLE = np.frombuffer(b'","distance":', dtype=np.uint8).copy()
+
+
 @_jit
 def _write_listings(
     arena: np.ndarray,
@@ -211,10 +215,12 @@ def _write_listings(
     exclude_start: np.ndarray,
     exclude_length: np.ndarray,
     usable: np.ndarray,
+    as_json: bool,
     room: int,
     out: np.ndarray,
     out_bounds: np.ndarray,
     out_counts: np.ndarray,
+    out_json: np.ndarray,
 ) -> int:  # pragma: no cover (as _before)
     item = np.empty(room, dtype=np.int64)
     distance = np.empty(room, dtype=np.int64)
@@ -225,6 +231,7 @@ def _write_listings(
     for k in range(bounds.shape[0] - 1):
         out_bounds[k] = o
         out_counts[k] = 0
+        out_json[k] = 0
         if not usable[k]:
             continue
         # the IDs the query's cap reaches: each row's whole before its distance, its first need + 1 there
@@ -291,16 +298,69 @@ def _write_listings(
                 lo += 2 * width
             source, target = target, source
             width *= 2
-        # written: every ID before the cap's distance, then the first `need` of its
-        listed = 0
+        # listed: every ID before the cap's distance, then the first `need` of its
+        n, at_cap, plain, entries = 0, 0, True, 0
         for t in range(e):
             x = source[t]
             d = distance[x]
             if d == cap:
-                if listed >= wanted:
+                if at_cap >= wanted:
                     break
-                listed += 1
-            out_counts[k] += 1
+                at_cap += 1
+            i = item[x]
+            start, length = item_start[i], item_length[i]
+            for b in range(start, start + length):
+                c = arena[b]
+                if c < 32 or c == 34 or c == 92 or c == 127:  # (JSON would escape it)
+                    plain = False
+            entries += length + (1 if d < 10 else 2) + 31  # (an entry and the comma after it)
+            n += 1
+        # (the listing is source[:n]: the sorted IDs up to the cap)
+        out_counts[k] = n
+        entries -= 1 if n else 0
+        if plain and as_json and entries + 1 < 1 << 20:
+            # one argument, the listing as its alert's JSON (worker/lua/claim_json.lua):
+            # $<length>\r\n<n>:<offsets, 5 hex digits each, n + 1><entries joined by ','>\r\n
+            width = 1 if n < 10 else 2 if n < 100 else 3 if n < 1000 else 4 if n < 10_000 else 5
+            out_json[k] = 1
+            out[o] = 36
+            o = _digits(out, o + 1, width + 1 + 5 * (n + 1) + entries)
+            out[o] = 13
+            out[o + 1] = 10
+            o = _digits(out, o + 2, n)
+            out[o] = 58
+            o += 1
+            at = 0
+            for t in range(n + 1):
+                for h in range(5):
+                    digit = (at >> (4 * (4 - h))) & 15
+                    out[o + h] = 48 + digit if digit < 10 else 87 + digit
+                o += 5
+                if t < n:
+                    x = source[t]
+                    at += item_length[item[x]] + (1 if distance[x] < 10 else 2) + 31
+            for t in range(n):
+                x = source[t]
+                d = distance[x]
+                start, length = item_start[item[x]], item_length[item[x]]
+                if t:
+                    out[o] = 44
+                    o += 1
+                out[o : o + 16] = _ENTRY_HEAD
+                o += 16
+                out[o : o + length] = arena[start : start + length]
+                o += length
+                out[o : o + 13] = _ENTRY_MIDDLE
+                o = _digits(out, o + 13, d)
+                out[o] = 125
+                o += 1
+            out[o] = 13
+            out[o + 1] = 10
+            o += 2
+            continue
+        for t in range(n):
+            x = source[t]
+            d = distance[x]
             i = item[x]
             start, length = item_start[i], item_length[i]
             # $<length>\r\n<ID>\r\n$<digits>\r\n<distance>\r\n
@@ -340,27 +400,32 @@ def write_listings(
     exclude_start: np.ndarray,
     exclude_length: np.ndarray,
     usable: np.ndarray,
-) -> tuple[str, list[int], list[int]]:
-    """Each usable query's listing written as a claim's arguments (`copywritten`): the same IDs, in the same order
-    and with the same bytes, as `copylisting._listed` lists and `snapshotadds._listing` writes, without a Python object
-    a match (a near storm's claim lists 116 of them: about half of a storm worker's time).
+    as_json: bool = True,
+) -> tuple[str, list[int], list[int], list[int]]:
+    """Each usable query's listing written as a claim's arguments (`copywritten`): the same IDs, in the same order,
+    as `copylisting._listed` lists, without a Python object a match (a near storm's claim lists 116 of them: about
+    half of a storm worker's time).
 
     Query k's rows are `rows[bounds[k] : bounds[k + 1]]`, at `distances` (0 to 64), each with its IDs (its members, or
     its first ones: every one a listing can take) `arena[item_start[i] : item_start[i] + item_length[i]]` for i from
     `first[j]`, `count[j]` of them, ASCII and sorted. Listed: every ID before the distance `last[k]`, then the first
     `need[k]` of that distance, by distance then byte order (code point order, for ASCII), the ID
-    `exclude[exclude_start[k] :][: exclude_length[k]]` of row `exclude_row[k]` (-1: none) left out. Returns the
-    arguments of all (`$<length>\r\n<ID>\r\n` and the distance's likewise), where each query's start (n + 1), and
-    how many each listed."""
+    `exclude[exclude_start[k] :][: exclude_length[k]]` of row `exclude_row[k]` (-1: none) left out.
+
+    Written as one argument, the listing as its alert's JSON (`as_json`, and no ID that JSON escapes:
+    worker/lua/claim_json.lua), else as two arguments a match (`$<length>\r\n<ID>\r\n` and the distance's likewise,
+    as `snapshotadds._listing` writes them). Returns them all, where each query's start (n + 1), how many each listed,
+    and whether each was written as JSON."""
     n = len(bounds) - 1
     spans = np.diff(bounds)
     # the IDs each query takes, at most (its buffers' room), and the bytes they may write
     taken = np.where(distances < last.repeat(spans), count, np.minimum(count, need.repeat(spans) + 1))
     within = np.concatenate(([0], taken.cumsum()))
     room = int((within[bounds[1:]] - within[bounds[:-1]]).max(initial=0))
-    out = np.empty(int(within[-1]) * (24 + int(item_length.max(initial=0))) + 1, dtype=np.uint8)
+    out = np.empty(int(within[-1]) * (48 + int(item_length.max(initial=0))) + 32 * n + 1, dtype=np.uint8)
     out_bounds = np.empty(n + 1, dtype=np.int64)
     out_counts = np.empty(n, dtype=np.int64)
+    out_json = np.empty(n, dtype=np.int64)
     end = _write_listings(
         arena,
         item_start,
@@ -377,12 +442,14 @@ def write_listings(
         exclude_start,
         exclude_length,
         usable,
+        as_json,
         max(room, 1),
         out,
         out_bounds,
         out_counts,
+        out_json,
     )
-    return out[:end].tobytes().decode("ascii"), out_bounds.tolist(), out_counts.tolist()
+    return out[:end].tobytes().decode("ascii"), out_bounds.tolist(), out_counts.tolist(), out_json.tolist()
 
 
 def warm() -> None:
@@ -393,3 +460,21 @@ def warm() -> None:
     sizes = np.ones(1, dtype=np.int32)  # (a copy's member counts: MemoryIndex._sizes)
     scan_counts(one, sizes, one, 0, np.zeros((1, 1), dtype=np.int64))
     scan_picks(one, sizes, one, one)
+    ints = np.array([0, 1], dtype=np.int64)  # (the types a copy's listing passes: copylisting._written)
+    write_listings(
+        np.frombuffer(b"a", dtype=np.uint8),
+        ints[:1],
+        ints[1:],
+        ints[:1],
+        np.ones(1, dtype=np.int32),
+        ints[:1],
+        ints[:1],
+        ints,
+        ints[1:],
+        ints[:1],
+        ints[:1] - 1,
+        b"",
+        ints[:1],
+        ints[:1],
+        np.ones(1, dtype=bool),
+    )

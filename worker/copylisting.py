@@ -249,7 +249,7 @@ def _written(
                 excluded.append(exclude)
                 at += len(exclude)
     arena, item_start, item_length = copy._written.arrays()
-    text, out_bounds, listed = write(
+    text, out_bounds, listed, as_json = write(
         arena,
         item_start,
         item_length,
@@ -266,7 +266,10 @@ def _written(
         exclude_length,
         usable,
     )
-    return [WrittenListing(text[out_bounds[k] : out_bounds[k + 1]], listed[k]) if usable[k] else None for k in range(n)]
+    return [
+        WrittenListing(text[out_bounds[k] : out_bounds[k + 1]], listed[k], bool(as_json[k])) if usable[k] else None
+        for k in range(n)
+    ]
 
 
 def _few_results(

@@ -1,6 +1,7 @@
 """A copy's listings written by a compiled loop (worker/compiled.py's `write_listings`): the IDs of the rows a search
 lists kept as bytes beside the copy's rows (`WrittenIds`), and each query's listing written from them as the claim's
-arguments at once (`WrittenListing`), with no Python object a match.
+arguments at once (`WrittenListing`), with no Python object a match: one argument, the listing as its alert's JSON
+(worker/lua/claim_json.lua), when no ID of it needs a JSON escape, else two a match.
 
 A near storm's claim lists 116 matches (the alert's cap and `CLAIM_EXTRA`), nearly all of them listed by earlier
 claims too. Made as (ID, distance) pairs in Python, sorted, and written as arguments one by one, they were about half
@@ -150,15 +151,41 @@ class WrittenListing(Sequence[tuple[str, int]]):
     `snapshotadds._listing` to send as they are; the (ID, distance) pairs they hold are read from them only when
     something asks (a test, a call built argument by argument). Equal to any sequence of the same pairs."""
 
-    __slots__ = ("_n", "_pairs", "written")
+    __slots__ = ("_n", "_pairs", "as_json", "written")
 
-    def __init__(self, written: str, n: int) -> None:
+    def __init__(self, written: str, n: int, as_json: bool = False) -> None:
         self.written = written
+        self.as_json = as_json
+        """`written` is one argument, the listing as its alert's JSON (worker/lua/claim_json.lua), not two a match."""
         self._n = n
         self._pairs: list[tuple[str, int]] | None = None
 
+    @property
+    def arguments(self) -> int:
+        """How many arguments `written` holds."""
+        return 1 if self.as_json else 2 * self._n
+
+    def values(self) -> list[str | int]:
+        """The arguments `written` holds, as values (for a call built argument by argument)."""
+        if self.as_json:
+            cut = self.written.index("\r\n")
+            return [self.written[cut + 2 : -2]]
+        return [part for pair in self.pairs() for part in pair]
+
     def pairs(self) -> list[tuple[str, int]]:
         """The listing as (ID, distance) pairs, read from `written`."""
+        if self._pairs is None and self.as_json:
+            payload = self.values()[0]
+            assert isinstance(payload, str)
+            colon = payload.index(":")
+            n = int(payload[:colon])
+            base = colon + 1 + 5 * (n + 1)
+            starts = [int(payload[colon + 1 + 5 * k : colon + 6 + 5 * k], 16) for k in range(n + 1)]
+            self._pairs = []
+            for k in range(n):
+                entry = payload[base + starts[k] : base + starts[k + 1] - 1]  # {"incident_id":"<id>","distance":<d>}
+                middle = entry.rindex('","distance":')
+                self._pairs.append((entry[16:middle], int(entry[middle + 13 : -1])))
         if self._pairs is None:
             pairs: list[tuple[str, int]] = []
             text, at = self.written, 0

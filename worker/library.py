@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 from redis.exceptions import ResponseError
 
 from .connection import RedisClient
+from .copywritten import WrittenListing
 from .replies import pairs, text
 from .transport import Command
 
@@ -413,7 +414,10 @@ def pack_snapshot(snapshot: SnapshotClaim | None) -> tuple[str, list[Any]]:
     """A snapshot's claim as `ApplyArgs.snapshot` and `ApplyArgs.listed` ('' and [] without one)."""
     if snapshot is None:
         return "", []
-    return pack_claim(snapshot), [part for pair in snapshot.listed for part in pair]
+    listed = snapshot.listed
+    if isinstance(listed, WrittenListing):  # (its arguments as written: one, the listing as JSON, or two a match)
+        return pack_claim(snapshot), listed.values()
+    return pack_claim(snapshot), [part for pair in listed for part in pair]
 
 
 def pack_claim(snapshot: SnapshotClaim) -> str:

@@ -128,8 +128,9 @@ def pack_adds(
         )
         packed = pack_claim(claim)
         listed = claim.listed
-        n_args += 18 + 2 * len(listed)
-        counts.append(f"{n_keys}${len(str(18 + 2 * len(listed)))}\r\n{18 + 2 * len(listed)}\r\n")
+        n_listed = listed.arguments if type(listed) is WrittenListing else 2 * len(listed)
+        n_args += 18 + n_listed
+        counts.append(f"{n_keys}${len(str(18 + n_listed))}\r\n{18 + n_listed}\r\n")
         if extra is None:
             extra = alert_extra
         arg_parts.append(

@@ -77,7 +77,8 @@ end
 --   [18] alert_extra    '' (nothing), or '<opens><fields>': opens 1 to publish an alert for an incident that opens
 --                       a group too (match_count 0, opens_group 1), else 0; then event fields copied into the alert,
 --                       each name and value as '<bytes>:<text>' (see parse_alert_extra)
---   listed...           the snapshot's listed matches: id, d, ... (none without a snapshot)
+--   listed...           the snapshot's listed matches: id, d, ... (none without a snapshot); or one argument, the
+--                       listing as its alert's JSON with where each match starts (claim_json.lua)
 --
 -- Returns {status, match_count, candidates_verified, alert_entry_id_or_'', id1, d1, id2, d2, ...} where status is
 -- indexed | repeat | duplicate | stale | deleted | absent | not_pending | unvalidated; indexed and repeat put the
@@ -216,11 +217,11 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
   end
 
   -- A snapshot's claim is validated before anything is written: `unvalidated` must change nothing.
-  local verified, matched, flat, twin, held, changed_holder
+  local verified, matched, flat, twin, held, changed_holder, matches_json
   local n_listed = na > ARGS and na - ARGS or 0
   if position ~= '' then
-    verified, matched, flat, held, changed_holder = validate_snapshot(context, meta_key, changes_key, fp, limit, id,
-      cap, position, claimed, args, ao + ARGS, n_listed, complete, cut)
+    verified, matched, flat, held, changed_holder, matches_json = validate_snapshot(context, meta_key, changes_key, fp,
+      limit, id, cap, position, claimed, args, ao + ARGS, n_listed, complete, cut, replied)
     if not verified then return {'unvalidated', 0, 0, ''} end
   end
 
@@ -280,7 +281,7 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
   local alert_id = ''
   if streaming then
     if matched > 0 or open_alerts then
-      local fields = {'incident_id', id, 'fingerprint', fp, 'matches', matches_json_within(flat),
+      local fields = {'incident_id', id, 'fingerprint', fp, 'matches', matches_json or matches_json_within(flat),
                       'match_count', matched, 'max_distance', limit, 'source_entry', entry_id, 'op', op,
                       'group_id', label, 'group_size', size}
       if matched == 0 then

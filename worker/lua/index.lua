@@ -31,6 +31,7 @@
 --   search.lua             distances, the search through the posting sets, postings and twin groups; `matches`
 --   window.lua             the snapshot validation's window of changes, filed by the bytes of their fingerprints
 --   snapshot.lua           the snapshot read path's validation of a copy's claim
+--   claim_json.lua         a claim whose listing travels as its alert's JSON: the alert's `matches` cut from it
 --   apply_context.lua      what the apply calls of one FCALL share
 --   groups.lua             the group of each incident, decided by the apply step: `group_merge`, `group_of`
 --   alert_json.lua         an alert's `matches` as JSON within its byte cap

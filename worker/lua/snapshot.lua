@@ -6,6 +6,7 @@
 --- @include "search"
 --- @include "apply_context"
 --- @include "window"
+--- @include "claim_json"
 
 -- A snapshot whose position is more changes behind than this is not validated: the full search is cheaper.
 local MAX_VALIDATED_CHANGES = 4000
@@ -84,7 +85,14 @@ end
 --
 -- `listed` is read in place: args[lo + 1 .. lo + n] of the call.
 local function surely_unheld(held, count, listed, lo, n)
-  if count ~= 0 and not (n >= 2 and distance_number(listed[lo + 2]) > 0) then return false end
+  local first_d = nil  -- the closest listed match's distance
+  if n >= 2 then
+    first_d = distance_number(listed[lo + 2])
+  elseif n == 1 then  -- (a listing of JSON: claim_json.lua)
+    local c = json_claim(listed[lo + 1])
+    if c and c.n > 0 then first_d = select(2, json_entry(c, 1)) end
+  end
+  if count ~= 0 and not (first_d and first_d > 0) then return false end
   return not held
 end
 
@@ -209,7 +217,9 @@ end
 -- `held` is true ("maybe": the copy may have missed an incident holding `query`, so the caller reads the postings).
 --
 -- Returns changes_checked, matched, flat (at most `cap` pairs when cap > 0), and `held`: whether an incident other
--- than `self_id` holds `query` by its latest change after the position (see surely_unheld); or nil when the copy
+-- than `self_id` holds `query` by its latest change after the position (see surely_unheld), the incident that holds
+-- it by such a change, and for a listing of JSON (one argument, claim_json.lua) the alert's matches as JSON, flat
+-- then holding only the first `replied` pairs of them (all without `replied`); or nil when the copy
 -- cannot be validated (its changes were trimmed, are too many, or lack fingerprints, or what it listed no longer
 -- covers the cap): the caller then answers `unvalidated` and the worker sends the full search.
 --
@@ -222,7 +232,7 @@ end
 -- (find_matches's), and only within the limit after the first 8 digits are the other 8 read (the sum only grows,
 -- so one past the limit there is past it in the end; its exact value is never used).
 local function validate_snapshot(context, meta_key, changes_key, query, limit, self_id, cap, position, count, listed,
-                                 lo, n_listed, complete, cut)
+                                 lo, n_listed, complete, cut, replied)
   local view = changes_after(context, meta_key, changes_key, position)
   if not view or view.count > MAX_VALIDATED_CHANGES then return nil end
   local first_prev, latest, order = view.first_prev, view.latest, view.order
@@ -277,6 +287,30 @@ local function validate_snapshot(context, meta_key, changes_key, query, limit, s
 
   -- the copy listed every match, or only those up to its last listed one: past that, nothing is known
   local less = id_less_of(context)
+  if n_listed == 1 then
+    -- a listing of JSON (claim_json.lua): its alert's JSON cut from it, unless a change touched a listed match or
+    -- the alert's byte cap is reached; then it is read into the usual list and validated below
+    local c = json_claim(listed[lo + 1])
+    if not c then return nil end
+    local touched, known = false, view.known
+    if known then
+      for j = 1, #known do
+        if json_lists(c, known[j]) then
+          touched = true
+          break
+        end
+      end
+    end
+    if not touched then
+      local matched, flat, json, maybe = json_merge(c, count, additions, n_additions, less, cap, complete, cut, held,
+                                                    replied)
+      if not matched then return nil end
+      if json then return view.count, matched, flat, maybe, changed_holder, json end
+    end
+    listed, lo = json_listed(c), 0
+    if not listed then return nil end
+    n_listed = #listed
+  end
   if n_listed % 2 == 0 then
     -- the listed matches no change touched, as their places in `listed` (no table a match), and whether they are
     -- in order (the worker sorts them as pair_before does; a list out of order is sorted below, as it always was)

@@ -94,6 +94,11 @@ local function note_change(view, id, fp, prev)
   if view.first_prev[id] == nil then
     view.first_prev[id] = prev
     view.order[#view.order + 1] = id
+    if prev ~= '' then  -- (an incident the copy held: its claims may list it; claim_json.lua's json_lists)
+      local known = view.known or {}
+      known[#known + 1] = id
+      view.known = known
+    end
     if near then note_near(view, id, prev) else note_bands(view.bands, id, prev) end
   else
     view.again = true  -- (an incident noted again, after others maybe: near_of's lists may hold it twice)
