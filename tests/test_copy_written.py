@@ -199,3 +199,29 @@ def test_a_row_emptied_and_made_again_for_another_fingerprint_is_written_anew(sc
             oracle.fps[incident_id] = fp
             [result] = index.search_many([(fp, None)], limit=100)
             assert result.matches == oracle.matches(fp)[:100]
+
+
+def test_listings_written_through_growths_of_the_row_tables_and_drops_list_as_the_linear_scan() -> None:
+    """The per-row tables grow as the copy's rows do (past 1,024, then doubling; rows written before a growth keep
+    their entries, others are written when first listed), and a drop starts a new epoch: through several of each,
+    every listing is the oracle's."""
+    with pytest.MonkeyPatch.context() as patch:
+        rng = random.Random(11)
+        center = rng.getrandbits(64)
+        oracle = Oracle(7)
+        index = MemoryIndex(BandLayout(4, 7))
+        made = 0
+        for step in range(6):
+            if step == 4:  # (then a drop at every listing)
+                patch.setattr(worker.copywritten, "_DROP_FROM", -(2**62))
+            for _ in range(900):
+                incident_id, fp = f"g{made}", flip(center, rng.randint(1, 6), rng)
+                index.set(incident_id, fp)
+                oracle.fps[incident_id] = fp
+                made += 1
+            queries = [(flip(center, rng.randint(0, 2), rng), None) for _ in range(4)]
+            for (fp, _), result in zip(queries, index.search_many(queries, limit=100), strict=True):
+                assert isinstance(result.matches, WrittenListing)
+                assert result.matches == oracle.matches(fp)[:100]
+        assert len(index._written._epoch) >= index._row_count()
+        assert index._written._now > 1

@@ -28,22 +28,25 @@ _DROP_FROM = 1 << 20
 """Bytes that rows written and changed since may leave behind (beyond twice those of the rows as they are) before they
 are all dropped and the rows written anew as listings reach them."""
 
-_UNKNOWN, _UNWRITABLE = 0, -1
-"""`WrittenIds._first`: a row not written yet (or changed since), one that cannot be (an ID that is not ASCII: the
-claim is then built argument by argument, `snapshotadds.pack_adds`); else its first ID's place + 1."""
+_UNWRITABLE = -1
+"""`WrittenIds._first` of a row that cannot be written (an ID that is not ASCII: the claim is then built argument by
+argument, `snapshotadds.pack_adds`); else its first ID's place + 1."""
 
 
 class WrittenIds:
     """Each row's IDs as bytes: a row's `count` IDs are items `first - 1` onward, each `length` bytes of `arena` from
     `start`. Rows are written when a listing first reaches them (`ensure`), forgotten when they change (`forget`);
-    what changed rows leave behind is dropped, all at once, when it outgrows what is kept."""
+    what changed rows leave behind is dropped, all at once, when it outgrows what is kept. A row's entries hold only
+    while its `epoch` is the current one: a drop starts a new epoch rather than clearing every row's."""
 
     def __init__(self) -> None:
-        # per row (zeros are pages the system maps on their first write: a copy of ten million rows pays only for
-        # the rows its storms list)
+        # per row (zeros are pages the system maps on their first write, and only written rows are ever copied or
+        # cleared: a copy of ten million rows pays for the rows its storms list)
+        self._epoch = np.zeros(1024, dtype=np.int32)
         self._first = np.zeros(1024, dtype=np.int64)
         self._count = np.zeros(1024, dtype=np.int32)
         self._bytes = np.zeros(1024, dtype=np.int32)
+        self._now = 1
         self._arena = np.zeros(1 << 16, dtype=np.uint8)
         self._start = np.zeros(4096, dtype=np.int64)
         self._length = np.zeros(4096, dtype=np.int64)
@@ -51,27 +54,26 @@ class WrittenIds:
         self._items = 0
         self._live = 0  # bytes of the rows written and not changed since
         self._rows = 0  # rows written since the arena was last dropped
-        self._low, self._high = 0, 0  # the rows ever written lie in low..high (only those pages are copied or cleared)
 
     def nbytes(self) -> int:
-        """Bytes held: the arena and its items' tables, and the rows written (16 bytes each)."""
-        return sum(a.nbytes for a in (self._arena, self._start, self._length)) + 16 * self._rows
+        """Bytes held: the arena and its items' tables, and the rows written (20 bytes each)."""
+        return sum(a.nbytes for a in (self._arena, self._start, self._length)) + 20 * self._rows
 
     def forget(self, row: int) -> None:
         """Row `row`'s members changed: written again at its next listing."""
-        if row < len(self._first) and self._first[row] != _UNKNOWN:
+        if row < len(self._epoch) and self._epoch[row] == self._now:
             self._live -= int(self._bytes[row])
-            self._first[row] = _UNKNOWN
+            self._epoch[row] = 0
 
     def ensure(self, rows: np.ndarray, members_of: Callable[[np.ndarray], list[Any]]) -> tuple[np.ndarray, np.ndarray]:
         """Each of `rows`' first item + 1 (or _UNWRITABLE) and its count, those not written yet written now from
         `members_of` (the copy's `_members_of`)."""
-        if len(rows) and int(rows.max()) >= len(self._first):
+        if len(rows) and int(rows.max()) >= len(self._epoch):
             self._grow_rows(int(rows.max()) + 1)
         if self._end > 2 * self._live + _DROP_FROM:  # (what changed rows left: dropped, every row written anew)
-            self._first[self._low : self._high] = _UNKNOWN
+            self._now += 1
             self._end = self._items = self._live = self._rows = 0
-        missing = rows[self._first[rows] == _UNKNOWN]
+        missing = rows[self._epoch[rows] != self._now]
         if len(missing):
             self._write(np.unique(missing), members_of)
         return self._first[rows], self._count[rows]
@@ -94,11 +96,10 @@ class WrittenIds:
             ids += held
             counts.append(len(held))
             written.append(row)
-        if self._high == 0:
-            self._low = int(rows[0])
-        self._low, self._high = min(self._low, int(rows[0])), max(self._high, int(rows[-1]) + 1)  # (rows: sorted)
+        self._epoch[rows] = self._now
         if unwritable:
             self._first[unwritable] = _UNWRITABLE
+            self._bytes[unwritable] = 0
         if not written:
             return
         joined = "".join(ids).encode("ascii")
@@ -120,12 +121,12 @@ class WrittenIds:
         self._rows += len(written)
 
     def _grow_rows(self, rows: int) -> None:
-        size = max(2 * len(self._first), rows + 1024)
-        low, high = self._low, self._high
-        for name in ("_first", "_count", "_bytes"):
+        size = max(2 * len(self._epoch), rows + 1024)
+        written = np.flatnonzero(self._epoch == self._now)  # (copied alone: rows never listed stay pages never written)
+        for name in ("_epoch", "_first", "_count", "_bytes"):
             old = getattr(self, name)
             grown = np.zeros(size, dtype=old.dtype)
-            grown[low:high] = old[low:high]  # (a loaded copy's rows never listed stay pages never written)
+            grown[written] = old[written]
             setattr(self, name, grown)
 
     def _reserve(self, nbytes: int, items: int) -> None:
