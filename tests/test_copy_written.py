@@ -7,7 +7,6 @@ than the kept IDs, listed in Python instead."""
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
@@ -18,11 +17,10 @@ import worker.copyarrays
 import worker.copywritten
 import worker.snapshot
 from tests.conftest import loops_compiled
-from tests.oracle import Oracle, flip
+from tests.oracle import Oracle, claim_arguments, flip
 from worker.bands import BandLayout
 from worker.copywritten import KEPT, WrittenListing
 from worker.snapshot import MemoryIndex
-from worker.snapshotadds import _PAIRS, _PairCache
 
 # spelled so that the order they are made in, their numbers' order and their byte order all differ
 _PREFIXES = ["b", "a", "B", "Z", "a-", "", "~", "a\x00", "aa"]
@@ -33,17 +31,6 @@ def _loops_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
     """Listings are written once the loops are compiled; a send's matches listed in arrays whatever their number."""
     loops_compiled()
     monkeypatch.setattr(worker.snapshot, "_FEW_HITS", 0)
-
-
-def _arguments(pairs: list[tuple[str, int]], as_json: bool = False) -> str:
-    """A listing's claim arguments as the Python writer writes them, or (`as_json`) its one argument of JSON as
-    worker/lua/claim_json.lua reads it: '<n>:<offsets><entries>'."""
-    if not as_json:
-        return "".join(_PairCache.__missing__(_PAIRS, pair) for pair in pairs)
-    entries = [json.dumps({"incident_id": i, "distance": d}, separators=(",", ":")) for i, d in pairs]
-    starts = [sum(len(e) + 1 for e in entries[:k]) for k in range(len(entries) + 1)]
-    payload = f"{len(pairs)}:" + "".join(f"{at:05x}" for at in starts) + ",".join(entries)
-    return f"${len(payload)}\r\n{payload}\r\n"
 
 
 def _plain(incident_id: str) -> bool:
@@ -114,7 +101,7 @@ def _rounds(seed: int, loaded: int, rounds: int, limit: int) -> None:
                 assert len(result.matches) == min(limit, len(found))
                 listed = found[:limit]
                 assert result.matches.as_json == all(_plain(i) for i, _ in listed)
-                assert result.matches.written == _arguments(listed, result.matches.as_json)
+                assert result.matches.written == claim_arguments(listed, result.matches.as_json)
 
 
 def test_a_query_near_an_id_that_is_not_ascii_is_listed_in_python_and_the_others_written() -> None:
@@ -162,10 +149,10 @@ def test_a_written_listing_reads_back_as_its_pairs() -> None:
     the separators of the protocol inside them, long and empty ones, every distance."""
     pairs = [("", 0), ("a\r\nb", 3), ("$5\r\n", 9), ("x" * 300, 10), ("q", 64)]
     for as_json, listed in ((True, [("", 0), ("a},{b:1,", 3), ("x" * 300, 10), ("q", 64)]), (False, [])):
-        listing = WrittenListing(_arguments(listed, as_json), len(listed), as_json)
+        listing = WrittenListing(claim_arguments(listed, as_json), len(listed), as_json)
         assert listing.pairs() == listed
         assert listing.arguments == (1 if as_json else 0)
-    listing = WrittenListing(_arguments(pairs), len(pairs))
+    listing = WrittenListing(claim_arguments(pairs), len(pairs))
     assert listing.pairs() == pairs
     assert listing == pairs and pairs == listing and list(listing) == pairs
     assert listing[1] == ("a\r\nb", 3) and listing[1:3] == pairs[1:3]

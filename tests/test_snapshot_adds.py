@@ -12,17 +12,18 @@ from hiredis import pack_command
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.oracle import claim_arguments
 from worker.bands import BandLayout
 from worker.copywritten import WrittenListing
 from worker.index import FingerprintIndex, LayoutTarget, SnapshotAdd
 from worker.library import SnapshotClaim, StreamTarget, apply_batch
 from worker.settings import Settings
-from worker.snapshotadds import _listing
 from worker.stream import StreamWorker
 
 TARGET = StreamTarget("{w}:events", "{w}:alerts", "{w}:dead", "workers", alerts_maxlen=10_000, dead_maxlen=77)
 
 ascii_text = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=12)
+plain_text = st.text(st.characters(min_codepoint=32, max_codepoint=126, exclude_characters='"\\'), max_size=12)
 any_text = st.text(max_size=8)  # not ASCII at times (and lone surrogates): those sends are left to apply_command
 ids = st.one_of(ascii_text.filter(bool), any_text.filter(bool))
 claims = st.builds(
@@ -31,10 +32,14 @@ claims = st.builds(
     count=st.integers(0, 10**6),
     listed=st.one_of(
         st.lists(st.tuples(ids, st.integers(0, 64)), max_size=5),
-        # a copy's listing written by its compiled loop (ASCII IDs): its arguments as they are, or read back as pairs
+        # a copy's listing written by its compiled loop (ASCII IDs): its arguments as they are (two a match, or one of
+        # JSON when no ID needs an escape), or read back as pairs
         st.lists(st.tuples(ascii_text, st.integers(0, 64)), max_size=5).map(
-            lambda pairs: WrittenListing(_listing(pairs), len(pairs))
+            lambda pairs: WrittenListing(claim_arguments(pairs), len(pairs))
         ),
+        st.lists(
+            st.tuples(ascii_text.filter(lambda i: '"' not in i and "\\" not in i), st.integers(0, 64)), max_size=5
+        ).map(lambda pairs: WrittenListing(claim_arguments(pairs, True), len(pairs), True)),
     ),
     complete=st.booleans(),
     cut=st.booleans(),

@@ -139,7 +139,7 @@ def pack_adds(
             f"${len(tokenizer)}\r\n{tokenizer}\r\n${len(packed)}\r\n{packed}\r\n$0\r\n\r\n"
             f"${len(extra)}\r\n{extra}\r\n"
         )
-        if listed:
+        if n_listed:
             arg_parts.append(_listing(listed))
     n, keys_total = len(adds), (8 + layout.bands) * len(adds)
     command = (
