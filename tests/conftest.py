@@ -264,6 +264,13 @@ def loops_compiled() -> None:
     worker.copyarrays._compiler.join(timeout=120)
 
 
+@pytest.fixture
+def compiled_loops() -> None:
+    """The copies' searches run the compiled loops (`loops_compiled`): for a module, `pytestmark =
+    pytest.mark.usefixtures("compiled_loops")`."""
+    loops_compiled()
+
+
 @pytest.fixture(
     params=[(2**62, False), (0, True), (-1, True), (-1, False)],
     ids=["python-always", "arrays-written", "scan-written", "scan-python"],

@@ -14,7 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import loops_compiled
 from tests.oracle import Oracle, assert_postings_match, flip
 from worker.copywritten import WrittenListing
 from worker.index import FingerprintIndex
@@ -46,9 +45,7 @@ def _changes(max_size: int):
     return st.lists(change, max_size=max_size)
 
 
-@pytest.fixture(autouse=True)
-def _compiled() -> None:
-    loops_compiled()
+pytestmark = pytest.mark.usefixtures("compiled_loops")  # (the copy's listings written by its compiled loop)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

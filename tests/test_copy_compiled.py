@@ -25,17 +25,12 @@ from hypothesis import strategies as st
 import worker.compiled
 import worker.copyarrays
 import worker.snapshot
-from tests.conftest import loops_compiled
 from tests.oracle import Oracle, clustered, flip
 from worker.bands import BandLayout
 from worker.copyarrays import PLAIN_LOOPS, ranges
 from worker.snapshot import MemoryIndex
 
-
-@pytest.fixture(autouse=True)
-def _loops_compiled() -> None:
-    """The searches here run the compiled loops: a search made while they still compile uses their numpy steps."""
-    loops_compiled()
+pytestmark = pytest.mark.usefixtures("compiled_loops")  # (the searches here run the compiled loops)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

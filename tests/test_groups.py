@@ -332,6 +332,8 @@ def test_two_workers_at_once_give_the_groups_of_the_order_they_indexed_in(real_r
         )
         for k, path in enumerate(("primary", "snapshot"))
     ]
+    for w in workers:  # (set up first, copy loaded: the snapshot worker's start-up, on a busy machine, had let the
+        w.setup()  # other one take every event before its first read)
     threads = [threading.Thread(target=w.run, kwargs={"until_idle": True}) for w in workers]
     for thread in threads:
         thread.start()

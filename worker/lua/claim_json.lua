@@ -65,29 +65,16 @@ end
 -- be validated. `additions` (each {d, id}) are the window's changes within the distance.
 local function json_merge(c, count, additions, n_additions, less, cap, complete, cut, held, replied)
   local n = c.n
-  local adds, n_adds = additions or {}, n_additions
+  local bound_id, bound_d
   if not cut and not complete then
     if n == 0 then return nil end
-    -- what the copy did not list lies past its last listed match: a change past it may not be listed either
-    local bound_id, bound_d = json_entry(c, n)
+    bound_id, bound_d = json_entry(c, n)  -- (the last listed match: see claim_takes)
     if not bound_id then return nil end
-    adds, n_adds = {}, 0
-    for i = 1, n_additions do
-      local pair = additions[i]
-      if not pair_before(less, bound_d, bound_id, pair[1], pair[2]) then
-        n_adds = n_adds + 1
-        adds[n_adds] = pair
-      end
-    end
   end
-  if n_adds > 1 then sort_pairs(adds, n_adds, less) end
-  local want = count
-  if cut then
-    want = n + n_adds
-    if count < want then count = want end
-  end
-  if cap > 0 and cap < want then want = cap end
-  if n + n_adds < want then return nil end
+  local adds, n_adds, want
+  adds, n_adds, want, count = claim_takes(additions, n_additions, not cut and not complete, bound_d, bound_id, less,
+                                          count, n, cap, cut)
+  if not adds then return nil end
   if cut then held = true end
   -- each addition's place: before the first listed match it comes before (n + 1: after them all)
   local places, from, floor = {}, 1, math.floor

@@ -47,6 +47,34 @@ local function sort_pairs(list, n, less)
   end
 end
 
+-- What a claim that listed `n_kept` matches no change touched takes of its window's `additions` (each {d, id}): every
+-- one when the copy listed every match or was cut, else (`bounded`) only those not past its last listed match
+-- (bound_d, bound_id: what the copy did not list lies past it, and a change past it may not be listed either), sorted;
+-- then how many the alert lists (`want`, at most `cap` when cap > 0) and the count (a cut claim's at least that).
+-- Returns adds, n_adds, want, count; nil when what it lists and takes does not cover `want`.
+local function claim_takes(additions, n_additions, bounded, bound_d, bound_id, less, count, n_kept, cap, cut)
+  local adds, n_adds = additions or {}, n_additions
+  if bounded then
+    adds, n_adds = {}, 0
+    for i = 1, n_additions do
+      local pair = additions[i]
+      if not pair_before(less, bound_d, bound_id, pair[1], pair[2]) then
+        n_adds = n_adds + 1
+        adds[n_adds] = pair
+      end
+    end
+  end
+  if n_adds > 1 then sort_pairs(adds, n_adds, less) end
+  local want = count
+  if cut then
+    want = n_kept + n_adds
+    if count < want then count = want end
+  end
+  if cap > 0 and cap < want then want = cap end
+  if n_kept + n_adds < want then return nil end
+  return adds, n_adds, want, count
+end
+
 -- The first `need` of ids[1 .. count] in the order `less` (`order`: that order for table.sort, nil for Lua's own),
 -- sorted: all of them sorted when they are few, else the first `need` kept in a heap as they are read (about one
 -- comparison an ID past the first `need`, not a sort of thousands to list a hundred).

@@ -132,28 +132,15 @@ end
 -- validation did. Returns count, flat, held (see validate_snapshot), or nil when the claim cannot be validated.
 local function merge_claim(count, listed, lo, n_listed, kept, n_kept, additions, n_additions, less, cap,
                            complete, cut, held)
-  local adds, n_adds = additions or {}, n_additions
+  local bound_d, bound_id
   if not cut and not complete then
     if n_listed == 0 then return nil end
-    -- what the copy did not list lies past its last listed match: a change past it may not be listed either
-    local bound_d, bound_id = distance_number(listed[lo + n_listed]), listed[lo + n_listed - 1]
-    adds, n_adds = {}, 0
-    for i = 1, n_additions do
-      local pair = additions[i]
-      if not pair_before(less, bound_d, bound_id, pair[1], pair[2]) then
-        n_adds = n_adds + 1
-        adds[n_adds] = pair
-      end
-    end
+    bound_d, bound_id = distance_number(listed[lo + n_listed]), listed[lo + n_listed - 1]
   end
-  if n_adds > 1 then sort_pairs(adds, n_adds, less) end
-  local want = count
-  if cut then
-    want = n_kept + n_adds
-    if count < want then count = want end
-  end
-  if cap > 0 and cap < want then want = cap end
-  if n_kept + n_adds < want then return nil end
+  local adds, n_adds, want
+  adds, n_adds, want, count = claim_takes(additions, n_additions, not cut and not complete, bound_d, bound_id, less,
+                                          count, n_kept, cap, cut)
+  if not adds then return nil end
   if cut then held = true end
   if n_adds == 0 and 2 * n_kept == n_listed and want <= 2000 then
     -- nothing added, nothing dropped: the claim's own head, copied as it came in one step (distances as the digits
