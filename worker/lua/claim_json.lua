@@ -37,6 +37,16 @@ local function json_entry(c, k)
   return id, tonumber(d)
 end
 
+-- Entry k's distance, read from its last bytes (no string made), and where it ends (its '}'); nil when malformed.
+local function entry_distance(c, k)
+  local e = entry_start(c, k + 1) - 2
+  local d1, d0 = string.byte(c.arg, e - 2, e - 1)
+  if not d0 or d0 < 48 or d0 > 57 then return nil end
+  if d1 == 58 then return d0 - 48, e end  -- (':' and one digit)
+  if d1 < 48 or d1 > 57 then return nil end
+  return (d1 - 48) * 10 + d0 - 48, e
+end
+
 -- Every entry as the usual listing: a flat list id, d, ... (distances as numbers); nil when malformed.
 local function json_listed(c)
   local flat = {}
@@ -83,9 +93,14 @@ local function json_merge(c, count, additions, n_additions, less, cap, complete,
     local low, high = from, n + 1
     while low < high do
       local mid = floor((low + high) / 2)
-      local id, d = json_entry(c, mid)
-      if not id then return nil end
-      if pair_before(less, pair[1], pair[2], d, id) then high = mid else low = mid + 1 end
+      -- pair_before, the entry's ID read only at its own distance (most entries of a search differ in distance)
+      local d, e = entry_distance(c, mid)
+      if not d then return nil end
+      local before = pair[1] < d
+      if pair[1] == d then
+        before = less(pair[2], string.sub(c.arg, entry_start(c, mid) + 16, e - 14 - (d < 10 and 1 or 2)))
+      end
+      if before then high = mid else low = mid + 1 end
     end
     places[a], from = low, low
   end
