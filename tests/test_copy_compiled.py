@@ -204,7 +204,7 @@ def test_a_copy_whose_loops_cannot_compile_searches_with_numpy_and_says_so(monke
     def refused() -> None:
         raise RuntimeError("cannot allocate executable memory")
 
-    monkeypatch.setattr(worker.compiled, "warm", refused)
+    monkeypatch.setattr(worker.compiled, "warm_search", refused)
     monkeypatch.setattr(worker.copyarrays, "_compiled", None)
     with structlog.testing.capture_logs() as logs:
         worker.copyarrays._compile()
@@ -219,6 +219,49 @@ def test_a_copy_whose_loops_cannot_compile_searches_with_numpy_and_says_so(monke
     for (fp, exclude), result in zip(queries, index.search_many(queries, limit=5), strict=True):
         found = oracle.matches(fp, exclude=exclude)
         assert (result.match_count, result.matches) == (len(found), found[:5])
+
+
+def test_a_copy_whose_listing_loop_cannot_compile_searches_compiled_and_lists_in_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The search's loops compile first, the listing's after them (`warm_search`, `warm_listing`): the listing's
+    failure is logged once, and the copy searches with the compiled loops and lists in Python, as the oracle; so
+    while the listing's loop compiles (the thread alive), and a process forked then compiles it at its next search."""
+
+    def refused() -> None:
+        raise RuntimeError("cannot allocate executable memory")
+
+    monkeypatch.setattr(worker.compiled, "warm_listing", refused)
+    monkeypatch.setattr(worker.copyarrays, "_compiled", None)
+    with structlog.testing.capture_logs() as logs:
+        worker.copyarrays._compile()
+    loops = worker.copyarrays.loops()
+    assert loops.scan_picks is worker.compiled.scan_picks and not hasattr(loops, "write_listings")
+    assert worker.copyarrays.loops() is loops  # (for good: not compiled again at each search)
+    [line] = logs
+    assert line["log_level"] == "error" and "listing" in line["event"] and "numba" in line["hint"]
+    index, oracle, pool = _copy(17, BandLayout(4, 7))
+    rng = random.Random(3)
+    queries = [(flip(rng.choice(pool), rng.randint(0, 8), rng), rng.choice([None, "i2"])) for _ in range(16)]
+    monkeypatch.setattr(worker.snapshot, "_FEW_HITS", 0)
+    for (fp, exclude), result in zip(queries, index.search_many(queries, limit=5), strict=True):
+        found = oracle.matches(fp, exclude=exclude)
+        assert (result.match_count, result.matches) == (len(found), found[:5])
+        assert type(result.matches) is list
+    # the listing's loop still compiling, then the thread gone (a process forked meanwhile)
+    monkeypatch.undo()
+    searching = worker.copyarrays._searching
+    assert searching is not None
+    alive, release = threading.Event(), threading.Event()
+    running = threading.Thread(target=lambda: (alive.set(), release.wait(10)))
+    running.start()
+    alive.wait(10)
+    monkeypatch.setattr(worker.copyarrays, "_compiler", running)
+    monkeypatch.setattr(worker.copyarrays, "_compiled", searching)
+    assert worker.copyarrays.loops() is searching
+    release.set()
+    running.join()
+    assert worker.copyarrays.loops() is worker.compiled
 
 
 def test_the_loop_runs_where_numba_has_nowhere_to_cache_it() -> None:
@@ -249,3 +292,24 @@ def test_the_loop_runs_where_numba_has_nowhere_to_cache_it() -> None:
     assert done.returncode == 0, done.stderr
     # candidates 0, 1, 3 against 0 (0 and 1 within 1 bit), then 3, 7, 2**64 - 1 against 2**64 - 1 (only itself)
     assert done.stdout.split("\n")[0] == "[0, 1, 5] [0, 1, 0]"
+
+
+def test_searches_run_the_loops_warm_compiled_and_compile_none_again() -> None:
+    """numba compiles a loop again, in the caller's thread, for each new combination of argument types (a read-only
+    array for a writable one is one): `warm` must compile the types the searches pass, or the first search of each
+    kind waits ~1.5 s (a storm's first send, at `auto`'s switch, where the cache is not kept). Every path, with and
+    without an excluded ID, leaves each loop with the one signature warm made."""
+    rng = random.Random(4)
+    center = rng.getrandbits(64)
+    index = MemoryIndex(BandLayout(4, 7))
+    index.load({f"l{k}": flip(center, rng.randint(1, 5), rng) for k in range(500)})
+    for k in range(500):
+        index.set(f"m{k}", flip(center, rng.randint(1, 5), rng))
+    with pytest.MonkeyPatch.context() as patch:
+        for share, few in ((2**62, 0), (0, 0)):  # (compared with every row; through the bands, in arrays)
+            patch.setattr(worker.snapshot, "_SCAN_SHARE", share)
+            patch.setattr(worker.snapshot, "_FEW_HITS", few)
+            for exclude in ("l3", "m3", "absent", None):
+                index.search_many([(center, exclude), (center ^ 1, None)], limit=116)
+    loops = [worker.compiled._near, worker.compiled._scan_counts, worker.compiled._scan_picks]
+    assert [len(loop.signatures) for loop in [*loops, worker.compiled._write_listings]] == [1, 1, 1, 1]

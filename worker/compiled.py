@@ -20,7 +20,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["near_ranges", "scan_counts", "scan_picks", "warm", "write_listings"]
+__all__ = ["near_ranges", "scan_counts", "scan_picks", "warm", "warm_listing", "warm_search", "write_listings"]
 
 
 @intrinsic
@@ -194,8 +194,17 @@ def _digits(out: np.ndarray, o: int, value: int) -> int:  # pragma: no cover (as
     return o + width
 
 
-_ENTRY_HEAD = np.frombuffer(b'{"incident_id":"', dtype=np.uint8).copy()
-_ENTRY_MIDDLE = np.frombuffer(b'","distance":', dtype=np.uint8).copy()
+@_jit
+def _put(out: np.ndarray, o: int, source: np.ndarray, start: int, length: int) -> int:  # pragma: no cover
+    # (as _before) source[start : start + length] at out[o:], byte by byte (a slice assignment compiles to much more
+    # code: the loop's compile took 3 s), returns where it ends
+    for i in range(length):
+        out[o + i] = source[start + i]
+    return o + length
+
+
+_ENTRY_TEXT = np.frombuffer(b'{"incident_id":"","distance":', dtype=np.uint8).copy()
+"""An entry's fixed text: its head (16 bytes), then what comes between its ID and its distance (13)."""
 
 
 @_jit
@@ -346,12 +355,10 @@ def _write_listings(
                 if t:
                     out[o] = 44
                     o += 1
-                out[o : o + 16] = _ENTRY_HEAD
-                o += 16
-                out[o : o + length] = arena[start : start + length]
-                o += length
-                out[o : o + 13] = _ENTRY_MIDDLE
-                o = _digits(out, o + 13, d)
+                o = _put(out, o, _ENTRY_TEXT, 0, 16)
+                o = _put(out, o, arena, start, length)
+                o = _put(out, o, _ENTRY_TEXT, 16, 13)
+                o = _digits(out, o, d)
                 out[o] = 125
                 o += 1
             out[o] = 13
@@ -368,8 +375,7 @@ def _write_listings(
             o = _digits(out, o + 1, length)
             out[o] = 13
             out[o + 1] = 10
-            out[o + 2 : o + 2 + length] = arena[start : start + length]
-            o += 2 + length
+            o = _put(out, o + 2, arena, start, length)
             out[o] = 13
             out[o + 1] = 10
             out[o + 2] = 36
@@ -438,7 +444,9 @@ def write_listings(
         last,
         need,
         exclude_row,
-        np.frombuffer(exclude, dtype=np.uint8) if exclude else np.zeros(1, dtype=np.uint8),
+        # (a copy, writable, as every array passed here: numba compiles the loop again, in the caller's thread, for
+        # each new combination of read-only and writable arrays, and `warm` compiles the one used)
+        np.frombuffer(exclude, dtype=np.uint8).copy() if exclude else np.zeros(1, dtype=np.uint8),
         exclude_start,
         exclude_length,
         usable,
@@ -454,15 +462,28 @@ def write_listings(
 
 def warm() -> None:
     """Compile (or load from the cache) the loops now rather than in the first search: a call on one candidate (numba
-    compiles once a process, under its own lock; later calls only run it). `copyarrays.compile_soon` calls it once."""
+    compiles once a process, under its own lock; later calls only run it). `copyarrays.compile_soon` calls it once,
+    the search's loops first (`warm_search`: about 0.8 s without a cache), then the listing's (`warm_listing`: 1.6 s
+    more), so that a copy made in a storm searches compiled while the listing's compiles."""
+    warm_search()
+    warm_listing()
+
+
+def warm_search() -> None:
+    """`warm` of the search's loops: `near_ranges`, `scan_counts`, `scan_picks`."""
     one = np.zeros(1, dtype=np.uint64)
     near_ranges(one, np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64), one, 0)
     sizes = np.ones(1, dtype=np.int32)  # (a copy's member counts: MemoryIndex._sizes)
     scan_counts(one, sizes, one, 0, np.zeros((1, 1), dtype=np.int64))
     scan_picks(one, sizes, one, one)
-    ints = np.array([0, 1], dtype=np.int64)  # (the types a copy's listing passes: copylisting._written)
+
+
+def warm_listing() -> None:
+    """`warm` of the listing's loop, `write_listings`, with the very argument types a copy's listing passes
+    (copylisting._written): numba compiles again, in the caller's thread, for any other."""
+    ints = np.array([0, 1], dtype=np.int64)
     write_listings(
-        np.frombuffer(b"a", dtype=np.uint8),
+        np.zeros(1, dtype=np.uint8),
         ints[:1],
         ints[1:],
         ints[:1],
@@ -473,7 +494,7 @@ def warm() -> None:
         ints[1:],
         ints[:1],
         ints[:1] - 1,
-        b"",
+        b"a",
         ints[:1],
         ints[:1],
         np.ones(1, dtype=bool),

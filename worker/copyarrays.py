@@ -172,31 +172,58 @@ def compile_soon() -> None:
             _compiler.start()
 
 
+_searching: Any = None
+"""The search's loops alone, compiled (worker/compiled.py's `warm_search`), while the listing's still compiles:
+`_compiled` is this object until then."""
+
+
 def _compile() -> None:
-    global _compiled
+    global _compiled, _searching
     try:
         from . import compiled
 
-        compiled.warm()
+        compiled.warm_search()
     except Exception as error:  # (the numpy steps answer alike: a copy that cannot compile still searches)
         _compiled = PLAIN_LOOPS
         get_logger().error(
             "the copy's compiled search loops could not be loaded; searching with numpy's steps, slower",
             error=error_message(error),
-            hint="check the numba and llvmlite the worker runs with (`make install`), and that its host lets a process"
-            " run code it compiled (a seccomp, W^X or SELinux execmem rule may not)",
+            hint=_COMPILE_HINT,
+        )
+        return
+    _searching = SimpleNamespace(
+        near_ranges=compiled.near_ranges, scan_counts=compiled.scan_counts, scan_picks=compiled.scan_picks
+    )
+    _compiled = _searching  # (searches use them now; listings in Python until the listing's loop is had too)
+    try:
+        compiled.warm_listing()
+    except Exception as error:
+        _compiled = SimpleNamespace(**vars(_searching))  # (for good: not `_searching`, which loops() would retry)
+        get_logger().error(
+            "the copy's compiled listing loop could not be loaded; listing matches in Python, slower",
+            error=error_message(error),
+            hint=_COMPILE_HINT,
         )
         return
     _compiled = compiled
 
 
+_COMPILE_HINT = (
+    "check the numba and llvmlite the worker runs with (`make install`), and that its host lets a process run code it"
+    " compiled (a seccomp, W^X or SELinux execmem rule may not)"
+)
+
+
 def loops() -> Any:
     """The search's loops: worker/compiled.py once `compile_soon`'s thread is done, their numpy steps until then
-    (`PLAIN_LOOPS`), and for good if the loops could not be had. A copy made as a storm begins, `READ_PATH=auto`'s,
-    sent its first claims 0.2 s late waiting for the compiler (benchmarks/journal/near-storms.md, section 16)."""
-    if _compiled is None:
+    (`PLAIN_LOOPS`), and for good if the loops could not be had; the search's loops without the listing's while that
+    one compiles (`_searching`: its listings are made in Python). A copy made as a storm begins, `READ_PATH=auto`'s,
+    sent its first claims 0.2 s late waiting for the compiler (benchmarks/journal/near-storms.md, section 16), and
+    the listing's loop alone takes about twice the others' compile."""
+    now = _compiled
+    if now is None or now is _searching:
         compiler = _compiler
         if compiler is None or compiler.is_alive():
-            return PLAIN_LOOPS
-        _compile()  # (its thread is gone without an answer: this process was forked while it ran)
+            return PLAIN_LOOPS if now is None else now
+        _compile()  # (its thread is gone before it finished: this process was forked while it ran)
     return _compiled
