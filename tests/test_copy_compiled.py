@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -197,17 +198,25 @@ def test_a_process_forked_while_its_loops_compiled_compiles_them_itself(monkeypa
     assert worker.copyarrays._compiled is worker.compiled
 
 
-def test_a_copy_whose_loops_cannot_compile_searches_with_numpy_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A host that refuses to run the code numba makes (or a broken numba): the thread's failure is logged once, as
-    an error with what to check, and the copy searches on with the numpy steps, answering as the oracle."""
+def _compile_refused(monkeypatch: pytest.MonkeyPatch, stage: str) -> list[dict[str, Any]]:
+    """The compiler's thread run once with `stage` (worker/compiled.py's `warm_search` or `warm_listing`) refused as a
+    hardened host refuses (or a broken numba fails); the log lines it wrote."""
 
     def refused() -> None:
         raise RuntimeError("cannot allocate executable memory")
 
-    monkeypatch.setattr(worker.compiled, "warm_search", refused)
+    monkeypatch.setattr(worker.compiled, stage, refused)
     monkeypatch.setattr(worker.copyarrays, "_compiled", None)
     with structlog.testing.capture_logs() as logs:
         worker.copyarrays._compile()
+    return logs
+
+
+def test_a_copy_whose_loops_cannot_compile_searches_with_numpy_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host that refuses to run the code numba makes (or a broken numba): the thread's failure is logged once, as
+    an error with what to check, and the copy searches on with the numpy steps, answering as the oracle."""
+
+    logs = _compile_refused(monkeypatch, "warm_search")
     assert worker.copyarrays.loops() is PLAIN_LOOPS
     [line] = logs
     assert line["log_level"] == "error"
@@ -228,13 +237,7 @@ def test_a_copy_whose_listing_loop_cannot_compile_searches_compiled_and_lists_in
     failure is logged once, and the copy searches with the compiled loops and lists in Python, as the oracle; so
     while the listing's loop compiles (the thread alive), and a process forked then compiles it at its next search."""
 
-    def refused() -> None:
-        raise RuntimeError("cannot allocate executable memory")
-
-    monkeypatch.setattr(worker.compiled, "warm_listing", refused)
-    monkeypatch.setattr(worker.copyarrays, "_compiled", None)
-    with structlog.testing.capture_logs() as logs:
-        worker.copyarrays._compile()
+    logs = _compile_refused(monkeypatch, "warm_listing")
     loops = worker.copyarrays.loops()
     assert loops.scan_picks is worker.compiled.scan_picks and not hasattr(loops, "write_listings")
     assert worker.copyarrays.loops() is loops  # (for good: not compiled again at each search)
