@@ -17,6 +17,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import worker.copyrows
 import worker.snapshot
 from tests.oracle import Oracle, assert_postings_match, clustered, flip
 from worker.bands import BandLayout
@@ -157,7 +158,7 @@ def test_loaded_rows_read_once_are_read_again_after_they_change(layout, seed, lo
     index, oracle = _loaded_then_changed(BandLayout(bands, layout_distance), pool, loaded, [])
     queries = [(fp, exclude) for fp in pool for exclude in (None, "i0")]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(worker.snapshot, "_READ_KEPT", kept)
+        patch.setattr(worker.copyrows, "_READ_KEPT", kept)
         for changes in [[], *rounds]:
             _change_both(index, oracle, pool, changes)
             results = index.search_many(queries, limit=100)
