@@ -259,9 +259,7 @@ def loops_compiled() -> None:
     Python)."""
     import worker.copyarrays
 
-    worker.copyarrays.compile_soon()
-    assert worker.copyarrays._compiler is not None
-    worker.copyarrays._compiler.join(timeout=120)
+    worker.copyarrays.wait_compiled(timeout=120)
 
 
 @pytest.fixture

@@ -39,16 +39,16 @@ def _worker(client: Any, consumer: str, **overrides: Any) -> StreamWorker:
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[int]:
-    """How many sends each `_send_ahead` wrote, counted by that number (1: it found only its first to send)."""
+    """How many sends each row written ahead held when it landed, counted by that number (1: a row of one send)."""
     counts: collections.Counter[int] = collections.Counter()
-    inner = processing.Processor._send_ahead
+    inner = processing._Flight.land
 
-    def counted(self: processing.Processor, items: list[Any], packed: Any, depth: int) -> tuple[int, list[Any]]:
-        went, replies = inner(self, items, packed, depth)
-        counts[-(-went // processing.SNAPSHOT_SEND)] += 1
-        return went, replies
+    def counted(self: processing._Flight) -> None:
+        if self.in_row:
+            counts[self.in_row] += 1
+        inner(self)
 
-    monkeypatch.setattr(processing.Processor, "_send_ahead", counted)
+    monkeypatch.setattr(processing._Flight, "land", counted)
     return counts
 
 
@@ -106,7 +106,9 @@ def test_a_lone_worker_sends_ahead_and_one_with_peers_sends_one_at_a_time(
     first.run(until_idle=True)
     assert first.snapshot is not None and first.snapshot.alone
     assert first.snapshot.describe()["snapshot_alone"] is True  # (the summary line says so)
-    assert counts == ({} if depth == 1 else {7: 1})  # 100 events: 7 sends, written ahead on one refresh
+    # 100 events: 7 sends, written ahead; the copy of an empty log has no entry a read riding behind a send could
+    # prove its position with, so the first send goes alone and the six after it on one refresh
+    assert counts == ({} if depth == 1 else {1: 1, 6: 1})
     peer = _worker(redis_client, "peer", read_path="primary")
     peer.heartbeat()
     counts.clear()
@@ -114,7 +116,9 @@ def test_a_lone_worker_sends_ahead_and_one_with_peers_sends_one_at_a_time(
     first.run(until_idle=True)
     assert not first.snapshot.alone and first.snapshot.follower.live_workers == 2
     assert first.snapshot.describe()["snapshot_alone"] is False
-    assert not counts  # a peer: one send at a time
+    # a peer: one send at a time once a read of the log has counted it; a copy that a read fed moments ago may have
+    # written its next send before the reply that counts the peer landed, never more
+    assert max(counts, default=0) <= 2
     peer.presence.leave()  # a clean stop takes its name out
     counts.clear()
     publish(redis_client, events[200:])

@@ -8,9 +8,10 @@ even read a piece at a time. One compiled loop reads each candidate once and kee
 0.62x of the pieces' time at 10M, 0.8x at 1M (benchmarks/candidates_ab.py, benchmarks/journal/pipeline.md).
 
 Compiled once a process (`warm`), or read from numba's cache beside this file (or in its user cache) when one of
-those is writable (~0.2 s instead of ~1.3 on a 2-core machine). numba is imported with this module (~0.3 s, ~100 MB):
-it is imported only for a copy, in a thread of its own while the copy loads (`copyarrays.compile_soon`; searches made
-meanwhile use the loops' numpy steps, `copyarrays.loops`, and list in Python)."""
+those is writable (~0.5 s instead of ~2.4 on a 2-core machine). numba is imported with this module (~0.3 s, ~100 MB):
+it is imported by a worker whose read path may make a copy, in a thread of its own from the worker's start
+(`copyarrays.compile_soon`; searches made meanwhile use the loops' numpy steps, `copyarrays.loops`, and list in
+Python)."""
 
 from __future__ import annotations
 

@@ -161,15 +161,26 @@ may): the worker searches on, slower, and says so once; None until then."""
 
 
 def compile_soon() -> None:
-    """Import and compile the search's loops (worker/compiled.py: numba, ~1.3 s, or ~0.2 s from its cache) in a
-    thread, once a process: a worker makes its copy meanwhile (mostly waiting on Redis), and a search made before
-    they are ready uses their numpy steps (`loops`): numba costs a worker about 100 MB, so a worker that may never
-    make a copy (`READ_PATH=auto` below SNAPSHOT_MIN_INCIDENTS) does not import it before it makes one."""
+    """Import and compile the copy's loops (worker/compiled.py: numba, ~2.4 s, or ~0.5 s from its cache) in a
+    thread, once a process. A worker whose read path may make a copy (`snapshot`, or `auto`, which makes one at a
+    storm) calls it as it starts (`Processor.choose_read_path`), so that a storm met later finds them ready: a copy
+    made while they compile searches with their numpy steps and lists in Python (`loops`), at about half the storm's
+    rate for those seconds, and numba's 100 MB are in the worker's memory from its start rather than arriving in
+    the middle of a storm. A `primary` worker never imports numba."""
     global _compiler
     with _compiling:
         if _compiler is None:
             _compiler = threading.Thread(target=_compile, name="compile-search", daemon=True)
             _compiler.start()
+
+
+def wait_compiled(timeout: float | None = None) -> None:
+    """Start `compile_soon` if need be and wait for its thread (the benchmark's workers, before their clock starts;
+    tests that hold the compiled loops to their answers)."""
+    compile_soon()
+    compiler = _compiler
+    assert compiler is not None
+    compiler.join(timeout)
 
 
 _searching: Any = None

@@ -37,6 +37,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, ResponseError, TryAgainError
 
 from .connection import RedisClient
+from .copyarrays import compile_soon
 from .entries import Entry, parse_entries
 from .errors import DamagedMetaError, DuplicateIncidentError
 from .formats import DeadLetter, IncidentEvent, decode_fields, event_error
@@ -157,6 +158,7 @@ class Processor:
         """
         if self.snapshot is not None or self.settings.read_path == "primary":
             return
+        compile_soon()  # (the copy's loops, in a thread of their own: ready before a storm needs them)
         if time.monotonic() < self._snapshot_off_until:
             return
         if self.settings.read_path == "auto" and not self.storm.seen:
@@ -191,7 +193,8 @@ class Processor:
 
         Two things keep both the client and the server busy. While one batch runs on the server, the next is read
         and prepared in a helper thread. And batches of adds are pipelined one ahead: batch k + 1 is sent before
-        the replies of batch k are read (on one connection, so the server still applies them in stream order).
+        the replies of batch k are read (on one connection, so the server still applies them in stream order); on
+        the snapshot path a lone worker's sends fly on from one batch to the next (`_Flight`, `_write_batch`).
         It stops reading ahead when the stream has nothing more, after a second (to let the periodic work run), or
         when asked to stop; whatever it read is settled before it returns, so a stopping worker leaves nothing
         pending.
@@ -206,6 +209,7 @@ class Processor:
         total = 0
         until = time.monotonic() + 1.0
         sent: deque[tuple[list[_Item], float]] = deque()
+        flight: _Flight | None = None
         with self.index.transport() as calls:
             while items:
                 if self.storm.seen and self.snapshot is None:
@@ -219,11 +223,16 @@ class Processor:
                 if not self._stop.is_set() and time.monotonic() < until and (self.snapshot or not self.storm.seen):
                     ahead = self._reader.submit(self._read_ahead)
                 # a snapshot is validated from the moment it is sent: no batch goes out with a copy one batch behind
+                if flight is not None and not self._flies(items):
+                    flight.land()  # (what follows shares its connection, or reads what it wrote)
                 if self.snapshot is None and all(item.event is None or item.event.op == "add" for item in items):
                     calls.send([self._command(item, {}) for item in items])
                     sent.append((items, time.perf_counter()))
                     if len(sent) > 1:
                         self._settle_batch(*sent.popleft(), calls.receive())
+                elif self._flies(items):  # a lone snapshot worker's adds: behind the sends still in flight
+                    flight = flight or _Flight(self, calls)
+                    self._write_batch(flight, items)
                 else:  # upserts and deletes read what they replace first: no batch may be in flight
                     while sent:
                         self._settle_batch(*sent.popleft(), calls.receive())
@@ -232,6 +241,8 @@ class Processor:
                 items = ahead.result() if ahead is not None else []
             while sent:
                 self._settle_batch(*sent.popleft(), calls.receive())
+            if flight is not None:
+                flight.land()
         # the round's count shown by a beat, at most about one a second (presence.py `beat_after_work`): `check` and
         # `stats` show it without a round trip per batch, or per round when rounds are a few events each
         self.heartbeat()
@@ -324,7 +335,8 @@ class Processor:
 
         A worker alone in its namespace (by the count of live workers its copy's reads of the log find: `alone`)
         writes up to `snapshot_sends_alone` sends of adds in a row, each before it reads the previous one's reply
-        (`_send_ahead`): its search of the next send overlaps the primary's work on this one. No refresh of its own
+        (`_send_ahead`, and across a round's batches `_write_batch`): its search of the next send overlaps the
+        primary's work on this one. No refresh of its own
         comes between them: a read of the log rides behind each send, on its connection, and its reply brings the copy
         up to that send, so each send's window holds about the one send still in flight (docs/contract.md, "Snapshot
         reads"); and a copy a ride brought up to date moments ago (`SnapshotReader.fresh`) starts the next batch
@@ -353,40 +365,58 @@ class Processor:
                 [batch] = self.index.execute([packed])  # the usual send: adds only, their call written at once
                 replies += _batch_replies(send, batch)
             else:
-                sent, ahead = self._send_ahead(items[start:], packed, self.settings.snapshot_sends_alone)
+                sent, ahead = self._send_ahead(items[start:], packed)
                 replies += ahead
                 start += sent
                 continue
             start += len(send)
         return replies
 
-    def _send_ahead(self, items: list[_Item], packed: Packed, depth: int) -> tuple[int, list[Any]]:
-        """Write the first send of `items` (`packed`), then search and write up to `depth` - 1 more sends of adds,
-        each before the previous one's reply is read, each with a read of the log riding behind it
-        (`SnapshotReader.ride`): the reply of send k brings the copy up to send k before send k + 2 is searched.
-        Stops at the end of `items`, or before a send that is not all adds (the caller sends it after a refresh).
-        Returns how many items went, and their replies."""
-        assert self.snapshot is not None
-        replies: list[Any] = []
-        in_flight: deque[tuple[list[_Item], LogRead | None]] = deque()
-        went = 0
+    def _send_ahead(self, items: list[_Item], packed: Packed) -> tuple[int, list[Any]]:
+        """Write the first send of `items` (`packed`), then search and write more sends of adds behind it (`_Flight`)
+        until the end of `items`, a send that is not all adds (the caller sends it after a refresh), or
+        `snapshot_sends_alone` in a row. Returns how many items went, and their replies."""
         with self.index.transport() as calls:
-            for k in range(depth):
-                send = items[k * SNAPSHOT_SEND : (k + 1) * SNAPSHOT_SEND]
-                if not send:
-                    break
-                written = packed if not k else self._snapshot_adds(send, self._claims(send))
-                if written is None:
-                    break
-                ride = self.snapshot.ride()
-                calls.send([written, *ride.commands] if ride else [written])
-                in_flight.append((send, ride))
-                went += len(send)
-                if len(in_flight) > 1:
-                    replies += self._ridden(calls, *in_flight.popleft())
-            while in_flight:
-                replies += self._ridden(calls, *in_flight.popleft())
-        return went, replies
+            flight = _Flight(self, calls)
+            landing = flight.expect(items, settle=None)
+            went = flight.write(landing, items, packed)
+            landing.written = True
+            flight.land()
+        return went, landing.replies
+
+    def _flies(self, items: list[_Item]) -> bool:
+        """Whether a batch read in a round goes behind the sends still in flight (`_write_batch`): adds only, each
+        with its event, searched on a copy that follows the primary's log by the reads riding behind its sends, in a
+        worker that is the only live one of its namespace."""
+        snapshot = self.snapshot
+        return (
+            snapshot is not None
+            and self.settings.snapshot_sends_alone > 1
+            and snapshot.alone
+            and snapshot.source == "primary"
+            and snapshot.layout == self.index.layout
+            and all(
+                item.dead is None and item.event is not None and item.event.op == "add" and not item.full_search
+                for item in items
+            )
+        )
+
+    def _write_batch(self, flight: _Flight, items: list[_Item]) -> None:
+        """Search and write a batch of adds (`_flies`) behind the sends the round's flight still has in the air,
+        without waiting for their replies: the batch's edge then costs neither side a wait (the last send of one
+        batch is applied while the next batch's first is searched). The batch is settled and recorded once its last
+        reply lands. Where the flight cannot go on (a send that is not all adds, `snapshot_sends_alone` sends in a
+        row, a copy that needs a refresh), it lands and the rest of the batch goes the usual way (`_send`)."""
+        assert self.snapshot is not None
+        landing = flight.expect(items, settle=time.perf_counter())
+        went = 0
+        if flight.in_air or self.snapshot.fresh:
+            went = flight.write(landing, items, None)
+        if went < len(items):
+            flight.land()
+            landing.replies += self._send(items[went:])
+        landing.written = True
+        flight.settle_landed()
 
     def _ridden(self, calls: Transport, send: list[_Item], ride: LogRead | None) -> list[Any]:
         """The replies of a send written ahead; the log read that rode behind it brings the copy up to it."""
@@ -726,6 +756,89 @@ class Processor:
                 **storm,
                 hint="SNAPSHOT_STORM_CANDIDATES sets the candidates an event that make a storm (0: none does)",
             )
+
+
+@dataclass(slots=True)
+class _Landing:
+    """A batch (or the rest of one) whose sends a `_Flight` wrote: its replies as they land, in order."""
+
+    items: list[_Item]
+    settle: float | None  # when the batch started, for its record; None: the caller settles it
+    replies: list[Any]
+    in_air: int = 0  # its sends written whose reply is not read yet
+    written: bool = False  # every send of it is written (or it went the usual way)
+
+
+class _Flight:
+    """A lone snapshot worker's sends of adds, each written before the previous one's reply is read, on one
+    connection, with a read of the log riding behind each (`SnapshotReader.ride`): at most two in the air, so that
+    the reply of send k brings the copy up to send k before send k + 2 is searched, and each send's window holds
+    about the one send still in flight. Within a round (`Processor.read_and_process`) it flies on from one batch to
+    the next, and each batch is settled as its last reply lands (`settle_landed`, in the order they were read)."""
+
+    def __init__(self, processor: Processor, calls: Transport) -> None:
+        self._processor = processor
+        self._calls = calls
+        self._sends: deque[tuple[list[_Item], LogRead | None, _Landing]] = deque()
+        self._landings: deque[_Landing] = deque()
+        self.in_row = 0
+        """Sends written since the flight last landed (at most `snapshot_sends_alone`)."""
+
+    @property
+    def in_air(self) -> bool:
+        return bool(self._sends)
+
+    def expect(self, items: list[_Item], *, settle: float | None) -> _Landing:
+        """A landing for `items`' replies, settled (and recorded, as started at `settle`) by `settle_landed`."""
+        landing = _Landing(items, settle, [])
+        self._landings.append(landing)
+        return landing
+
+    def write(self, landing: _Landing, items: list[_Item], packed: Packed | None) -> int:
+        """Search and write the sends of `items` (the first already `packed`, when given) while each is all adds
+        and the row is shorter than `snapshot_sends_alone`; returns how many items went."""
+        processor = self._processor
+        snapshot = processor.snapshot
+        assert snapshot is not None
+        went = 0
+        while went < len(items) and self.in_row < processor.settings.snapshot_sends_alone:
+            send = items[went : went + SNAPSHOT_SEND]
+            written = packed if packed is not None and not went else processor._snapshot_adds(
+                send, processor._claims(send)
+            )
+            if written is None:
+                break
+            ride = snapshot.ride()
+            self._calls.send([written, *ride.commands] if ride else [written])
+            self._sends.append((send, ride, landing))
+            landing.in_air += 1
+            self.in_row += 1
+            went += len(send)
+            if len(self._sends) > 1:
+                self._land_one()
+            if ride is None or not snapshot.alone:  # (a copy with no position to prove yet, or a peer just counted)
+                break
+        return went
+
+    def land(self) -> None:
+        """Read every reply still in the air, and settle the batches they complete."""
+        while self._sends:
+            self._land_one()
+        self.in_row = 0
+        self.settle_landed()
+
+    def _land_one(self) -> None:
+        send, ride, landing = self._sends.popleft()
+        landing.replies += self._processor._ridden(self._calls, send, ride)
+        landing.in_air -= 1
+        self.settle_landed()
+
+    def settle_landed(self) -> None:
+        """Settle, in order, the batches whose every reply has landed."""
+        while self._landings and self._landings[0].written and not self._landings[0].in_air:
+            landing = self._landings.popleft()
+            if landing.settle is not None:
+                self._processor._settle_batch(landing.items, landing.settle, landing.replies)
 
 
 def _entry_of(entry_id: Any, fields: Mapping[Any, Any] | None) -> Entry:

@@ -256,14 +256,15 @@ class Settings(BaseSettings):
         "search stops, and its alert says incomplete (docs/contract.md).",
     )
     snapshot_sends_alone: int = Field(
-        7,
+        64,
         ge=1,
-        le=64,
+        le=1024,
         description="Sends of 16 events that a snapshot worker writes in a row while it is the only live worker of its "
         "namespace (by the heartbeats in {N}:workers, counted with each read of the change log), each before the "
         "previous one's reply is read, so that its search overlaps the primary's work, and each with a read of the "
-        "change log behind it that keeps its copy up to date. A worker with peers sends one at a time, each after a "
-        "refresh, so a fleet's windows stay a send long. 1: one send at a time always.",
+        "change log behind it that keeps its copy up to date; the row goes on from one batch to the next. A worker "
+        "with peers sends one at a time, each after a refresh, so a fleet's windows stay a send long. 1: one send at "
+        "a time always.",
     )
     snapshot_replica_url: SecretStr | None = Field(
         None,

@@ -110,6 +110,12 @@ def _worker_process(url: str, options: dict[str, Any], stop: Any, results: Any) 
     metrics.end_to_end_seconds = latency  # type: ignore[assignment]
     metrics.candidates = candidates  # type: ignore[assignment]
     worker = StreamWorker(connect(settings), settings, metrics=metrics)
+    if settings.read_path != "primary":
+        # a worker that may make a copy compiles its loops as it starts (copyarrays.compile_soon): its heartbeat,
+        # which the clock waits for, comes once they are ready, so the figures are of a started worker's events
+        from ..copyarrays import wait_compiled
+
+        wait_compiled()
 
     def stop_when_told() -> None:
         stop.wait()
