@@ -803,9 +803,10 @@ class _Flight:
         went = 0
         while went < len(items) and self.in_row < processor.settings.snapshot_sends_alone:
             send = items[went : went + SNAPSHOT_SEND]
-            written = packed if packed is not None and not went else processor._snapshot_adds(
-                send, processor._claims(send)
-            )
+            if packed is not None and not went:
+                written: Packed | None = packed
+            else:
+                written = processor._snapshot_adds(send, processor._claims(send))
             if written is None:
                 break
             ride = snapshot.ride()

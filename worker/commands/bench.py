@@ -46,6 +46,12 @@ def _read_paths(value: str) -> list[str]:
     return names
 
 
+def _rounds(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: give a whole number of rounds, 1 or more")
+    return int(value)
+
+
 def _bench(args: argparse.Namespace) -> int:
     from ..devtools.benchmark import markdown, run_benchmark
     from ..devtools.redis_server import RedisServer, redis_server_available
@@ -89,6 +95,7 @@ def _bench(args: argparse.Namespace) -> int:
                     budget=args.max_candidates,
                     flood_preload=args.flood_preload,
                     read_paths=args.read_paths,
+                    rounds=args.rounds,
                 )
                 print(json.dumps(found, indent=2) if args.json else near_storm_markdown(found))
                 return EXIT_OK
@@ -226,6 +233,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="with --near-storm: the read paths measured, comma-separated, of primary, snapshot and auto (the "
         "default setting: the primary until a storm or SNAPSHOT_MIN_INCIDENTS moves the search to the copy; default "
         "primary,snapshot)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=_rounds,
+        default=3,
+        metavar="R",
+        help="with --near-storm: the distinct and near storm backlogs R times on each path, alternating; the path's "
+        "figures are the round of the median ratio (default 3)",
     )
     parser.add_argument(
         "--verify",
