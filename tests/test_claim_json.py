@@ -98,7 +98,7 @@ def test_a_claim_of_json_validates_and_alerts_as_the_oracle_and_as_its_pairs(
         redis_client.xadd(STREAM.events_stream, {"n": str(n)})
         [[_, [(entry_id, _)]]] = redis_client.xreadgroup("g", "w", {STREAM.events_stream: ">"}, count=1)
         copy = follower.index
-        result = copy.search(fp, exclude=incident_id, limit=cap + extra)
+        result = copy.search(fp, exclude=incident_id, limit=cap + extra, shown=cap)
         listed = result.matches
         if result.match_count:
             assert isinstance(listed, WrittenListing) and listed.as_json
@@ -161,7 +161,7 @@ def test_a_claim_of_json_is_read_in_full_when_a_change_touched_a_listed_match(re
     redis_client.xgroup_create(STREAM.events_stream, "g", id="0", mkstream=True)
     redis_client.xadd(STREAM.events_stream, {"n": "1"})
     [[_, [(entry_id, _)]]] = redis_client.xreadgroup("g", "w", {STREAM.events_stream: ">"}, count=1)
-    result = follower.index.search(query, exclude="new", limit=3 + 2)
+    result = follower.index.search(query, exclude="new", limit=3 + 2, shown=3)
     assert isinstance(result.matches, WrittenListing) and result.matches.as_json
     assert result.matches[0] == ("n0", 1)
     claim = SnapshotClaim(follower.index.position, result.match_count, result.matches, False)
@@ -179,3 +179,46 @@ def test_a_claim_of_json_is_read_in_full_when_a_change_touched_a_listed_match(re
         command = index.apply_command("add", "other", query ^ 1, max_matches=3, snapshot=malformed)
         assert parse_apply(redis_client.execute_command(*command)).status == "unvalidated"
     assert index.get("other") is None
+
+
+@pytest.mark.parametrize("window", ["none", "after_the_cut", "before_the_cut"])
+def test_a_claim_over_the_cap_is_cut_where_the_worker_closed_it(redis_client, window: str) -> None:
+    """A storm's usual claim: more listed than the alert's cap, closed with ']' after the cap's last (`shown`). With
+    no change of the window among the alert's matches its alert is the claim's own JSON up to there; an addition
+    before the cut is spliced in; a claim closed elsewhere (written for another cap) is not validated."""
+    redis_client.flushall()
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.open()
+    query = 0x0F0F_0000_FFFF_1234
+    oracle = Oracle(7)
+    for k in range(10):
+        fp = query ^ (0b11 << (2 * k))  # each at distance 2
+        index.add_fingerprint(f"n{k}", fp)
+        oracle.add(f"n{k}", fp)
+    follower = ChangeFollower(redis_client, index.keys, index.layout)
+    follower.load()
+    if window != "none":
+        # a new match after the copy's position: at distance 3 after the alert's 4 (all at 2), or 1 before them
+        fp = query ^ (0b111 << 40) if window == "after_the_cut" else query ^ (1 << 63)
+        index.add_fingerprint("w", fp)
+        oracle.add("w", fp)
+    redis_client.xgroup_create(STREAM.events_stream, "g", id="0", mkstream=True)
+    for shown, status in ((0, "unvalidated"), (2, "unvalidated"), (4, "indexed")):
+        redis_client.xadd(STREAM.events_stream, {"n": "1"})
+        [[_, [(entry_id, _)]]] = redis_client.xreadgroup("g", "w", {STREAM.events_stream: ">"}, count=1)
+        result = follower.index.search(query, exclude="new", limit=4 + 2, shown=shown)
+        assert isinstance(result.matches, WrittenListing) and result.matches.as_json and len(result.matches) == 6
+        claim = SnapshotClaim(follower.index.position, result.match_count, result.matches, False)
+        command = index.apply_command(
+            "add", "new", query, stream=STREAM, entry_id=_text(entry_id), max_matches=4, snapshot=claim
+        )
+        reply = parse_apply(redis_client.execute_command(*command))
+        assert reply.status == status
+    expected = oracle.matches(query)
+    assert index.get("new") == query and len(expected) == 10 + (window != "none")
+    [(_, alert)] = redis_client.xrange(STREAM.alerts_stream)
+    fields = {_text(k): _text(v) for k, v in alert.items()}
+    assert int(fields["match_count"]) == len(expected)
+    assert fields["matches"] == json.dumps(
+        [{"incident_id": i, "distance": d} for i, d in expected[:4]], separators=(",", ":")
+    )

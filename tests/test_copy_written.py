@@ -93,7 +93,9 @@ def _rounds(seed: int, loaded: int, rounds: int, limit: int) -> None:
             oracle.fps[incident_id] = fp
         ids = sorted(oracle.fps)
         queries = [(fp, rng.choice([None, *rng.sample(ids, min(2, len(ids)))])) for fp in pool]
-        for (fp, exclude), result in zip(queries, index.search_many(queries, limit=limit), strict=True):
+        shown = rng.choice([0, 1, limit // 2, limit])  # (where a JSON listing closes the alert's array)
+        searched = index.search_many(queries, limit=limit, shown=shown)
+        for (fp, exclude), result in zip(queries, searched, strict=True):
             found = oracle.matches(fp, exclude=exclude)
             assert (result.match_count, result.matches) == (len(found), found[:limit])
             if result.match_count:
@@ -101,7 +103,7 @@ def _rounds(seed: int, loaded: int, rounds: int, limit: int) -> None:
                 assert len(result.matches) == min(limit, len(found))
                 listed = found[:limit]
                 assert result.matches.as_json == all(_plain(i) for i, _ in listed)
-                assert result.matches.written == claim_arguments(listed, result.matches.as_json)
+                assert result.matches.written == claim_arguments(listed, result.matches.as_json, shown)
 
 
 def test_a_query_near_an_id_that_is_not_ascii_is_listed_in_python_and_the_others_written() -> None:

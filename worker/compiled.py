@@ -226,6 +226,7 @@ def _write_listings(
     exclude_length: np.ndarray,
     usable: np.ndarray,
     as_json: bool,
+    shown: int,
     room: int,
     out: np.ndarray,
     out_bounds: np.ndarray,
@@ -330,11 +331,13 @@ def _write_listings(
         entries -= 1 if n else 0
         if plain and as_json and entries + 1 < 1 << 20:
             # one argument, the listing as its alert's JSON (worker/lua/claim_json.lua):
-            # $<length>\r\n<n>:<offsets, 5 hex digits each, n + 1><entries joined by ','>\r\n
+            # $<length>\r\n<n>:<offsets, 5 hex digits each, n + 1>[<entries joined by ','>\r\n, the ',' after the
+            # alert's last (the `shown`th, or the last) a ']': its JSON as the alert lists it, whole in the claim
+            m = n if shown <= 0 or shown >= n else shown
             width = 1 if n < 10 else 2 if n < 100 else 3 if n < 1000 else 4 if n < 10_000 else 5
             out_json[k] = 1
             out[o] = 36
-            o = _digits(out, o + 1, width + 1 + 5 * (n + 1) + entries)
+            o = _digits(out, o + 1, width + 1 + 5 * (n + 1) + 1 + entries + (1 if m == n else 0))
             out[o] = 13
             out[o + 1] = 10
             o = _digits(out, o + 2, n)
@@ -349,18 +352,23 @@ def _write_listings(
                 if t < n:
                     x = source[t]
                     at += item_length[item[x]] + (1 if distance[x] < 10 else 2) + 31
+            out[o] = 91
+            o += 1
             for t in range(n):
                 x = source[t]
                 d = distance[x]
                 start, length = item_start[item[x]], item_length[item[x]]
                 if t:
-                    out[o] = 44
+                    out[o] = 93 if t == m else 44
                     o += 1
                 o = _put(out, o, _ENTRY_TEXT, 0, 16)
                 o = _put(out, o, arena, start, length)
                 o = _put(out, o, _ENTRY_TEXT, 16, 13)
                 o = _digits(out, o, d)
                 out[o] = 125
+                o += 1
+            if m == n:
+                out[o] = 93
                 o += 1
             out[o] = 13
             out[o + 1] = 10
@@ -408,6 +416,7 @@ def write_listings(
     exclude_length: np.ndarray,
     usable: np.ndarray,
     as_json: bool = True,
+    shown: int = 0,
 ) -> tuple[str, list[int], list[int], list[int]]:
     """Each usable query's listing written as a claim's arguments (`copywritten`): the same IDs, in the same order,
     as `copylisting._listed` lists, without a Python object a match (a near storm's claim lists 116 of them: about
@@ -420,7 +429,8 @@ def write_listings(
     `exclude[exclude_start[k] :][: exclude_length[k]]` of row `exclude_row[k]` (-1: none) left out.
 
     Written as one argument, the listing as its alert's JSON (`as_json`, and no ID that JSON escapes:
-    worker/lua/claim_json.lua), else as two arguments a match (`$<length>\r\n<ID>\r\n` and the distance's likewise,
+    worker/lua/claim_json.lua; its array closed after the alert's first `shown` matches, 0: after them all), else as
+    two arguments a match (`$<length>\r\n<ID>\r\n` and the distance's likewise,
     as `snapshotadds._listing` writes them). Returns them all, where each query's start (n + 1), how many each listed,
     and whether each was written as JSON."""
     n = len(bounds) - 1
@@ -452,6 +462,7 @@ def write_listings(
         exclude_length,
         usable,
         as_json,
+        shown,
         max(room, 1),
         out,
         out_bounds,

@@ -78,6 +78,7 @@ def results(
     *,
     few: int,
     unique: bool = False,
+    shown: int = 0,
 ) -> list[SearchResult]:
     """Each query's result from the rows it `found` (query, row, distance): every match counted, the closest
     `limit` (0: all) listed by distance, then ID; its excluded ID left out of both. `unique`: `found` holds each
@@ -118,7 +119,7 @@ def results(
     if limit:
         read = np.flatnonzero(distance_of <= last[query_of])  # the rows the cap reaches
         cell, rows = cell[read], rows[read]
-    return _listings(copy, queries, r, verified, cut, cell, rows, counts, last, need, limit)
+    return _listings(copy, queries, r, verified, cut, cell, rows, counts, last, need, limit, shown)
 
 
 def scanned_results(
@@ -131,6 +132,8 @@ def scanned_results(
     cut: np.ndarray,
     limit: int,
     loops: Any,
+    *,
+    shown: int = 0,
 ) -> list[SearchResult]:
     """`results` of a send compared with every row of the copy (`blocks`, `MemoryIndex._scan`; `fps`: the queries'
     fingerprints, uint64, as `search_many` holds them): the same answers, counted without gathering the matches (a
@@ -160,7 +163,7 @@ def scanned_results(
         picked.append(rows.take(at))
     cell = np.concatenate(cells) if cells else np.zeros(0, dtype=np.int64)
     rows = np.concatenate(picked).astype(np.int64) if picked else np.zeros(0, dtype=np.int64)
-    return _listings(copy, queries, r, verified, cut, cell, rows, counts, last, need, limit)
+    return _listings(copy, queries, r, verified, cut, cell, rows, counts, last, need, limit, shown)
 
 
 def _caps(within: np.ndarray, r: int, limit: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -190,6 +193,7 @@ def _listings(
     last: np.ndarray,
     need: np.ndarray,
     limit: int,
+    shown: int,
 ) -> list[SearchResult]:
     """Each query's result: the rows its cap reaches (`cell`: query x (r + 1) + distance, and `rows`), listed: by
     the compiled loop where it can (`_written`), else in Python (`_listed`)."""
@@ -198,7 +202,7 @@ def _listings(
     cell, rows = cell[order], rows[order]
     bounds = np.searchsorted(cell, np.arange(n + 1) * (r + 1)).tolist()
     distance_of = cell % (r + 1)
-    written = _written(copy, queries, rows, distance_of, bounds, last, need, limit)
+    written = _written(copy, queries, rows, distance_of, bounds, last, need, limit, shown)
     members = copy._members_of(rows) if written is None or None in written else []
     distances = distance_of.tolist()
     results = []
@@ -222,6 +226,7 @@ def _written(
     last: np.ndarray,
     need: np.ndarray,
     limit: int,
+    shown: int,
 ) -> list[WrittenListing | None] | None:
     """Each query's listing written by the compiled loop (`compiled.write_listings`) from the copy's IDs kept as
     bytes (`copywritten.WrittenIds`), or None for a query whose rows hold an ID that is not ASCII (listed in Python:
@@ -265,6 +270,7 @@ def _written(
         exclude_start,
         exclude_length,
         usable,
+        shown=shown,
     )
     return [
         WrittenListing(text[out_bounds[k] : out_bounds[k + 1]], listed[k], bool(as_json[k])) if usable[k] else None

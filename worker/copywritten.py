@@ -180,11 +180,12 @@ class WrittenListing(Sequence[tuple[str, int]]):
             assert isinstance(payload, str)
             colon = payload.index(":")
             n = int(payload[:colon])
-            base = colon + 1 + 5 * (n + 1)
+            base = colon + 2 + 5 * (n + 1)  # (past the offsets and the array's '[')
             starts = [int(payload[colon + 1 + 5 * k : colon + 6 + 5 * k], 16) for k in range(n + 1)]
             self._pairs = []
             for k in range(n):
-                entry = payload[base + starts[k] : base + starts[k + 1] - 1]  # {"incident_id":"<id>","distance":<d>}
+                # {"incident_id":"<id>","distance":<d>}, then its ',' (or the ']' after the alert's last)
+                entry = payload[base + starts[k] : base + starts[k + 1] - 1]
                 middle = entry.rindex('","distance":')
                 self._pairs.append((entry[16:middle], int(entry[middle + 13 : -1])))
         if self._pairs is None:

@@ -633,7 +633,7 @@ class SnapshotReader:
         (0: none) stops there, and its claim says so (`cut`)."""
         index = self.follower.index
         queries = [(fp, incident_id) for incident_id, fp in wanted]
-        results = index.search_many(queries, limit=cap + CLAIM_EXTRA if cap else 0, budget=budget)
+        results = index.search_many(queries, limit=cap + CLAIM_EXTRA if cap else 0, budget=budget, shown=cap)
         position = index.position
         return [
             SnapshotClaim(

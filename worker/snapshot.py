@@ -471,6 +471,7 @@ class MemoryIndex(CopyRows):
         exclude: str | None = None,
         limit: int = 0,
         budget: int = 0,
+        shown: int = 0,
     ) -> SearchResult:
         """Every incident within `max_distance` (default, and at most: the layout's) of `fp`, other than `exclude`.
 
@@ -478,7 +479,7 @@ class MemoryIndex(CopyRows):
         (which is the byte order of their UTF-8, as Redis sorts). With `budget` (> 0), the tiers' candidates read
         stop at that many (the tail, at most _SEAL_AT rows, is always compared whole): a search cut there says so.
         """
-        return self.search_many([(fp, exclude)], max_distance=max_distance, limit=limit, budget=budget)[0]
+        return self.search_many([(fp, exclude)], max_distance=max_distance, limit=limit, budget=budget, shown=shown)[0]
 
     def search_many(
         self,
@@ -487,8 +488,10 @@ class MemoryIndex(CopyRows):
         max_distance: int | None = None,
         limit: int = 0,
         budget: int = 0,
+        shown: int = 0,
     ) -> list[SearchResult]:
         """`search` for each (fingerprint, excluded ID) of `queries`, each tier searched for all in one pass.
+        `shown`: the alert's cap, where a listing written as its alert's JSON closes its array (0: after its last).
 
         A worker searches the events of one send together: a tier's gathers and popcounts then cost a few numpy
         calls for the send instead of a few for each event (at a million incidents about half of a search's time
@@ -508,12 +511,14 @@ class MemoryIndex(CopyRows):
                 if hits is None:  # (a near storm's send: see _scan)
                     blocks = self._scan(tiers, queries_array, r, verified)
                     return copylisting.scanned_results(
-                        self, blocks, queries, queries_array, r, verified, cut, limit, loops()
+                        self, blocks, queries, queries_array, r, verified, cut, limit, loops(), shown=shown
                     )
                 found.append(hits)
             if self._row_count() > self._sealed:
                 found.append(self._tail_hits(queries_array, r, verified))
-        return copylisting.results(self, found, queries, r, verified, cut, limit, few=_FEW_HITS, unique=unique)
+        return copylisting.results(
+            self, found, queries, r, verified, cut, limit, few=_FEW_HITS, unique=unique, shown=shown
+        )
 
     def _tier_hits(
         self,

@@ -1,8 +1,12 @@
 -- claim_json.lua: a snapshot claim's listing sent as its alert's JSON (snapshot.lua's validate_snapshot). A worker
 -- whose compiled loop wrote the listing (worker/copywritten.py), every ID needing no escape, sends it as one argument
---   '<n>:<offsets><entries>'
+--   '<n>:<offsets>[<entries>'
 -- n the matches listed; offsets, n + 1 of them, 5 hex digits each: where each entry starts in <entries> (0-based),
--- the last where a next one would (its length + 1); entries '{"incident_id":"<id>","distance":<d>}' joined by ','.
+-- the last where a next one would (its length + 1); entries '{"incident_id":"<id>","distance":<d>}' joined by ',',
+-- except that the one after the alert's last (the call's cap, or the last listed) is ']': '[' to it is the alert's
+-- JSON as it stands when no change of the window comes among the matches it lists (a storm's usual claim), taken
+-- whole (each string made here costs Redis's Lua its allocation and the collector's work on it: about 12 us for a
+-- storm alert's 4.5 KB, measured).
 -- A near storm's claim lists 116 matches: as 232 arguments, then a check of each and a JSON of the alert's 100 made
 -- from them, they were most of its event's time on the primary (benchmarks/journal/near-storms.md, section 17).
 -- Here the alert's JSON is cut from the claim's own (its head, with the window's additions spliced in), and the
@@ -15,36 +19,59 @@
 
 local JSON_HEAD = '{"incident_id":"'
 
--- The claim of `arg`: {arg, n, at (where the offsets start), base (where the entries start)}; nil when malformed
--- (an entry its offset does not find is found malformed where it is read: json_entry).
+-- The value of each lowercase hex digit, by its byte (an offset's digits are read as bytes: no string made).
+local HEX = {}
+for i = 0, 9 do HEX[48 + i] = i end
+for i = 0, 5 do HEX[97 + i] = 10 + i end
+
+-- The claim of `arg`: {arg, n, at (where the offsets start), base (where the entries start, after the '[')}; nil
+-- when malformed.
+-- Its offsets are checked as they are read (entry_start), and an entry its offset does not find where it is read
+-- (json_entry, entry_distance): a storm's claim has 117, of which a merge reads a few dozen.
 local function json_claim(arg)
   local colon = string.find(arg, ':', 1, true)
   local n = colon and tonumber(string.sub(arg, 1, colon - 1))
-  if not n or n < 0 or n % 1 ~= 0 or #arg < colon + 5 * (n + 1) then return nil end
-  if string.find(string.sub(arg, colon + 1, colon + 5 * (n + 1)), '[^0-9a-f]') then return nil end
-  return {arg = arg, n = n, at = colon, base = colon + 5 * (n + 1) + 1}
+  local open = colon and colon + 5 * (n or 0) + 6
+  if not n or n < 0 or n % 1 ~= 0 or string.byte(arg, open) ~= 91 then return nil end  -- ('[' after the offsets)
+  return {arg = arg, n = n, at = colon, base = open + 1}
 end
 
--- Where entry k (1 .. n + 1) starts in the argument.
+-- Where entry k (1 .. n + 1) starts in the argument; nil when its offset is not 5 lowercase hex digits.
 local function entry_start(c, k)
   local p = c.at + 5 * k - 4
-  return c.base + tonumber(string.sub(c.arg, p, p + 4), 16)
-end
-
--- Entry k's ID and distance (a number).
-local function json_entry(c, k)
-  local id, d = string.match(c.arg, '^{"incident_id":"(.-)","distance":(%d+)}', entry_start(c, k))
-  return id, tonumber(d)
+  local h1, h2, h3, h4, h5 = string.byte(c.arg, p, p + 4)
+  h1, h2, h3, h4, h5 = HEX[h1], HEX[h2], HEX[h3], HEX[h4], HEX[h5]
+  if not (h1 and h2 and h3 and h4 and h5) then return nil end
+  return c.base + (((h1 * 16 + h2) * 16 + h3) * 16 + h4) * 16 + h5
 end
 
 -- Entry k's distance, read from its last bytes (no string made), and where it ends (its '}'); nil when malformed.
 local function entry_distance(c, k)
-  local e = entry_start(c, k + 1) - 2
-  local d1, d0 = string.byte(c.arg, e - 2, e - 1)
-  if not d0 or d0 < 48 or d0 > 57 then return nil end
+  local e = entry_start(c, k + 1)
+  if not e then return nil end
+  e = e - 2
+  local d1, d0, close = string.byte(c.arg, e - 2, e)
+  if close ~= 125 or d0 < 48 or d0 > 57 then return nil end  -- ('}' after a digit)
   if d1 == 58 then return d0 - 48, e end  -- (':' and one digit)
   if d1 < 48 or d1 > 57 then return nil end
   return (d1 - 48) * 10 + d0 - 48, e
+end
+
+local JSON_MIDDLE = '","distance":'
+
+-- Entry k's ID and distance (a number), cut at the places its offsets and its last bytes give (its head and the text
+-- between ID and distance checked; no pattern matched); nil when malformed.
+local function json_entry(c, k)
+  local d, e = entry_distance(c, k)
+  local at = d and entry_start(c, k)
+  if not at then return nil end
+  local middle = e - 13 - (d < 10 and 1 or 2)  -- where '","distance":' starts
+  local arg = c.arg
+  if middle < at + 16 or string.sub(arg, at, at + 15) ~= JSON_HEAD or string.sub(arg, middle, middle + 12) ~= JSON_MIDDLE
+  then
+    return nil
+  end
+  return string.sub(arg, at + 16, middle - 1), d
 end
 
 -- Every entry as the usual listing: a flat list id, d, ... (distances as numbers); nil when malformed.
@@ -64,9 +91,11 @@ local function json_lists(c, id)
   return string.find(c.arg, JSON_HEAD .. id .. '","distance":', c.base, true) ~= nil
 end
 
--- The entries i .. j (1 <= i <= j <= n) as they are, joined.
+-- The entries i .. j (1 <= i <= j <= n) as they are, joined; nil when an offset is malformed.
 local function json_run(c, i, j)
-  return string.sub(c.arg, entry_start(c, i), entry_start(c, j + 1) - 2)
+  local first, after = entry_start(c, i), entry_start(c, j + 1)
+  if not (first and after) then return nil end
+  return string.sub(c.arg, first, after - 2)
 end
 
 -- merge_claim (snapshot.lua) for a claim of JSON whose listed matches no change touched: its count, the first
@@ -86,6 +115,11 @@ local function json_merge(c, count, additions, n_additions, less, cap, complete,
                                           count, n, cap, cut)
   if not adds then return nil end
   if cut then held = true end
+  -- the ']' the worker wrote after the alert's last: the runs below never reach past it (they take at most `want`,
+  -- at most the cap, of the listed)
+  local closed = cap > 0 and cap < n and cap or n
+  local after = closed > 0 and entry_start(c, closed + 1) or c.base + 1  -- (where the entry after it would start)
+  if not after or string.byte(c.arg, after - 1) ~= 93 then return nil end
   -- each addition's place: before the first listed match it comes before (n + 1: after them all)
   local places, from, floor = {}, 1, math.floor
   for a = 1, n_adds do
@@ -98,18 +132,32 @@ local function json_merge(c, count, additions, n_additions, less, cap, complete,
       if not d then return nil end
       local before = pair[1] < d
       if pair[1] == d then
-        before = less(pair[2], string.sub(c.arg, entry_start(c, mid) + 16, e - 14 - (d < 10 and 1 or 2)))
+        -- (entry_distance read entry mid + 1's offset; entry mid's own is read here: checked too)
+        local at = entry_start(c, mid)
+        if not at then return nil end
+        before = less(pair[2], string.sub(c.arg, at + 16, e - 14 - (d < 10 and 1 or 2)))
       end
       if before then high = mid else low = mid + 1 end
     end
     places[a], from = low, low
   end
-  -- the alert's list: the listed runs between the additions, cut at `want`
-  local pieces, n_pieces, taken, next_listed = {}, 0, 0, 1
   local flat, n_flat = {}, 0
   -- (at least the first, when there is one: the incident joins its closest match's group)
   local shown = replied and (replied < want and replied or want) or want
   if shown == 0 and want > 0 then shown = 1 end
+  if n_adds == 0 and want == closed then
+    -- the alert lists the claim's own head, which the worker closed: its JSON as it stands
+    for k = 1, shown do
+      local id, d = json_entry(c, k)
+      if not id then return nil end
+      flat[2 * k - 1], flat[2 * k] = id, d
+    end
+    local json = string.sub(c.arg, c.base - 1, after - 1)
+    if want > 0 and #json + 1 - 2 * want > MAX_MATCHES_BYTES then json = nil end  -- (alert_json's rule)
+    return count, flat, json, held
+  end
+  -- the alert's list: the listed runs between the additions, cut at `want`
+  local pieces, n_pieces, taken, next_listed = {}, 0, 0, 1
   local a = 1
   while taken < want do
     local place = a <= n_adds and places[a] or n + 1
@@ -118,6 +166,7 @@ local function json_merge(c, count, additions, n_additions, less, cap, complete,
       if last - next_listed + 1 > want - taken then last = next_listed + want - taken - 1 end
       n_pieces = n_pieces + 1
       pieces[n_pieces] = json_run(c, next_listed, last)
+      if not pieces[n_pieces] then return nil end
       for k = next_listed, last do
         if n_flat >= 2 * shown then break end
         local id, d = json_entry(c, k)
@@ -139,7 +188,8 @@ local function json_merge(c, count, additions, n_additions, less, cap, complete,
       a = a + 1
     end
   end
-  local json = '[' .. table.concat(pieces, ',') .. ']'
+  -- (one run, the usual storm's alert: one string made for it, not a join of one and then its brackets)
+  local json = n_pieces == 1 and '[' .. pieces[1] .. ']' or '[' .. table.concat(pieces, ',') .. ']'
   if want > 0 and #json + 1 - 2 * want > MAX_MATCHES_BYTES then json = nil end  -- (alert_json's rule)
   return count, flat, json, held
 end
