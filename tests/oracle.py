@@ -198,8 +198,8 @@ class GroupOracle(Oracle):
 def claim_arguments(pairs: list[tuple[str, int]], as_json: bool = False, shown: int = 0) -> str:
     """A claim's listing as its arguments are written (protocol bytes, as text): two a match (ID, distance), as
     `snapshotadds._listing` writes them, or (`as_json`) one, the listing as its alert's JSON with where each match
-    starts, as worker/lua/claim_json.lua reads it: '<n>:<offsets, 5 hex digits each, n + 1>[<entries joined by
-    ','>', the ',' after the alert's last (the `shown`th; 0: the last, then a ']' after it) written ']' instead.
+    starts, as worker/lua/claim_json.lua reads it: '<n>/<m>:<offsets, 5 hex digits each, n + 1>[<entries joined
+    by ','>', the ',' after the m-th (the alert's last: the `shown`th, or the last, then a ']' after it) a ']'.
     Written here from the format, independently of the compiled loop that writes them in the worker."""
     if not as_json:
         return "".join(f"${len(i)}\r\n{i}\r\n${len(str(d))}\r\n{d}\r\n" for i, d in pairs)
@@ -207,5 +207,5 @@ def claim_arguments(pairs: list[tuple[str, int]], as_json: bool = False, shown: 
     starts = [sum(len(e) + 1 for e in entries[:k]) for k in range(len(entries) + 1)]
     m = len(entries) if not 0 < shown < len(entries) else shown
     array = "[" + ",".join(entries[:m]) + "]" + "".join("," * bool(k) + e for k, e in enumerate(entries[m:]))
-    payload = f"{len(pairs)}:" + "".join(f"{at:05x}" for at in starts) + array
+    payload = f"{len(pairs)}/{m}:" + "".join(f"{at:05x}" for at in starts) + array
     return f"${len(payload)}\r\n{payload}\r\n"

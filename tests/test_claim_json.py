@@ -174,18 +174,30 @@ def test_a_claim_of_json_is_read_in_full_when_a_change_touched_a_listed_match(re
     matches = json.loads(_text(alert[b"matches" if b"matches" in alert else "matches"]))
     assert [m["incident_id"] for m in matches] == ["n1", "n2", "n3"]
     # a listing of JSON that is not one (a worker's bug): not validated, nothing written
-    for payload in ("9:zzz", "1:0000z00040{}", "1:0000000040" + "x" * 40, "2:000000000100002"):
+    entry = '{"incident_id":"n1","distance":1}'
+    for payload in (
+        "9/9:zzz",
+        "1/1:0000z00040[{}",
+        "1/1:0000000040[" + "x" * 40,
+        "2/2:000000000100002[",
+        f"1/1:0000000022{entry}]",  # (no '[')
+        f"1:0000000022[{entry}]",  # (no m)
+        f"1/2:0000000022[{entry}]",  # (m past n)
+        f"1/1:0000000022[{entry},",  # (no ']' after the m-th)
+    ):
         malformed = replace(claim, listed=WrittenListing(f"${len(payload)}\r\n{payload}\r\n", 1, True))
         command = index.apply_command("add", "other", query ^ 1, max_matches=3, snapshot=malformed)
         assert parse_apply(redis_client.execute_command(*command)).status == "unvalidated"
     assert index.get("other") is None
 
 
+@pytest.mark.parametrize("shown", [4, 0, 2])
 @pytest.mark.parametrize("window", ["none", "after_the_cut", "before_the_cut"])
-def test_a_claim_over_the_cap_is_cut_where_the_worker_closed_it(redis_client, window: str) -> None:
+def test_a_claim_over_the_cap_is_cut_where_the_worker_closed_it(redis_client, window: str, shown: int) -> None:
     """A storm's usual claim: more listed than the alert's cap, closed with ']' after the cap's last (`shown`). With
     no change of the window among the alert's matches its alert is the claim's own JSON up to there; an addition
-    before the cut is spliced in; a claim closed elsewhere (written for another cap) is not validated."""
+    before the cut is spliced in; a claim closed elsewhere (written for another cap: after its last, or before the
+    alert's) is cut around its ']'. Each alert is the oracle's."""
     redis_client.flushall()
     index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
     index.open()
@@ -203,22 +215,20 @@ def test_a_claim_over_the_cap_is_cut_where_the_worker_closed_it(redis_client, wi
         index.add_fingerprint("w", fp)
         oracle.add("w", fp)
     redis_client.xgroup_create(STREAM.events_stream, "g", id="0", mkstream=True)
-    for shown, status in ((0, "unvalidated"), (2, "unvalidated"), (4, "indexed")):
-        redis_client.xadd(STREAM.events_stream, {"n": "1"})
-        [[_, [(entry_id, _)]]] = redis_client.xreadgroup("g", "w", {STREAM.events_stream: ">"}, count=1)
-        result = follower.index.search(query, exclude="new", limit=4 + 2, shown=shown)
-        assert isinstance(result.matches, WrittenListing) and result.matches.as_json and len(result.matches) == 6
-        claim = SnapshotClaim(follower.index.position, result.match_count, result.matches, False)
-        command = index.apply_command(
-            "add", "new", query, stream=STREAM, entry_id=_text(entry_id), max_matches=4, snapshot=claim
-        )
-        reply = parse_apply(redis_client.execute_command(*command))
-        assert reply.status == status
+    redis_client.xadd(STREAM.events_stream, {"n": "1"})
+    [[_, [(entry_id, _)]]] = redis_client.xreadgroup("g", "w", {STREAM.events_stream: ">"}, count=1)
+    result = follower.index.search(query, exclude="new", limit=4 + 2, shown=shown)
+    assert isinstance(result.matches, WrittenListing) and result.matches.as_json and len(result.matches) == 6
+    claim = SnapshotClaim(follower.index.position, result.match_count, result.matches, False)
+    command = index.apply_command(
+        "add", "new", query, stream=STREAM, entry_id=_text(entry_id), max_matches=4, snapshot=claim, max_replied=3
+    )
+    reply = parse_apply(redis_client.execute_command(*command))
     expected = oracle.matches(query)
-    assert index.get("new") == query and len(expected) == 10 + (window != "none")
+    assert (reply.status, reply.match_count, reply.matches) == ("indexed", len(expected), expected[:3])
     [(_, alert)] = redis_client.xrange(STREAM.alerts_stream)
     fields = {_text(k): _text(v) for k, v in alert.items()}
-    assert int(fields["match_count"]) == len(expected)
+    assert int(fields["match_count"]) == len(expected) == 10 + (window != "none")
     assert fields["matches"] == json.dumps(
         [{"incident_id": i, "distance": d} for i, d in expected[:4]], separators=(",", ":")
     )

@@ -331,16 +331,19 @@ def _write_listings(
         entries -= 1 if n else 0
         if plain and as_json and entries + 1 < 1 << 20:
             # one argument, the listing as its alert's JSON (worker/lua/claim_json.lua):
-            # $<length>\r\n<n>:<offsets, 5 hex digits each, n + 1>[<entries joined by ','>\r\n, the ',' after the
-            # alert's last (the `shown`th, or the last) a ']': its JSON as the alert lists it, whole in the claim
+            # $<length>\r\n<n>/<m>:<offsets, 5 hex digits each, n + 1>[<entries joined by ','>\r\n, the ',' after
+            # the m-th (the alert's last: the `shown`th, or the last) a ']': its JSON as the alert lists it
             m = n if shown <= 0 or shown >= n else shown
             width = 1 if n < 10 else 2 if n < 100 else 3 if n < 1000 else 4 if n < 10_000 else 5
+            width_m = 1 if m < 10 else 2 if m < 100 else 3 if m < 1000 else 4 if m < 10_000 else 5
             out_json[k] = 1
             out[o] = 36
-            o = _digits(out, o + 1, width + 1 + 5 * (n + 1) + 1 + entries + (1 if m == n else 0))
+            o = _digits(out, o + 1, width + 1 + width_m + 1 + 5 * (n + 1) + 1 + entries + (1 if m == n else 0))
             out[o] = 13
             out[o + 1] = 10
             o = _digits(out, o + 2, n)
+            out[o] = 47
+            o = _digits(out, o + 1, m)
             out[o] = 58
             o += 1
             at = 0

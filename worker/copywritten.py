@@ -179,7 +179,7 @@ class WrittenListing(Sequence[tuple[str, int]]):
             payload = self.values()[0]
             assert isinstance(payload, str)
             colon = payload.index(":")
-            n = int(payload[:colon])
+            n = int(payload[: payload.index("/")])  # (<n>/<m>: m, where the alert's array closes, is the Lua's)
             base = colon + 2 + 5 * (n + 1)  # (past the offsets and the array's '[')
             starts = [int(payload[colon + 1 + 5 * k : colon + 6 + 5 * k], 16) for k in range(n + 1)]
             self._pairs = []

@@ -1,12 +1,12 @@
 -- claim_json.lua: a snapshot claim's listing sent as its alert's JSON (snapshot.lua's validate_snapshot). A worker
 -- whose compiled loop wrote the listing (worker/copywritten.py), every ID needing no escape, sends it as one argument
---   '<n>:<offsets>[<entries>'
+--   '<n>/<m>:<offsets>[<entries>'
 -- n the matches listed; offsets, n + 1 of them, 5 hex digits each: where each entry starts in <entries> (0-based),
 -- the last where a next one would (its length + 1); entries '{"incident_id":"<id>","distance":<d>}' joined by ',',
--- except that the one after the alert's last (the call's cap, or the last listed) is ']': '[' to it is the alert's
--- JSON as it stands when no change of the window comes among the matches it lists (a storm's usual claim), taken
--- whole (each string made here costs Redis's Lua its allocation and the collector's work on it: about 12 us for a
--- storm alert's 4.5 KB, measured).
+-- except that the one after the m-th (the alert's last as the worker's cap has it, 1 <= m <= n, or 0 when n is) is
+-- ']': '[' to it is the alert's JSON as it stands when no change of the window comes among the matches it lists (a
+-- storm's usual claim), taken whole (each string made here costs Redis's Lua its allocation and the collector's work
+-- on it: about 12 us for a storm alert's 4.5 KB, measured).
 -- A near storm's claim lists 116 matches: as 232 arguments, then a check of each and a JSON of the alert's 100 made
 -- from them, they were most of its event's time on the primary (benchmarks/journal/near-storms.md, section 17).
 -- Here the alert's JSON is cut from the claim's own (its head, with the window's additions spliced in), and the
@@ -24,16 +24,19 @@ local HEX = {}
 for i = 0, 9 do HEX[48 + i] = i end
 for i = 0, 5 do HEX[97 + i] = 10 + i end
 
--- The claim of `arg`: {arg, n, at (where the offsets start), base (where the entries start, after the '[')}; nil
--- when malformed.
+-- The claim of `arg`: {arg, n, m, at (where the offsets start), base (where the entries start, after the '[')};
+-- nil when malformed.
 -- Its offsets are checked as they are read (entry_start), and an entry its offset does not find where it is read
 -- (json_entry, entry_distance): a storm's claim has 117, of which a merge reads a few dozen.
 local function json_claim(arg)
   local colon = string.find(arg, ':', 1, true)
-  local n = colon and tonumber(string.sub(arg, 1, colon - 1))
-  local open = colon and colon + 5 * (n or 0) + 6
-  if not n or n < 0 or n % 1 ~= 0 or string.byte(arg, open) ~= 91 then return nil end  -- ('[' after the offsets)
-  return {arg = arg, n = n, at = colon, base = open + 1}
+  local slash = colon and string.find(arg, '/', 1, true)
+  if not slash or slash > colon then return nil end
+  local n, m = tonumber(string.sub(arg, 1, slash - 1)), tonumber(string.sub(arg, slash + 1, colon - 1))
+  if not (n and m) or n < 0 or n % 1 ~= 0 or m % 1 ~= 0 or m > n or m < (n > 0 and 1 or 0) then return nil end
+  local open = colon + 5 * n + 6
+  if string.byte(arg, open) ~= 91 then return nil end  -- ('[' after the offsets)
+  return {arg = arg, n = n, m = m, at = colon, base = open + 1}
 end
 
 -- Where entry k (1 .. n + 1) starts in the argument; nil when its offset is not 5 lowercase hex digits.
@@ -115,10 +118,9 @@ local function json_merge(c, count, additions, n_additions, less, cap, complete,
                                           count, n, cap, cut)
   if not adds then return nil end
   if cut then held = true end
-  -- the ']' the worker wrote after the alert's last: the runs below never reach past it (they take at most `want`,
-  -- at most the cap, of the listed)
-  local closed = cap > 0 and cap < n and cap or n
-  local after = closed > 0 and entry_start(c, closed + 1) or c.base + 1  -- (where the entry after it would start)
+  -- the ']' the worker wrote after the m-th: a run of listed matches that goes past it is cut in two there
+  local m = c.m
+  local after = m > 0 and entry_start(c, m + 1) or c.base + 1  -- (where the entry after it would start)
   if not after or string.byte(c.arg, after - 1) ~= 93 then return nil end
   -- each addition's place: before the first listed match it comes before (n + 1: after them all)
   local places, from, floor = {}, 1, math.floor
@@ -145,7 +147,7 @@ local function json_merge(c, count, additions, n_additions, less, cap, complete,
   -- (at least the first, when there is one: the incident joins its closest match's group)
   local shown = replied and (replied < want and replied or want) or want
   if shown == 0 and want > 0 then shown = 1 end
-  if n_adds == 0 and want == closed then
+  if n_adds == 0 and want == m then
     -- the alert lists the claim's own head, which the worker closed: its JSON as it stands
     for k = 1, shown do
       local id, d = json_entry(c, k)
@@ -164,8 +166,15 @@ local function json_merge(c, count, additions, n_additions, less, cap, complete,
     if next_listed < place then
       local last = place - 1
       if last - next_listed + 1 > want - taken then last = next_listed + want - taken - 1 end
+      local first = next_listed
+      if first <= m and last > m then  -- (across the ']': two pieces)
+        n_pieces = n_pieces + 1
+        pieces[n_pieces] = json_run(c, first, m)
+        if not pieces[n_pieces] then return nil end
+        first = m + 1
+      end
       n_pieces = n_pieces + 1
-      pieces[n_pieces] = json_run(c, next_listed, last)
+      pieces[n_pieces] = json_run(c, first, last)
       if not pieces[n_pieces] then return nil end
       for k = next_listed, last do
         if n_flat >= 2 * shown then break end
