@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.streams import FP, alerts, assert_pairs_reported_once, fingerprints, pending_count, publish
-from worker import processing, readpath
+from worker import flight, readpath
 from worker.devtools.workload import Workload
 from worker.settings import Settings
 from worker.stream import StreamWorker
@@ -41,14 +41,14 @@ def _worker(client: Any, consumer: str, **overrides: Any) -> StreamWorker:
 def _counting(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[int]:
     """How many sends each row written ahead held when it landed, counted by that number (1: a row of one send)."""
     counts: collections.Counter[int] = collections.Counter()
-    inner = processing._Flight.land
+    inner = flight.Flight.land
 
-    def counted(self: processing._Flight) -> None:
+    def counted(self: flight.Flight) -> None:
         if self.in_row:
             counts[self.in_row] += 1
         inner(self)
 
-    monkeypatch.setattr(processing._Flight, "land", counted)
+    monkeypatch.setattr(flight.Flight, "land", counted)
     return counts
 
 

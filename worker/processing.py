@@ -40,6 +40,7 @@ from .connection import RedisClient
 from .copyarrays import compile_soon
 from .entries import Entry, parse_entries
 from .errors import DamagedMetaError, DuplicateIncidentError
+from .flight import Flight, batch_replies
 from .formats import DeadLetter, IncidentEvent, decode_fields, event_error
 from .inbox import InboxMover
 from .index import FingerprintIndex, SnapshotAdd, retry_while_stale
@@ -55,7 +56,7 @@ from .library import (
     parse_apply,
 )
 from .outcomes import CLOSEST_LOGGED, DEAD, FAILED, NOT_PENDING, Outcomes
-from .readpath import SNAPSHOT_SEND, LogRead, SnapshotLostError, SnapshotReader
+from .readpath import SNAPSHOT_SEND, SnapshotLostError, SnapshotReader
 from .replies import text
 from .settings import ALERT_EVENT_FIELD_CHARS, Settings
 from .stormwatch import StormWatch
@@ -194,7 +195,7 @@ class Processor:
         Two things keep both the client and the server busy. While one batch runs on the server, the next is read
         and prepared in a helper thread. And batches of adds are pipelined one ahead: batch k + 1 is sent before
         the replies of batch k are read (on one connection, so the server still applies them in stream order); on
-        the snapshot path a lone worker's sends fly on from one batch to the next (`_Flight`, `_write_batch`).
+        the snapshot path a lone worker's sends fly on from one batch to the next (worker/flight.py, `_write_batch`).
         It stops reading ahead when the stream has nothing more, after a second (to let the periodic work run), or
         when asked to stop; whatever it read is settled before it returns, so a stopping worker leaves nothing
         pending.
@@ -209,7 +210,7 @@ class Processor:
         total = 0
         until = time.monotonic() + 1.0
         sent: deque[tuple[list[_Item], float]] = deque()
-        flight: _Flight | None = None
+        flight: Flight | None = None
         with self.index.transport() as calls:
             while items:
                 if self.storm.seen and self.snapshot is None:
@@ -231,7 +232,7 @@ class Processor:
                     if len(sent) > 1:
                         self._settle_batch(*sent.popleft(), calls.receive())
                 elif self._flies(items):  # a lone snapshot worker's adds: behind the sends still in flight
-                    flight = flight or _Flight(self, calls)
+                    flight = flight or self._flight(calls)
                     self._write_batch(flight, items)
                 else:  # upserts and deletes read what they replace first: no batch may be in flight
                     while sent:
@@ -363,7 +364,7 @@ class Processor:
                 )
             elif not writes_ahead or not self.snapshot.alone:
                 [batch] = self.index.execute([packed])  # the usual send: adds only, their call written at once
-                replies += _batch_replies(send, batch)
+                replies += batch_replies(send, batch)
             else:
                 sent, ahead = self._send_ahead(items[start:], packed)
                 replies += ahead
@@ -373,16 +374,28 @@ class Processor:
         return replies
 
     def _send_ahead(self, items: list[_Item], packed: Packed) -> tuple[int, list[Any]]:
-        """Write the first send of `items` (`packed`), then search and write more sends of adds behind it (`_Flight`)
-        until the end of `items`, a send that is not all adds (the caller sends it after a refresh), or
+        """Write the first send of `items` (`packed`), then search and write more sends of adds behind it (a
+        `Flight`) until the end of `items`, a send that is not all adds (the caller sends it after a refresh), or
         `snapshot_sends_alone` in a row. Returns how many items went, and their replies."""
         with self.index.transport() as calls:
-            flight = _Flight(self, calls)
-            landing = flight.expect(items, settle=None)
+            flight = self._flight(calls)
+            landing = flight.expect(items, started=None)
             went = flight.write(landing, items, packed)
             landing.written = True
             flight.land()
         return went, landing.replies
+
+    def _flight(self, calls: Transport) -> Flight:
+        """A flight of this worker's sends on `calls`: each searched and packed (`_claims`, `_snapshot_adds`), each
+        batch settled and recorded as its last reply lands (`_settle_batch`)."""
+        assert self.snapshot is not None
+        return Flight(
+            calls,
+            self.snapshot,
+            self.settings.snapshot_sends_alone,
+            pack=lambda send: self._snapshot_adds(send, self._claims(send)),
+            settle=self._settle_batch,
+        )
 
     def _flies(self, items: list[_Item]) -> bool:
         """Whether a batch read in a round goes behind the sends still in flight (`_write_batch`): adds only, each
@@ -401,30 +414,22 @@ class Processor:
             )
         )
 
-    def _write_batch(self, flight: _Flight, items: list[_Item]) -> None:
+    def _write_batch(self, flight: Flight, items: list[_Item]) -> None:
         """Search and write a batch of adds (`_flies`) behind the sends the round's flight still has in the air,
         without waiting for their replies: the batch's edge then costs neither side a wait (the last send of one
         batch is applied while the next batch's first is searched). The batch is settled and recorded once its last
         reply lands. Where the flight cannot go on (a send that is not all adds, `snapshot_sends_alone` sends in a
         row, a copy that needs a refresh), it lands and the rest of the batch goes the usual way (`_send`)."""
         assert self.snapshot is not None
-        landing = flight.expect(items, settle=time.perf_counter())
+        landing = flight.expect(items, started=time.perf_counter())
         went = 0
         if flight.in_air or self.snapshot.fresh:
-            went = flight.write(landing, items, None)
+            went = flight.write(landing, items)
         if went < len(items):
             flight.land()
             landing.replies += self._send(items[went:])
         landing.written = True
         flight.settle_landed()
-
-    def _ridden(self, calls: Transport, send: list[_Item], ride: LogRead | None) -> list[Any]:
-        """The replies of a send written ahead; the log read that rode behind it brings the copy up to it."""
-        assert self.snapshot is not None
-        batch, *log = calls.receive()
-        if ride is not None:
-            self.snapshot.ridden(ride, log)
-        return _batch_replies(send, batch)
 
     def _snapshot_adds(self, items: list[_Item], claims: list[SnapshotClaim | None]) -> Packed | None:
         """The apply_batch call of a send whose every item is an add with its claim, packed (the calls `_command`
@@ -758,90 +763,6 @@ class Processor:
             )
 
 
-@dataclass(slots=True)
-class _Landing:
-    """A batch (or the rest of one) whose sends a `_Flight` wrote: its replies as they land, in order."""
-
-    items: list[_Item]
-    settle: float | None  # when the batch started, for its record; None: the caller settles it
-    replies: list[Any]
-    in_air: int = 0  # its sends written whose reply is not read yet
-    written: bool = False  # every send of it is written (or it went the usual way)
-
-
-class _Flight:
-    """A lone snapshot worker's sends of adds, each written before the previous one's reply is read, on one
-    connection, with a read of the log riding behind each (`SnapshotReader.ride`): at most two in the air, so that
-    the reply of send k brings the copy up to send k before send k + 2 is searched, and each send's window holds
-    about the one send still in flight. Within a round (`Processor.read_and_process`) it flies on from one batch to
-    the next, and each batch is settled as its last reply lands (`settle_landed`, in the order they were read)."""
-
-    def __init__(self, processor: Processor, calls: Transport) -> None:
-        self._processor = processor
-        self._calls = calls
-        self._sends: deque[tuple[list[_Item], LogRead | None, _Landing]] = deque()
-        self._landings: deque[_Landing] = deque()
-        self.in_row = 0
-        """Sends written since the flight last landed (at most `snapshot_sends_alone`)."""
-
-    @property
-    def in_air(self) -> bool:
-        return bool(self._sends)
-
-    def expect(self, items: list[_Item], *, settle: float | None) -> _Landing:
-        """A landing for `items`' replies, settled (and recorded, as started at `settle`) by `settle_landed`."""
-        landing = _Landing(items, settle, [])
-        self._landings.append(landing)
-        return landing
-
-    def write(self, landing: _Landing, items: list[_Item], packed: Packed | None) -> int:
-        """Search and write the sends of `items` (the first already `packed`, when given) while each is all adds
-        and the row is shorter than `snapshot_sends_alone`; returns how many items went."""
-        processor = self._processor
-        snapshot = processor.snapshot
-        assert snapshot is not None
-        went = 0
-        while went < len(items) and self.in_row < processor.settings.snapshot_sends_alone:
-            send = items[went : went + SNAPSHOT_SEND]
-            if packed is not None and not went:
-                written: Packed | None = packed
-            else:
-                written = processor._snapshot_adds(send, processor._claims(send))
-            if written is None:
-                break
-            ride = snapshot.ride()
-            self._calls.send([written, *ride.commands] if ride else [written])
-            self._sends.append((send, ride, landing))
-            landing.in_air += 1
-            self.in_row += 1
-            went += len(send)
-            if len(self._sends) > 1:
-                self._land_one()
-            if ride is None or not snapshot.alone:  # (a copy with no position to prove yet, or a peer just counted)
-                break
-        return went
-
-    def land(self) -> None:
-        """Read every reply still in the air, and settle the batches they complete."""
-        while self._sends:
-            self._land_one()
-        self.in_row = 0
-        self.settle_landed()
-
-    def _land_one(self) -> None:
-        send, ride, landing = self._sends.popleft()
-        landing.replies += self._processor._ridden(self._calls, send, ride)
-        landing.in_air -= 1
-        self.settle_landed()
-
-    def settle_landed(self) -> None:
-        """Settle, in order, the batches whose every reply has landed."""
-        while self._landings and self._landings[0].written and not self._landings[0].in_air:
-            landing = self._landings.popleft()
-            if landing.settle is not None:
-                self._processor._settle_batch(landing.items, landing.settle, landing.replies)
-
-
 def _entry_of(entry_id: Any, fields: Mapping[Any, Any] | None) -> Entry:
     """An entry as XREADGROUP or XRANGE gives it (fields as a mapping; None or empty once deleted)."""
     return Entry(text(entry_id), 1, [(k, v) for k, v in (fields or {}).items()])
@@ -849,11 +770,6 @@ def _entry_of(entry_id: Any, fields: Mapping[Any, Any] | None) -> Entry:
 
 def _reader() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead")
-
-
-def _batch_replies(send: list[_Item], batch: Any) -> list[Any]:
-    """The replies of an apply_batch call of `send`, one an item: its own, or the error the whole call got."""
-    return [batch] * len(send) if isinstance(batch, Exception) else batch
 
 
 def _segments(items: Iterable[_Item]) -> list[list[_Item]]:
