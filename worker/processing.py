@@ -224,14 +224,15 @@ class Processor:
                 if not self._stop.is_set() and time.monotonic() < until and (self.snapshot or not self.storm.seen):
                     ahead = self._reader.submit(self._read_ahead)
                 # a snapshot is validated from the moment it is sent: no batch goes out with a copy one batch behind
-                if flight is not None and not self._flies(items):
+                flies = self._flies(items)
+                if flight is not None and not flies:
                     flight.land()  # (what follows shares its connection, or reads what it wrote)
                 if self.snapshot is None and all(item.event is None or item.event.op == "add" for item in items):
                     calls.send([self._command(item, {}) for item in items])
                     sent.append((items, time.perf_counter()))
                     if len(sent) > 1:
                         self._settle_batch(*sent.popleft(), calls.receive())
-                elif self._flies(items):  # a lone snapshot worker's adds: behind the sends still in flight
+                elif flies:  # a lone snapshot worker's adds: behind the sends still in flight
                     flight = flight or self._flight(calls)
                     self._write_batch(flight, items)
                 else:  # upserts and deletes read what they replace first: no batch may be in flight
@@ -337,12 +338,11 @@ class Processor:
         A worker alone in its namespace (by the count of live workers its copy's reads of the log find: `alone`)
         writes up to `snapshot_sends_alone` sends of adds in a row, each before it reads the previous one's reply
         (`_send_ahead`, and across a round's batches `_write_batch`): its search of the next send overlaps the
-        primary's work on this one. No refresh of its own
-        comes between them: a read of the log rides behind each send, on its connection, and its reply brings the copy
-        up to that send, so each send's window holds about the one send still in flight (docs/contract.md, "Snapshot
-        reads"); and a copy a ride brought up to date moments ago (`SnapshotReader.fresh`) starts the next batch
-        without a refresh either. With peers, every window would also hold their changes of the longer cycle: one
-        send at a time, each after a refresh."""
+        primary's work on this one. No refresh of its own comes between them: a read of the log rides behind each
+        send, on its connection, and its reply brings the copy up to that send, so each send's window holds about the
+        one send still in flight (docs/contract.md, "Snapshot reads"); and a copy a ride brought up to date moments
+        ago (`SnapshotReader.fresh`) starts the next batch without a refresh either. With peers, every window would
+        also hold their changes of the longer cycle: one send at a time, each after a refresh."""
         assert self.snapshot is not None
         replies: list[Any] = []
         start = 0
