@@ -18,7 +18,7 @@ from worker.fingerprint import fingerprint
 @pytest.mark.slow
 def test_small_benchmark_measures_every_layout_and_the_baseline() -> None:
     require_redis_server()
-    args = ["bench", "--sizes", "400", "--ingest", "300", "--events", "150", "--cap", "20", "--ingest-cap", "30"]
+    args = ["bench", "--sizes", "3000", "--ingest", "300", "--events", "150", "--cap", "20", "--ingest-cap", "30"]
     args += ["--latency-seconds", "1"]
     done = subprocess.run(
         [*worker_command(), *args, "--json"], env=clean_env(), capture_output=True, text=True, timeout=300
@@ -31,7 +31,7 @@ def test_small_benchmark_measures_every_layout_and_the_baseline() -> None:
         ingest = results["ingest"][name]
         assert ingest["events"] == 300 and ingest["events_per_s"] > 0 and not ingest["capped"]
     [row] = results["sizes"]
-    assert row["indexed"] == 400 and set(row["layouts"]) == {"default", "classic"}
+    assert row["indexed"] == 3000 and set(row["layouts"]) == {"default", "classic"}
     for layout in row["layouts"].values():
         assert layout["memory_per_incident"] > 72  # at least the fingerprint hash's share
         assert layout["one_worker"]["events"] == 150 and layout["two_workers"]["events"] == 150

@@ -141,16 +141,6 @@ def _worker_process(url: str, options: dict[str, Any], stop: Any, results: Any) 
     )
 
 
-def _used_memory(client: redis.Redis) -> int:
-    """Redis's used_memory without its clients' buffers: a worker's connection that closes, or whose query buffer the
-    server shrinks while idle, gives back tens of KB, which at a small N outweighs what the index holds (a 400-incident
-    run measured 21 bytes an incident once the last layout's workers had gone)."""
-    memory = client.info("memory")
-    return (
-        int(memory["used_memory"]) - int(memory.get("mem_clients_normal", 0)) - int(memory.get("mem_clients_slaves", 0))
-    )
-
-
 def _peak_rss_kb() -> int:
     """This process's own peak resident memory in KiB. Linux's ru_maxrss keeps the high-water mark of the process
     that forked it (across exec too), so a spawned worker would report the benchmark's peak: VmHWM belongs to this
@@ -434,7 +424,7 @@ class Bench:
         }
 
     def memory_per_incident(self, before: int, count: int) -> float:
-        return round((_used_memory(self.client) - before) / max(count, 1), 1)
+        return round((int(self.client.info("memory")["used_memory"]) - before) / max(count, 1), 1)
 
     def memory_breakdown(self, keys: IndexKeys, count: int, before: int) -> dict[str, Any]:
         """Where Redis's memory an incident goes: `{N}:fp` and the change log (MEMORY USAGE of every field or entry),
@@ -442,7 +432,7 @@ class Bench:
         number), the keyspace's own table (MEMORY STATS: an entry and a bucket a key, which MEMORY USAGE leaves out),
         and the total without the change log (which trimming empties down to the last `changes_keep` of changes: the
         index's own share, the figure that grows with N)."""
-        used = _used_memory(self.client)
+        used = int(self.client.info("memory")["used_memory"])
         fp_hash = int(self.client.memory_usage(keys.fingerprints, samples=0) or 0)
         changes = int(self.client.memory_usage(keys.changes, samples=0) or 0)
         kinds: dict[str, list[bytes]] = {"band": [], "twins": []}
@@ -757,12 +747,12 @@ def run_benchmark(
             layout = BandLayout(bands, 7)
             log(f"N={size:,}: {name} layout, {layout.description} ...")
             bench.fresh("bench")
-            before = _used_memory(client)
+            before = int(client.info("memory")["used_memory"])
             index = FingerprintIndex(client, "bench", bands=bands)
             started = time.perf_counter()
             index.bulk_load(zip(ids, fp_list, strict=True), chunk=PRELOAD_CHUNK)
             loaded = time.perf_counter() - started
-            used = _used_memory(client)
+            used = int(client.info("memory")["used_memory"])
             result: dict[str, Any] = {
                 "bands": bands,
                 "layout": layout.description,
