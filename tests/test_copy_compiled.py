@@ -128,6 +128,25 @@ def test_a_scan_counts_and_picks_what_the_table_of_distances_gives(
     assert distance.tolist() == table[expected_which, expected_at].tolist()
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    seed=st.integers(0, 2**32), n=st.sampled_from([1, 3, 16]), probes=st.sampled_from([1, 5, 68]), plain=st.booleans()
+)
+def test_probe_totals_add_what_each_querys_probes_reach(seed, n, probes, plain) -> None:
+    """`probe_totals` (the candidates of a near storm's next send, counted without their ranges:
+    `MemoryIndex._scan_counted`) against the candidates of each probe taken one at a time from a tier's table of
+    positions (int32, as a copy's tables are): added to what `totals` held, empty values (a value no fingerprint
+    holds) included."""
+    loops = PLAIN_LOOPS if plain else worker.compiled
+    rng = np.random.default_rng(seed)
+    table = np.concatenate(([0], np.cumsum(rng.choice([0, 0, 1, 3, 40], 300)))).astype(np.int32) + 7
+    grid = rng.integers(0, 300, (n, probes), dtype=np.int64)
+    totals = rng.integers(0, 1000, n, dtype=np.int64)
+    expected = [int(totals[k]) + sum(int(table[s + 1]) - int(table[s]) for s in grid[k]) for k in range(n)]
+    loops.probe_totals(table, grid, totals)
+    assert totals.tolist() == expected
+
+
 @pytest.mark.parametrize("room", [1, 5, 64])
 @pytest.mark.parametrize("budget", [0, 40])
 def test_searches_whose_loop_had_little_room_answer_as_with_room_to_spare(
@@ -314,5 +333,10 @@ def test_searches_run_the_loops_warm_compiled_and_compile_none_again() -> None:
             patch.setattr(worker.snapshot, "_FEW_HITS", few)
             for exclude in ("l3", "m3", "absent", None):
                 index.search_many([(center, exclude), (center ^ 1, None)], limit=116)
-    loops = [worker.compiled._near, worker.compiled._scan_counts, worker.compiled._scan_picks]
-    assert [len(loop.signatures) for loop in [*loops, worker.compiled._write_listings]] == [1, 1, 1, 1]
+    loops = [
+        worker.compiled._near,
+        worker.compiled._scan_counts,
+        worker.compiled._scan_picks,
+        worker.compiled._probe_totals,
+    ]
+    assert [len(loop.signatures) for loop in [*loops, worker.compiled._write_listings]] == [1, 1, 1, 1, 1]

@@ -700,6 +700,76 @@ def test_a_storm_compared_with_every_row_answers_and_counts_as_through_the_bands
     assert wasted[0] == wasted[1]
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**32),
+    layout=st.sampled_from([(4, 7), (3, 7), (6, 12)]),
+    loaded=st.integers(0, 300),
+    added=st.integers(50, 250),
+    budgets=st.lists(st.sampled_from([0, 30, 100_000]), min_size=4, max_size=4),
+    mixed=st.booleans(),
+)
+def test_a_storms_sends_after_a_scan_count_as_a_first_send_does(
+    seed, layout, loaded, added, budgets, mixed, seal_at, monkeypatch
+) -> None:
+    """After a send compared with every row, a storm's next sends are counted from each tier's table without their
+    ranges (`_scan_counted`) and scanned, or, when that count says the send would not be (a query cut at its budget,
+    too few candidates), searched as any send: each of four sends (budgets that cut some queries, none, or all)
+    answers as on a copy made alike that never takes that way, candidates and cuts included, and changes between
+    the sends. `mixed`: some tiers search their keys (no table: the count is not taken then)."""
+    results, counted = [], []
+    original = MemoryIndex._scan_counted
+    with monkeypatch.context() as patch:
+        if mixed:
+            patch.setattr(MemoryIndex, "_direct", lambda self, rows: rows % 2 == 0)
+        patch.setattr(worker.snapshot, "_FEW_HITS", 0)
+        for fresh in (False, True):
+            index, pool = _storm_copy(seed, layout, loaded, added, 10)
+            answers, taken = [], []
+            patch.setattr(
+                MemoryIndex,
+                "_scan_counted",
+                lambda self, *args, taken=taken: taken.append(result := original(self, *args)) or result,
+            )
+            rng = random.Random(seed + 1)
+            for k, budget in enumerate(budgets):
+                if fresh:
+                    index._scanning = False  # (every send decided from its ranges, as the first one is)
+                queries = [
+                    (flip(rng.choice(pool), rng.randint(0, 3), rng), rng.choice([None, "a0", "l1"])) for _ in range(7)
+                ]
+                answers.append(index.search_many(queries, limit=17, budget=budget))
+                index.set(f"n{k}", rng.choice(pool))
+            results.append(answers)
+            counted.append(taken)
+    assert results[0] == results[1]
+    assert not counted[1]  # (the copy made alike never took it)
+
+
+def test_a_storms_next_send_is_counted_from_the_tables_and_scanned() -> None:
+    """The storm's second send takes `_scan_counted` (the test above holds it equal to a first send): its candidates
+    counted, the send scanned, with the same answers as a copy that counts it from its ranges."""
+    answers, taken = [], []
+    original = MemoryIndex._scan_counted
+    for fresh in (False, True):
+        index, pool = _storm_copy(3, (4, 7), 3000, 200, 20)
+        rng = random.Random(4)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(
+                MemoryIndex,
+                "_scan_counted",
+                lambda self, *args, taken=taken: taken.append(result := original(self, *args)) or result,
+            )
+            for _ in range(3):
+                if fresh:
+                    index._scanning = False
+                queries = [(flip(rng.choice(pool), 1, rng), None) for _ in range(8)]
+                answers.append(index.search_many(queries, limit=100, budget=60_000))
+    assert taken == [True, True]  # (the first send of the first copy learnt from its ranges; the fresh copy never asks)
+    assert answers[:3] == answers[3:]
+    assert all(result.candidates > 0 for result in answers[1])
+
+
 def test_a_near_storms_send_is_compared_with_every_row() -> None:
     """The storm's send takes `_scan` by default (more candidates than rows): the path the test above holds equal."""
     index, pool = _storm_copy(3, (4, 7), 300, 200, 20)

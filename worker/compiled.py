@@ -21,7 +21,16 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["near_ranges", "scan_counts", "scan_picks", "warm", "warm_listing", "warm_search", "write_listings"]
+__all__ = [
+    "near_ranges",
+    "probe_totals",
+    "scan_counts",
+    "scan_picks",
+    "warm",
+    "warm_listing",
+    "warm_search",
+    "write_listings",
+]
 
 
 @intrinsic
@@ -129,6 +138,23 @@ def scan_counts(fps: np.ndarray, sizes: np.ndarray, queries: np.ndarray, r: int,
     storm's send is compared with every row of the copy (`MemoryIndex._scan`): the table and a bincount a query
     were most of such a send's search (benchmarks/journal/near-storms.md, section 15)."""
     _scan_counts(fps, sizes, queries, np.uint64(r), by_distance)
+
+
+@_jit
+def _probe_totals(table: np.ndarray, grid: np.ndarray, totals: np.ndarray) -> None:  # pragma: no cover (as _near)
+    for k in range(grid.shape[0]):
+        found = 0
+        for p in range(grid.shape[1]):
+            slot = grid[k, p]
+            found += table[slot + 1] - table[slot]
+        totals[k] += found
+
+
+def probe_totals(table: np.ndarray, grid: np.ndarray, totals: np.ndarray) -> None:
+    """Add to `totals[k]` (int64) the candidates of query k's probes in one tier's table (`grid[k]`: each probe's
+    slot, int64; the tier's `starts`): the same as `totals += (table[grid + 1] - table[grid]).sum(axis=1)`, in one
+    pass (`MemoryIndex._scan_counted`)."""
+    _probe_totals(table, grid, totals)
 
 
 @_jit
@@ -485,12 +511,14 @@ def warm() -> None:
 
 
 def warm_search() -> None:
-    """`warm` of the search's loops: `near_ranges`, `scan_counts`, `scan_picks`."""
+    """`warm` of the search's loops: `near_ranges`, `scan_counts`, `scan_picks`, `probe_totals` (with a table of
+    int32 positions: a copy's arena under 2^31 entries, `copytiers`)."""
     one = np.zeros(1, dtype=np.uint64)
     near_ranges(one, np.zeros(1, dtype=np.int64), np.ones(1, dtype=np.int64), one, 0)
     sizes = np.ones(1, dtype=np.int32)  # (a copy's member counts: MemoryIndex._sizes)
     scan_counts(one, sizes, one, 0, np.zeros((1, 1), dtype=np.int64))
     scan_picks(one, sizes, one, one)
+    probe_totals(np.zeros(2, dtype=np.int32), np.zeros((1, 1), dtype=np.int64), np.zeros(1, dtype=np.int64))
 
 
 def warm_listing() -> None:

@@ -144,8 +144,15 @@ def _plain_scan_picks(
     return which, at, distances[which, at].astype(np.int64)
 
 
+def _plain_probe_totals(table: np.ndarray, grid: np.ndarray, totals: np.ndarray) -> None:
+    totals += (table[grid + 1] - table[grid]).sum(axis=1)
+
+
 PLAIN_LOOPS = SimpleNamespace(
-    near_ranges=_plain_near_ranges, scan_counts=_plain_scan_counts, scan_picks=_plain_scan_picks
+    near_ranges=_plain_near_ranges,
+    scan_counts=_plain_scan_counts,
+    scan_picks=_plain_scan_picks,
+    probe_totals=_plain_probe_totals,
 )
 """worker/compiled.py's loops as the numpy steps their docstrings give (the same answers, slower): what a copy
 searches with while its thread still compiles them (`loops`), so that a copy made in the middle of a storm
@@ -203,7 +210,10 @@ def _compile() -> None:
         )
         return
     _searching = SimpleNamespace(
-        near_ranges=compiled.near_ranges, scan_counts=compiled.scan_counts, scan_picks=compiled.scan_picks
+        near_ranges=compiled.near_ranges,
+        scan_counts=compiled.scan_counts,
+        scan_picks=compiled.scan_picks,
+        probe_totals=compiled.probe_totals,
     )
     _compiled = _searching  # (searches use them now; listings in Python until the listing's loop is had too)
     try:

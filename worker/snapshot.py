@@ -117,6 +117,7 @@ class MemoryIndex(CopyRows):
         self._free: list[int] = []  # rows of the tail whose fingerprint went, to be used again
         self._empty = 0  # rows of the tiers whose fingerprint went
         self._rebuilds = 0  # tiers built anew for the rows that went from them (`_rebuild`)
+        self._scanning = False  # the last send that read the tiers was compared with every row (`_scan_counted`)
         self._offsets = np.array(layout.offsets, dtype=np.uint64)
         self._width_masks = np.array([(1 << width) - 1 for width in layout.widths], dtype=np.uint64)
         self._widest = max(layout.widths)
@@ -546,13 +547,18 @@ class MemoryIndex(CopyRows):
         values = (queries[:, None] >> self._offsets) & self._width_masks  # query x band
         direct = [tier.starts for tier in tiers if tier.starts is not None]
         where = [(tier.keys, tier.at) for tier in tiers if tier.keys is not None]
+        # each query's probes' slots in a table (query x probe, C order as the compiled loops are warmed with)
+        grid = np.ascontiguousarray(first_slot + (values[:, band_of] ^ masks).astype(np.int64)) if direct else None
+        if self._scanning and grid is not None and not where and self._scan_counted(direct, grid, verified, budget):
+            return None, True
         # the tier of each range, ranges tier by tier (those with tables first)
         tier_order = [k for k, tier in enumerate(tiers) if tier.starts is not None]
         tier_order += [k for k, tier in enumerate(tiers) if tier.starts is None]
         starts_of, ends_of, query_of_ranges, probe_of_ranges = [], [], [], []
         if direct:
             # a query's probes together
-            slots = (first_slot + (values[:, band_of] ^ masks).astype(np.int64)).ravel()
+            assert grid is not None
+            slots = grid.ravel()
             after = slots + 1
             starts_of += [table[slots] for table in direct]
             ends_of += [table[after] for table in direct]
@@ -585,13 +591,13 @@ class MemoryIndex(CopyRows):
             lengths[order] = allowed
             ends = starts + lengths
         total = int(lengths.sum())
+        self._scanning = False
         if not total:
             return NO_HITS, True
         verified += np.bincount(range_query, weights=lengths, minlength=len(queries)).astype(np.int64)
-        if total * _SCAN_SHARE > len(queries) * self._sealed and not cut.any():
-            cells = len(queries) * self._row_count()
-            if cells <= _SCAN_MAX_CELLS:
-                return None, True
+        if self._scans(total, len(queries)) and not cut.any():
+            self._scanning = True
+            return None, True
         # each candidate against its query's fingerprint, in one compiled pass over the arena; the range of each near
         # one found from its place among them, and its position in the arena from that (they are few: cheaper than
         # the range and position of every candidate)
@@ -623,6 +629,26 @@ class MemoryIndex(CopyRows):
                 weight[cut[query_of_near[dead]]] = 1
             self._waste(positions[dead], weight)
         return (query_of_near[live], rows[live], np.bitwise_count(apart[live])), once and not cut.any()
+
+    def _scans(self, total: int, n: int) -> bool:
+        """Whether a send of `n` queries whose probes reach `total` candidates is compared with every row instead."""
+        return total * _SCAN_SHARE > n * self._sealed and n * self._row_count() <= _SCAN_MAX_CELLS
+
+    def _scan_counted(self, tables: list[np.ndarray], grid: np.ndarray, verified: np.ndarray, budget: int) -> bool:
+        """For a send after one compared with every row (a near storm's next, most likely), its candidates counted
+        without their ranges: each query's probes' in each tier's table, in one compiled pass a tier
+        (`probe_totals`), added to `verified`, when the send is compared with every row too (True). False, nothing
+        counted, when it is not (a query past `budget`, or too few candidates): its ranges are then made as any
+        send's. Building the ranges, their budget and their counts only to learn that a storm's send scans was 7 us
+        of its 60 us of search an event (benchmarks/journal/near-storms.md, section 19)."""
+        totals = np.zeros(len(grid), dtype=np.int64)
+        probe_totals = loops().probe_totals
+        for table in tables:
+            probe_totals(table, grid, totals)
+        if (budget > 0 and int(totals.max()) > budget) or not self._scans(int(totals.sum()), len(grid)):
+            return False
+        verified += totals
+        return True
 
     def _scan(self, tiers: list[Tier], queries: np.ndarray, r: int, verified: np.ndarray) -> list[copylisting.Scanned]:
         """Every fingerprint of `tiers` and of the tail, to be compared with each query (a block each: the
