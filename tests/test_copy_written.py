@@ -22,8 +22,9 @@ from worker.bands import BandLayout
 from worker.copywritten import KEPT, WrittenListing
 from worker.snapshot import MemoryIndex
 
-# spelled so that the order they are made in, their numbers' order and their byte order all differ
-_PREFIXES = ["b", "a", "B", "Z", "a-", "", "~", "a\x00", "aa"]
+# spelled so that the order they are made in, their numbers' order and their byte order all differ; the long ones
+# alike in their first 8 bytes and more (the loop sorts by those first, then such runs by every byte)
+_PREFIXES = ["b", "a", "B", "Z", "a-", "", "~", "a\x00", "aa", "incident-2026-", "incident-2026-12-", "incident-"]
 
 
 @pytest.fixture(autouse=True)

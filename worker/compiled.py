@@ -43,6 +43,15 @@ def _popcount(typingctx: Any, value: Any) -> Any:
     return types.uint64(types.uint64), codegen
 
 
+def _jit_inline(function: Any) -> Any:
+    """`_jit` of a small function inlined where it is called (numba's own inlining: a call of one compiled function
+    from another is otherwise a call, each array passed as its parts)."""
+    try:
+        return njit(cache=True, nogil=True, inline="always")(function)
+    except RuntimeError:  # (as _jit's)
+        return njit(nogil=True, inline="always")(function)
+
+
 def _jit(function: Any) -> Any:
     """`function` compiled without the GIL, cached on disk where numba finds a writable place (else compiled in
     each process: numba refuses `cache=True` at decoration when it has none)."""
@@ -200,7 +209,7 @@ def scan_picks(
         room = found
 
 
-@_jit
+@_jit_inline
 def _before(arena: np.ndarray, a: int, a_length: int, b: int, b_length: int) -> bool:  # pragma: no cover
     # (compiled: its coverage is the tests of write_listings) byte order, a prefix before what it begins
     for i in range(min(a_length, b_length)):
@@ -211,7 +220,7 @@ def _before(arena: np.ndarray, a: int, a_length: int, b: int, b_length: int) -> 
     return a_length < b_length
 
 
-@_jit
+@_jit_inline
 def _digits(out: np.ndarray, o: int, value: int) -> int:  # pragma: no cover (as _before)
     # `value` (0 to 99,999) in decimal at out[o:], returns where it ends
     width = 1 if value < 10 else 2 if value < 100 else 3 if value < 1000 else 4 if value < 10_000 else 5
@@ -221,7 +230,7 @@ def _digits(out: np.ndarray, o: int, value: int) -> int:  # pragma: no cover (as
     return o + width
 
 
-@_jit
+@_jit_inline
 def _put(out: np.ndarray, o: int, source: np.ndarray, start: int, length: int) -> int:  # pragma: no cover
     # (as _before) source[start : start + length] at out[o:], byte by byte (a slice assignment compiles to much more
     # code: the loop's compile took 3 s), returns where it ends
@@ -264,6 +273,7 @@ def _write_listings(
     key = np.empty(room, dtype=np.uint64)
     order = np.empty(room, dtype=np.int64)
     spare = np.empty(room, dtype=np.int64)
+    spare_key = np.empty(room, dtype=np.uint64)
     o = 0
     for k in range(bounds.shape[0] - 1):
         out_bounds[k] = o
@@ -291,10 +301,11 @@ def _write_listings(
                             break
                     if same:
                         continue
-                # its first 8 bytes as a number, big-endian (0 past its end): most comparisons are one of these
-                word = np.uint64(0)
+                # its distance, then its first 8 bytes (ASCII: 7 bits each; 0 past its end), as one number: the order
+                # of these numbers is the listing's, but for IDs whose first 8 bytes are the same
+                word = np.uint64(d)
                 for b in range(8):
-                    word = word << np.uint64(8)
+                    word = word << np.uint64(7)
                     if b < length:
                         word = word | np.uint64(arena[start + b])
                 item[e] = i
@@ -302,39 +313,64 @@ def _write_listings(
                 key[e] = word
                 order[e] = e
                 e += 1
-        # sorted by (distance, ID): a merge sort, bottom up, between two buffers
-        source, target = order, spare
-        width = 1
+        # sorted by (distance, ID): the numbers with their places, by an insertion sort of each 16 and then a merge
+        # sort, bottom up, between two pairs of buffers (a comparison is of two numbers read in order, not of two
+        # distances and two first words read through their places: with the helpers inlined, the loop took 12.6 us
+        # instead of 15.2 a storm query; benchmarks/journal/near-storms.md, section 19); then each run of equal
+        # numbers by its IDs' bytes
+        for lo in range(0, e, 16):
+            for i in range(lo + 1, min(lo + 16, e)):
+                word, x = key[i], order[i]
+                j = i - 1
+                while j >= lo and key[j] > word:
+                    key[j + 1] = key[j]
+                    order[j + 1] = order[j]
+                    j -= 1
+                key[j + 1] = word
+                order[j + 1] = x
+        key_from, source, key_to, target = key, order, spare_key, spare
+        width = 16
         while width < e:
-            lo = 0
-            while lo < e:
+            for lo in range(0, e, 2 * width):
                 mid = min(lo + width, e)
                 end = min(lo + 2 * width, e)
                 a, b, t = lo, mid, lo
-                while t < end:
-                    if b >= end:
-                        take_a = True
-                    elif a >= mid:
-                        take_a = False
-                    else:
-                        x, y = source[a], source[b]
-                        if distance[x] != distance[y]:
-                            take_a = distance[x] < distance[y]
-                        elif key[x] != key[y]:
-                            take_a = key[x] < key[y]
-                        else:
-                            p, q = item[x], item[y]
-                            take_a = not _before(arena, item_start[q], item_length[q], item_start[p], item_length[p])
-                    if take_a:
-                        target[t] = source[a]
-                        a += 1
-                    else:
+                while a < mid and b < end:
+                    if key_from[b] < key_from[a]:
+                        key_to[t] = key_from[b]
                         target[t] = source[b]
                         b += 1
+                    else:
+                        key_to[t] = key_from[a]
+                        target[t] = source[a]
+                        a += 1
                     t += 1
-                lo += 2 * width
-            source, target = target, source
+                for c in range(a, mid):  # (what is left of either run)
+                    key_to[t] = key_from[c]
+                    target[t] = source[c]
+                    t += 1
+                for c in range(b, end):
+                    key_to[t] = key_from[c]
+                    target[t] = source[c]
+                    t += 1
+            key_from, source, key_to, target = key_to, target, key_from, source
             width *= 2
+        t = 0
+        while t < e:
+            u = t + 1
+            while u < e and key_from[u] == key_from[t]:
+                u += 1
+            for v in range(t + 1, u):  # (IDs alike in their first 8 bytes: rare, a few of them)
+                x = source[v]
+                j = v - 1
+                while j >= t:
+                    p, q = item[x], item[source[j]]
+                    if not _before(arena, item_start[p], item_length[p], item_start[q], item_length[q]):
+                        break
+                    source[j + 1] = source[j]
+                    j -= 1
+                source[j + 1] = x
+            t = u
         # listed: every ID before the cap's distance, then the first `need` of its
         n, at_cap, plain, entries = 0, 0, True, 0
         for t in range(e):
