@@ -198,22 +198,26 @@ def _listings(
     """Each query's result: the rows its cap reaches (`cell`: query x (r + 1) + distance, and `rows`), listed: by
     the compiled loop where it can (`_written`), else in Python (`_listed`)."""
     n = len(queries)
-    order = np.argsort(cell, kind="stable")
+    # (a stable sort of 16-bit numbers is a radix sort: 3x faster than of the int64 cells a storm's send has)
+    order = np.argsort(cell.astype(np.uint16) if n * (r + 1) <= 1 << 16 else cell, kind="stable")
     cell, rows = cell[order], rows[order]
     bounds = np.searchsorted(cell, np.arange(n + 1) * (r + 1)).tolist()
     distance_of = cell % (r + 1)
     written = _written(copy, queries, rows, distance_of, bounds, last, need, limit, shown)
-    members = copy._members_of(rows) if written is None or None in written else []
-    distances = distance_of.tolist()
+    members, distances = [], []
+    if written is None or None in written:
+        members, distances = copy._members_of(rows), distance_of.tolist()
     results = []
-    for k, (_, exclude) in enumerate(queries):
+    for k, (_, exclude), count, candidates, stopped in zip(
+        range(n), queries, counts.tolist(), verified.tolist(), cut.tolist(), strict=True
+    ):
         lo, hi = bounds[k], bounds[k + 1]
         listed: Sequence[tuple[str, int]] = []
         if written is not None and written[k] is not None:
             listed = written[k]  # type: ignore[assignment]
         elif hi > lo:
             listed = _listed(members[lo:hi], distances[lo:hi], int(last[k]), int(need[k]), exclude)
-        results.append(SearchResult(int(counts[k]), listed, int(verified[k]), bool(cut[k])))
+        results.append(SearchResult(count, listed, candidates, stopped))
     return results
 
 
