@@ -191,6 +191,47 @@ def test_a_claim_of_json_is_read_in_full_when_a_change_touched_a_listed_match(re
     assert index.get("other") is None
 
 
+@pytest.mark.parametrize("as_json", [True, False])
+def test_a_window_match_at_the_last_listed_distance_comes_in_by_its_id(redis_client, as_json: bool) -> None:
+    """A claim lists up to its last listed match (not every match): a change of its window at that match's distance
+    comes into the listing by its ID (before it: listed; after it: the copy may have more there, so not), one past
+    that distance is counted and never listed (validate_snapshot does not make it an addition). Both forms of the
+    claim, against the oracle."""
+    redis_client.flushall()
+    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
+    index.open()
+    query = 0x0F0F_0000_FFFF_1234
+    oracle = Oracle(7)
+    for k in range(10):
+        fp = query ^ (0b11 << (2 * k))  # each at distance 2
+        index.add_fingerprint(f"n{k}", fp)
+        oracle.add(f"n{k}", fp)
+    follower = ChangeFollower(redis_client, index.keys, index.layout)
+    follower.load()
+    # after the copy's position: two at the listing's last distance (one before its last listed ID, "n5", one after
+    # every listed one) and one past it
+    for incident_id, fp in (("n25", query ^ (0b11 << 50)), ("n55", query ^ (0b11 << 54)), ("a", query ^ 0b111 << 40)):
+        index.add_fingerprint(incident_id, fp)
+        oracle.add(incident_id, fp)
+    redis_client.xgroup_create(STREAM.events_stream, "g", id="0", mkstream=True)
+    redis_client.xadd(STREAM.events_stream, {"n": "1"})
+    [[_, [(entry_id, _)]]] = redis_client.xreadgroup("g", "w", {STREAM.events_stream: ">"}, count=1)
+    result = follower.index.search(query, exclude="new", limit=4 + 2, shown=4)
+    assert [m for m, _ in result.matches] == ["n0", "n1", "n2", "n3", "n4", "n5"]
+    listed = result.matches if as_json else list(result.matches)
+    claim = SnapshotClaim(follower.index.position, result.match_count, listed, False)
+    command = index.apply_command(
+        "add", "new", query, stream=STREAM, entry_id=_text(entry_id), max_matches=4, snapshot=claim
+    )
+    reply = parse_apply(redis_client.execute_command(*command))
+    expected = oracle.matches(query)
+    assert [m for m, _ in expected[:4]] == ["n0", "n1", "n2", "n25"]
+    assert (reply.status, reply.match_count, reply.matches) == ("indexed", 13, expected[:4])
+    [(_, alert)] = redis_client.xrange(STREAM.alerts_stream)
+    matches = json.loads(_text(alert[b"matches" if b"matches" in alert else "matches"]))
+    assert [(m["incident_id"], m["distance"]) for m in matches] == expected[:4]
+
+
 @pytest.mark.parametrize("shown", [4, 0, 2])
 @pytest.mark.parametrize("window", ["none", "after_the_cut", "before_the_cut"])
 def test_a_claim_over_the_cap_is_cut_where_the_worker_closed_it(redis_client, window: str, shown: int) -> None:
