@@ -13,8 +13,9 @@ from redis.exceptions import ResponseError
 
 from tests.oracle import GroupOracle, clustered, flip
 from worker.index import FingerprintIndex, Group
-from worker.library import SnapshotClaim, parse_apply
+from worker.library import SnapshotClaim, apply_batch, parse_apply
 from worker.readpath import ChangeFollower
+from worker.transport import execute
 
 
 def _text(value: object) -> str:
@@ -117,6 +118,33 @@ def test_every_incident_is_in_the_group_the_reference_gives(redis_client, seed, 
             assert (result.group_id, result.group_size) == oracle.groups()[incident_id]
         _assert_groups(index, oracle)
     _assert_groups(index, oracle)
+
+
+def test_one_batch_keeps_the_active_groups_of_every_join_after_a_group_ends(redis_client) -> None:
+    """The calls of one apply_batch share their group keys, resolved labels and the labels they scored in
+    {N}:groupactive: a group joined, back to its opener alone (taken out of the active groups) and joined again in
+    the same batch is active again at the end, and every incident's group is the reference's."""
+    redis_client.flushall()
+    index = FingerprintIndex(redis_client, "g", bands=4, max_distance=7)
+    index.open()
+    oracle = GroupOracle(7)
+    fp = 0x0F0F_0000_FFFF_1234
+    for incident_id, bits in (("a", 0), ("b", 1)):
+        index.add_fingerprint(incident_id, fp ^ bits)
+        oracle.add(incident_id, fp ^ bits)
+    commands = []
+    for op, incident_id, bits in (("add", "c", 2), ("delete", "b", None), ("delete", "c", None), ("add", "d", 4)):
+        if op == "add":
+            commands.append(index.apply_command("add", incident_id, fp ^ bits))
+            oracle.add(incident_id, fp ^ bits)
+        else:
+            commands.append(index.apply_command("delete", incident_id, None))
+            oracle.delete(incident_id)
+    replies = [parse_apply(reply) for reply in execute(redis_client, [apply_batch(commands)])[0]]
+    assert [r.status for r in replies] == ["indexed", "deleted", "deleted", "indexed"]
+    assert (replies[-1].group_id, replies[-1].group_size) == ("a", 2)
+    _assert_groups(index, oracle)
+    assert [_text(m) for m in redis_client.zrange(index.keys.group_active, 0, -1)] == ["a"]
 
 
 def test_a_group_keeps_its_label_when_its_opener_leaves_and_ends_with_its_last_member(redis_client) -> None:

@@ -198,7 +198,7 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
     redis.call('HDEL', fp_key, id)
     stored_now(context, fp_key, id, false)
     redis.call('ZREM', expiry_key, id)
-    group_leave(group_keys(meta_key), fp_key, id)
+    group_leave(context_group_keys(context, meta_key), fp_key, id)
     log_change(context, changes_key, op, id, '', old)
     if streaming then ack_entry(context, events_key, group, entry_id) end
     return {'deleted', 0, 0, ''}
@@ -208,7 +208,7 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
   if old == fp then
     if retention_window(meta.retention_ms) then redis.call('ZADD', expiry_key, now_ms(), id) end
     if streaming then ack_entry(context, events_key, group, entry_id) end
-    local gk = group_keys(meta_key)
+    local gk = context_group_keys(context, meta_key)
     local label = group_label(gk, id)
     return {'repeat', 0, 0, '', label, group_size(gk, label)}
   end
@@ -227,7 +227,7 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
 
   -- Nothing refuses from here on. An upsert takes its old self out first: it never matches itself, and a
   -- representative leaving hands its postings to a twin, which then matches like any other incident.
-  local gk = group_keys(meta_key)
+  local gk = context_group_keys(context, meta_key)
   if old then
     unindex(id, old_group, call_keys(call_keys({}, keys, ko, nk, FIRST + n_new, FIRST - 1 + n_new + n_old),
                                      keys, ko, nk, LAST_PROBE + t_new + 1, nk))

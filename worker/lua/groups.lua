@@ -24,9 +24,30 @@ local function group_keys(meta_key)
           active = prefix .. 'groupactive'}
 end
 
+-- The group keys the calls of one FCALL share (`context`: apply_batch's), with what they may also share: the labels
+-- resolved (only group_merge, an FCALL of its own, changes {N}:groupmerged), the server's time when a join first
+-- needed it (`now`: one score in {N}:groupactive for the FCALL's joins, a few ms apart at most) and the labels given
+-- it there since (forgotten at a ZREM or a trim). A near storm's events each join one group: three of a join's
+-- commands were these (benchmarks/journal/near-storms.md, section 19).
+local function context_group_keys(context, meta_key)
+  local gk = context.group_keys
+  if gk and gk.meta == meta_key then return gk end
+  gk = group_keys(meta_key)
+  gk.meta, gk.resolved, gk.scored = meta_key, {}, {}
+  context.group_keys = gk
+  return gk
+end
+
 -- A label, or the label it was merged into (merges keep that one hop: see group_merge).
 local function resolve_label(gk, label)
-  return redis.call('HGET', gk.merged, label) or label
+  local resolved = gk.resolved
+  if not resolved then return redis.call('HGET', gk.merged, label) or label end
+  local known = resolved[label]
+  if not known then
+    known = redis.call('HGET', gk.merged, label) or label
+    resolved[label] = known
+  end
+  return known
 end
 
 -- The group of an indexed incident.
@@ -49,14 +70,12 @@ local function group_leave(gk, fp_key, id)
   local size = tonumber(redis.call('HGET', gk.size, label))
   if not size then return end  -- it was alone in the group it opened: nothing was stored
   size = size - 1
-  if size <= 0 then
+  if size <= 0 or size == 1 and label ~= id and redis.call('HEXISTS', gk.member, label) == 0 and
+                 redis.call('HEXISTS', fp_key, label) == 1 then
+    -- (size 1: the one left is the incident that opened the group, alone again: back to costing nothing)
     redis.call('HDEL', gk.size, label)
     redis.call('ZREM', gk.active, label)
-  elseif size == 1 and label ~= id and redis.call('HEXISTS', gk.member, label) == 0 and
-         redis.call('HEXISTS', fp_key, label) == 1 then
-    -- the one left is the incident that opened the group, alone again: back to costing nothing
-    redis.call('HDEL', gk.size, label)
-    redis.call('ZREM', gk.active, label)
+    if gk.scored then gk.scored[label] = nil end
   else
     redis.call('HSET', gk.size, label, size)
   end
@@ -73,9 +92,20 @@ local function group_join(gk, id, match)
     size = 2
     redis.call('HSET', gk.size, label, 2)
   end
-  if redis.call('ZADD', gk.active, now_ms(), label) == 1 then
-    local held = redis.call('ZCARD', gk.active)
-    if held > ACTIVE_KEPT + ACTIVE_SLACK then redis.call('ZREMRANGEBYRANK', gk.active, 0, held - ACTIVE_KEPT - 1) end
+  local scored = gk.scored
+  if not (scored and scored[label]) then
+    if scored and not gk.now then gk.now = now_ms() end
+    if redis.call('ZADD', gk.active, gk.now or now_ms(), label) == 1 then
+      local held = redis.call('ZCARD', gk.active)
+      if held > ACTIVE_KEPT + ACTIVE_SLACK then
+        redis.call('ZREMRANGEBYRANK', gk.active, 0, held - ACTIVE_KEPT - 1)
+        if scored then
+          scored = {}
+          gk.scored = scored
+        end
+      end
+    end
+    if scored then scored[label] = true end
   end
   return label, size
 end
