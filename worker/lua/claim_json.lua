@@ -70,7 +70,8 @@ local function json_entry(c, k)
   if not at then return nil end
   local middle = e - 13 - (d < 10 and 1 or 2)  -- where '","distance":' starts
   local arg = c.arg
-  if middle < at + 16 or string.sub(arg, at, at + 15) ~= JSON_HEAD or string.sub(arg, middle, middle + 12) ~= JSON_MIDDLE
+  -- (found in place rather than cut out and compared: no string made for either)
+  if middle < at + 16 or string.find(arg, JSON_HEAD, at, true) ~= at or string.find(arg, JSON_MIDDLE, middle, true) ~= middle
   then
     return nil
   end
