@@ -191,12 +191,8 @@ def test_a_claim_of_json_is_read_in_full_when_a_change_touched_a_listed_match(re
     assert index.get("other") is None
 
 
-@pytest.mark.parametrize("as_json", [True, False])
-def test_a_window_match_at_the_last_listed_distance_comes_in_by_its_id(redis_client, as_json: bool) -> None:
-    """A claim lists up to its last listed match (not every match): a change of its window at that match's distance
-    comes into the listing by its ID (before it: listed; after it: the copy may have more there, so not), one past
-    that distance is counted and never listed (validate_snapshot does not make it an addition). Both forms of the
-    claim, against the oracle."""
+def _ten_at_distance_two(redis_client) -> tuple[FingerprintIndex, Oracle, ChangeFollower, int]:
+    """An index of n0 .. n9, each at distance 2 of the query, and a copy of it loaded."""
     redis_client.flushall()
     index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
     index.open()
@@ -208,6 +204,16 @@ def test_a_window_match_at_the_last_listed_distance_comes_in_by_its_id(redis_cli
         oracle.add(f"n{k}", fp)
     follower = ChangeFollower(redis_client, index.keys, index.layout)
     follower.load()
+    return index, oracle, follower, query
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_a_window_match_at_the_last_listed_distance_comes_in_by_its_id(redis_client, as_json: bool) -> None:
+    """A claim lists up to its last listed match (not every match): a change of its window at that match's distance
+    comes into the listing by its ID (before it: listed; after it: the copy may have more there, so not), one past
+    that distance is counted and never listed (validate_snapshot does not make it an addition). Both forms of the
+    claim, against the oracle."""
+    index, oracle, follower, query = _ten_at_distance_two(redis_client)
     # after the copy's position: two at the listing's last distance (one before its last listed ID, "n5", one after
     # every listed one) and one past it
     for incident_id, fp in (("n25", query ^ (0b11 << 50)), ("n55", query ^ (0b11 << 54)), ("a", query ^ 0b111 << 40)):
@@ -239,17 +245,7 @@ def test_a_claim_over_the_cap_is_cut_where_the_worker_closed_it(redis_client, wi
     no change of the window among the alert's matches its alert is the claim's own JSON up to there; an addition
     before the cut is spliced in; a claim closed elsewhere (written for another cap: after its last, or before the
     alert's) is cut around its ']'. Each alert is the oracle's."""
-    redis_client.flushall()
-    index = FingerprintIndex(redis_client, "v", bands=4, max_distance=7)
-    index.open()
-    query = 0x0F0F_0000_FFFF_1234
-    oracle = Oracle(7)
-    for k in range(10):
-        fp = query ^ (0b11 << (2 * k))  # each at distance 2
-        index.add_fingerprint(f"n{k}", fp)
-        oracle.add(f"n{k}", fp)
-    follower = ChangeFollower(redis_client, index.keys, index.layout)
-    follower.load()
+    index, oracle, follower, query = _ten_at_distance_two(redis_client)
     if window != "none":
         # a new match after the copy's position: at distance 3 after the alert's 4 (all at 2), or 1 before them
         fp = query ^ (0b111 << 40) if window == "after_the_cut" else query ^ (1 << 63)
