@@ -238,6 +238,38 @@ def test_a_window_match_at_the_last_listed_distance_comes_in_by_its_id(redis_cli
     assert [(m["incident_id"], m["distance"]) for m in matches] == expected[:4]
 
 
+@pytest.mark.parametrize("as_json", [True, False])
+@pytest.mark.parametrize("added", [("n35", "n45"), ("n15", "n45")])
+def test_window_matches_between_the_alerts_last_and_the_claims_last_leave_the_alert_as_claimed(
+    redis_client, as_json: bool, added: tuple[str, str]
+) -> None:
+    """Additions that come after the alert's last listed match (the claim's m-th, n3) but before the claim's last
+    (n5): the alert is the claim's own head (taken whole), the count has them, the reply's pairs are the head's; with
+    one before the cut as well, it is spliced in. Both forms of the claim, against the oracle."""
+    index, oracle, follower, query = _ten_at_distance_two(redis_client)
+    for incident_id, bits in zip(added, (0b11 << 50, 0b11 << 54), strict=True):
+        index.add_fingerprint(incident_id, query ^ bits)
+        oracle.add(incident_id, query ^ bits)
+    redis_client.xgroup_create(STREAM.events_stream, "g", id="0", mkstream=True)
+    redis_client.xadd(STREAM.events_stream, {"n": "1"})
+    [[_, [(entry_id, _)]]] = redis_client.xreadgroup("g", "w", {STREAM.events_stream: ">"}, count=1)
+    result = follower.index.search(query, exclude="new", limit=4 + 2, shown=4)
+    listed = result.matches if as_json else list(result.matches)
+    claim = SnapshotClaim(follower.index.position, result.match_count, listed, False)
+    command = index.apply_command(
+        "add", "new", query, stream=STREAM, entry_id=_text(entry_id), max_matches=4, snapshot=claim, max_replied=2
+    )
+    reply = parse_apply(redis_client.execute_command(*command))
+    expected = oracle.matches(query)
+    assert [m for m, _ in expected[:4]] == (
+        ["n0", "n1", "n2", "n3"] if added[0] == "n35" else ["n0", "n1", "n15", "n2"]
+    )
+    assert (reply.status, reply.match_count, reply.matches) == ("indexed", 12, expected[:2])
+    [(_, alert)] = redis_client.xrange(STREAM.alerts_stream)
+    matches = json.loads(_text(alert[b"matches" if b"matches" in alert else "matches"]))
+    assert [(m["incident_id"], m["distance"]) for m in matches] == expected[:4]
+
+
 @pytest.mark.parametrize("shown", [4, 0, 2])
 @pytest.mark.parametrize("window", ["none", "after_the_cut", "before_the_cut"])
 def test_a_claim_over_the_cap_is_cut_where_the_worker_closed_it(redis_client, window: str, shown: int) -> None:
