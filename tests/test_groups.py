@@ -147,6 +147,23 @@ def test_one_batch_keeps_the_active_groups_of_every_join_after_a_group_ends(redi
     assert [_text(m) for m in redis_client.zrange(index.keys.group_active, 0, -1)] == ["a"]
 
 
+def test_a_batch_joins_a_group_again_after_the_trim_its_own_join_set_off(redis_client) -> None:
+    """A join whose ZADD trims {N}:groupactive may trim its own label (its score the lowest: a server clock stepped
+    back behind the scores kept, or labels that tie at one batch's time); the batch's next join of that group must
+    add it again, as a call of its own would."""
+    redis_client.flushall()
+    index = FingerprintIndex(redis_client, "g", bands=4, max_distance=7)
+    index.open()
+    fp = 0x0F0F_0000_FFFF_1234
+    index.add_fingerprint("a", fp)
+    # 1,100 groups last joined later than the server's clock now says (kept: the trim starts at 1,100 + 1)
+    redis_client.zadd(index.keys.group_active, {f"z{k:05d}": 9e15 for k in range(1100)})
+    commands = [index.apply_command("add", "c", fp ^ 1), index.apply_command("add", "d", fp ^ 2)]
+    replies = [parse_apply(reply) for reply in execute(redis_client, [apply_batch(commands)])[0]]
+    assert [(r.group_id, r.group_size) for r in replies] == [("a", 2), ("a", 3)]
+    assert redis_client.zscore(index.keys.group_active, "a") is not None
+
+
 def test_a_group_keeps_its_label_when_its_opener_leaves_and_ends_with_its_last_member(redis_client) -> None:
     """The opener's ID stays the label; a new incident with that ID opens a group of its own under another label
     (the old one is live); the last member leaving ends the group: nothing of it is left in Redis."""

@@ -95,17 +95,21 @@ local function group_join(gk, id, match)
   local scored = gk.scored
   if not (scored and scored[label]) then
     if scored and not gk.now then gk.now = now_ms() end
+    local trimmed = false
     if redis.call('ZADD', gk.active, gk.now or now_ms(), label) == 1 then
       local held = redis.call('ZCARD', gk.active)
       if held > ACTIVE_KEPT + ACTIVE_SLACK then
         redis.call('ZREMRANGEBYRANK', gk.active, 0, held - ACTIVE_KEPT - 1)
-        if scored then
-          scored = {}
-          gk.scored = scored
-        end
+        trimmed = true
       end
     end
-    if scored then scored[label] = true end
+    -- (a trim may have taken any label scored so far, this one too: one that ties at `now`, or a clock behind the
+    -- scores kept; none is known to be there after it)
+    if trimmed then
+      gk.scored = scored and {}
+    elseif scored then
+      scored[label] = true
+    end
   end
   return label, size
 end
