@@ -17,7 +17,8 @@ import re
 import shutil
 from pathlib import Path
 
-from worker.devtools.benchmark import code_version, markdown, page_blocks, update_page
+from worker.devtools.benchio import code_version
+from worker.devtools.benchmark import markdown, page_blocks, update_page
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "BENCHMARKS.md"

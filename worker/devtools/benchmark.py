@@ -22,40 +22,34 @@ from __future__ import annotations
 import csv
 import multiprocessing as mp
 import os
-import platform
 import resource
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from .. import __version__, library
-from ..bands import DEFAULT_BANDS, DEFAULT_MAX_DISTANCE, BandLayout, copies_bands, recommend_bands
+from .. import library
+from ..bands import DEFAULT_BANDS, BandLayout, copies_bands, recommend_bands
 from ..fingerprint import fingerprint, fingerprint_reference
-from ..formats import IncidentEvent
 from ..index import FingerprintIndex
 from ..keys import IndexKeys
 from ..library import FN_TRIM_CHANGES
 from ..limits import DEFAULT_SNAPSHOT_MAX_CANDIDATES
 from ..metrics import Metrics
 from ..readpath import SNAPSHOT_SEND
-from ..replies import group_info
 from ..replies import text as as_text
 from ..snapshot import MemoryIndex
-from ..text import TOKENIZER_VERSION
+from .benchio import backlog_done, fcall_usec, packed_xadds, publish, run_header, send_xadds, server_cpu, stream_fields
 from .benchpage import main, markdown, page_blocks, update_page
 from .workload import Workload
 
-__all__ = ["code_version", "markdown", "page_blocks", "run_benchmark", "update_page"]
+__all__ = ["markdown", "page_blocks", "run_benchmark", "update_page"]
 
 CLASSIC_BANDS = 8
 
@@ -218,59 +212,6 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _server_usec(client: redis.Redis) -> float:
-    """Microseconds Redis spent in the worker's function calls (INFO commandstats of FCALL, which includes the
-    commands the functions run: counting those too would count them twice)."""
-    stats = client.info("commandstats")
-    return float(stats.get("cmdstat_fcall", {}).get("usec", 0))
-
-
-def _server_cpu(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
-
-
-def _backlog_done(client: redis.Redis, events: str, group: str) -> bool:
-    try:
-        info = group_info(client, events, group)
-    except redis.ResponseError:
-        return False
-    return info is not None and int(info["pending"]) == 0 and int(info.get("lag") or 0) == 0
-
-
-def _publish(client: redis.Redis, stream: str, events: list[dict[str, str]]) -> None:
-    """XADD `events` to `stream`, written and sent at once (a throughput measure writes them before its clock)."""
-    _send_xadds(client, _packed_xadds(client, stream, events))
-
-
-def _packed_xadds(client: redis.Redis, stream: str, events: list[dict[str, str]]) -> list[tuple[list[bytes], int]]:
-    """The XADDs of `events` written for the wire, 2,000 a chunk (with each chunk's count): the producer's work, which
-    a throughput measurement does before its clock starts (`_send_xadds` sends them in it). On this 2-core machine
-    the benchmark's own redis-py pipeline took about 25 us of CPU an event from the workers."""
-    connection = client.connection_pool.get_connection()
-    chunks = [events[k : k + 2000] for k in range(0, len(events), 2000)]
-    try:
-        pack = connection.pack_commands
-        return [(pack([("XADD", stream, "*", *(p for f in e.items() for p in f)) for e in c]), len(c)) for c in chunks]
-    finally:
-        client.connection_pool.release(connection)
-
-
-def _send_xadds(client: redis.Redis, chunks: list[tuple[list[bytes], int]]) -> None:
-    """Send `_packed_xadds`' chunks, each after the previous one's replies (an error reply raises)."""
-    connection = client.connection_pool.get_connection()
-    try:
-        for packed, count in chunks:
-            connection.send_packed_command(packed)
-            for _ in range(count):
-                connection.read_response()
-    except BaseException:
-        connection.disconnect()
-        raise
-    finally:
-        client.connection_pool.release(connection)
-
-
 class _Events:
     """The benchmark's incidents: synthetic (a seeded Zipf workload) or real log lines turned into bags."""
 
@@ -315,10 +256,6 @@ class _Events:
         return out
 
 
-def _stream_fields(items: list[tuple[str, dict[str, int]]]) -> list[dict[str, str]]:
-    return [IncidentEvent(incident_id=i, features=bag).to_fields() for i, bag in items]
-
-
 # -- measurements ---------------------------------------------------------------------------------------------
 
 
@@ -352,15 +289,15 @@ class Bench:
         startup = self._wait_for_workers(keys, workers)
         # the producer's work (the entries, and their XADDs written for the wire) done before the clock starts, not
         # charged to the workers; sending them and Redis's appends are in it
-        xadds = _packed_xadds(self.client, keys.events_stream, _stream_fields(items))
-        usec0, cpu0 = _server_usec(self.client), _server_cpu(self.client)
+        xadds = packed_xadds(self.client, keys.events_stream, stream_fields(items))
+        usec0, cpu0 = fcall_usec(self.client), server_cpu(self.client)
         started = time.time()
-        _send_xadds(self.client, xadds)
+        send_xadds(self.client, xadds)
         deadline = time.monotonic() + (self.cap_s if cap_s is None else cap_s)
-        while time.monotonic() < deadline and not _backlog_done(self.client, keys.events_stream, "incident-workers"):
+        while time.monotonic() < deadline and not backlog_done(self.client, keys.events_stream, "incident-workers"):
             time.sleep(0.02)
         reports = run.finish()
-        usec1, cpu1 = _server_usec(self.client), _server_cpu(self.client)
+        usec1, cpu1 = fcall_usec(self.client), server_cpu(self.client)
         done = sum(r["count"] for r in reports)
         last = max((r["last"] for r in reports if r["count"]), default=started)
         candidates = [c for r in reports for c in r["candidates"]]
@@ -397,7 +334,7 @@ class Bench:
         """p50/p99 from XADD to acknowledgement with one worker fed at a steady `rate` events/s."""
         keys = IndexKeys(namespace)
         count = max(200, min(int(rate * self.latency_s), 20_000))
-        items = _stream_fields(self.events.take(count))
+        items = stream_fields(self.events.take(count))
         run = _Run(self.url, namespace, bands, 1, read_path=read_path)
         self._wait_for_workers(keys, 1)
         tick = 0.01
@@ -407,11 +344,11 @@ class Bench:
         while int(sent) < count:
             due = min(count, int((time.monotonic() - started) / tick * per_tick) + 1)
             if due > int(sent):
-                _publish(self.client, keys.events_stream, items[int(sent) : due])
+                publish(self.client, keys.events_stream, items[int(sent) : due])
                 sent = float(due)
             time.sleep(tick / 2)
         deadline = time.monotonic() + self.cap_s
-        while time.monotonic() < deadline and not _backlog_done(self.client, keys.events_stream, "incident-workers"):
+        while time.monotonic() < deadline and not backlog_done(self.client, keys.events_stream, "incident-workers"):
             time.sleep(0.02)
         [report] = run.finish()
         self.client.delete(keys.events_stream)
@@ -623,51 +560,6 @@ def _copy_search(
         "load_s": round(load_s, 2),
         "bytes_per_incident": round(copy.nbytes() / max(len(copy), 1), 1),
         "bands": bands,
-    }
-
-
-def code_version() -> dict[str, Any]:
-    """What the figures describe: the code the run measured.
-
-    `library` (a hash of the Lua source), the tokenizer's version and the layout and read-path defaults are what
-    tests/test_benchmarks_page.py holds against today's code, so that BENCHMARKS.md cannot show figures of code that
-    has since changed where the time goes; `commit` (and whether worker/ had changes not committed) is for people.
-    """
-    return {
-        "commit": _git("rev-parse", "HEAD"),
-        "uncommitted_changes": bool(_git("status", "--porcelain", "--", "worker")),
-        "version": __version__,
-        "library": library.LIBRARY_NAME,
-        "tokenizer_version": TOKENIZER_VERSION,
-        "default_bands": DEFAULT_BANDS,
-        "max_distance": DEFAULT_MAX_DISTANCE,
-        "snapshot_send": SNAPSHOT_SEND,
-    }
-
-
-def _git(*args: str) -> str | None:
-    """Output of a git command in the checkout the worker runs from; None outside one (an installed package)."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip()
-
-
-def run_header(client: redis.Redis) -> dict[str, Any]:
-    """What every benchmark's results start with: when, the command, the code, the machine (load average included)."""
-    return {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": "incident-worker bench " + " ".join(sys.argv[2:]),
-        "code": code_version(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "redis": client.info("server").get("redis_version"),
-            "load_average": [round(x, 2) for x in os.getloadavg()],
-        },
     }
 
 

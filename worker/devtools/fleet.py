@@ -40,15 +40,8 @@ from ..bands import DEFAULT_BANDS
 from ..fingerprint import fingerprint
 from ..index import FingerprintIndex
 from ..keys import IndexKeys
-from .benchmark import (
-    _backlog_done,
-    _packed_xadds,
-    _publish,
-    _Recorder,
-    _send_xadds,
-    _server_cpu,
-    _stream_fields,
-)
+from .benchio import backlog_done, fcall_usec, packed_xadds, publish, send_xadds, server_cpu, stream_fields
+from .benchmark import _Recorder
 from .benchpage import CHANGE_US, PROJECTED, fleet_markdown
 from .redis_server import RedisServer
 from .workload import Workload
@@ -145,7 +138,7 @@ def _publish_at(client: redis.Redis, stream: str, events: list[dict[str, str]], 
     while sent < len(events):
         due = min(len(events), int((time.perf_counter() - began) * rate) + 1)
         if due > sent:
-            _publish(client, stream, events[sent:due])
+            publish(client, stream, events[sent:due])
             sent = due
         time.sleep(0.01)
 
@@ -176,14 +169,6 @@ def _top_level(client: redis.Redis) -> dict[str, tuple[int, float]]:
     return parts
 
 
-def _fcall_usec(client: redis.Redis) -> float:
-    """Microseconds of FCALL on the server (the functions with the commands they run: the atomic step and the reads
-    of new entries). What the workers run outside the functions (the change log their copies follow, above all) is
-    the server's CPU less this; commandstats cannot split it itself, as its other commands count those the
-    functions run too."""
-    return float(client.info("commandstats").get("cmdstat_fcall", {}).get("usec", 0))
-
-
 def run_once(
     primary: RedisServer,
     replica: RedisServer | None,
@@ -198,7 +183,7 @@ def run_once(
     keys = IndexKeys(NAMESPACE)
     context = mp.get_context("spawn")
     stop, results = context.Event(), context.Queue()
-    cpu_before_start = _server_cpu(client)
+    cpu_before_start = server_cpu(client)
     processes = [
         context.Process(
             target=_worker,
@@ -214,33 +199,33 @@ def run_once(
     while client.exists(*beats) < workers and time.monotonic() - started < 300:
         time.sleep(0.05)
     time.sleep(0.3)
-    startup_cpu = _server_cpu(client) - cpu_before_start
+    startup_cpu = server_cpu(client) - cpu_before_start
     if by_command:
         client.config_set("slowlog-log-slower-than", 0)
         client.config_set("slowlog-max-len", 1_000_000)
         client.slowlog_reset()
     stats0 = _commandstats(client)
-    fcall0, cpu0 = _fcall_usec(client), _server_cpu(client)
-    rcpu0 = _server_cpu(replica_client) if replica_client is not None else 0.0
-    fields = _stream_fields(items)
-    written = None if rate else _packed_xadds(client, keys.events_stream, fields)  # (the producer's work: unclocked)
+    fcall0, cpu0 = fcall_usec(client), server_cpu(client)
+    rcpu0 = server_cpu(replica_client) if replica_client is not None else 0.0
+    fields = stream_fields(items)
+    written = None if rate else packed_xadds(client, keys.events_stream, fields)  # (the producer's work: unclocked)
     began = time.perf_counter()
     if written is None:
         _publish_at(client, keys.events_stream, fields, rate)
     else:
-        _send_xadds(client, written)
+        send_xadds(client, written)
     deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and not _backlog_done(client, keys.events_stream, "incident-workers"):
+    while time.monotonic() < deadline and not backlog_done(client, keys.events_stream, "incident-workers"):
         time.sleep(0.02)
     elapsed = time.perf_counter() - began
-    fcall1, cpu1 = _fcall_usec(client), _server_cpu(client)
+    fcall1, cpu1 = fcall_usec(client), server_cpu(client)
     stats1 = _commandstats(client)
     top: dict[str, tuple[int, float]] = {}
     if by_command:
         client.config_set("slowlog-log-slower-than", -1)
         top = _top_level(client)
         client.slowlog_reset()
-    rcpu1 = _server_cpu(replica_client) if replica_client is not None else 0.0
+    rcpu1 = server_cpu(replica_client) if replica_client is not None else 0.0
     stop.set()
     reports = [results.get(timeout=120) for _ in processes]
     for process in processes:

@@ -38,18 +38,8 @@ from ..fingerprint import fingerprint, token_hash
 from ..index import FingerprintIndex
 from ..keys import IndexKeys
 from ..limits import DEFAULT_MAX_CANDIDATES, DEFAULT_SNAPSHOT_MAX_CANDIDATES
-from .benchmark import (
-    Bench,
-    _backlog_done,
-    _Events,
-    _packed_xadds,
-    _Run,
-    _send_xadds,
-    _server_cpu,
-    _server_usec,
-    _stream_fields,
-    run_header,
-)
+from .benchio import backlog_done, fcall_usec, packed_xadds, run_header, send_xadds, server_cpu, stream_fields
+from .benchmark import Bench, _Events, _Run
 from .workload import Workload
 
 __all__ = ["flood_bags", "near_storm_bags", "near_storm_markdown", "run_near_storm"]
@@ -113,14 +103,14 @@ def _phases(
     parts = [items[:edge], items[edge : len(items) - edge], items[len(items) - edge :]]
     # the producer's work (each event's fields, written for the wire) is done before the clocks start: on this
     # 2-core machine it was a quarter of the distinct backlog's measured time, the worker idle meanwhile
-    xadds = [_packed_xadds(client, keys.events_stream, _stream_fields(part)) for part in parts]
+    xadds = [packed_xadds(client, keys.events_stream, stream_fields(part)) for part in parts]
     measured = []
     deadline = time.monotonic() + cap_s
     done_all = True
     for part, written in zip(parts, xadds, strict=True):
-        usec0, cpu0, started = _server_usec(client), _server_cpu(client), time.monotonic()
-        _send_xadds(client, written)
-        while not _backlog_done(client, keys.events_stream, "incident-workers"):
+        usec0, cpu0, started = fcall_usec(client), server_cpu(client), time.monotonic()
+        send_xadds(client, written)
+        while not backlog_done(client, keys.events_stream, "incident-workers"):
             if time.monotonic() > deadline:
                 done_all = False
                 break
@@ -130,8 +120,8 @@ def _phases(
             {
                 "events": len(part),
                 "seconds": seconds,
-                "fcall_usec_per_event": round((_server_usec(client) - usec0) / max(len(part), 1), 1),
-                "redis_cpu_usec_per_event": round((_server_cpu(client) - cpu0) * 1e6 / max(len(part), 1), 1),
+                "fcall_usec_per_event": round((fcall_usec(client) - usec0) / max(len(part), 1), 1),
+                "redis_cpu_usec_per_event": round((server_cpu(client) - cpu0) * 1e6 / max(len(part), 1), 1),
             }
         )
         if not done_all:

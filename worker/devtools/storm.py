@@ -20,7 +20,8 @@ import redis
 from ..bands import DEFAULT_BANDS
 from ..index import FingerprintIndex
 from ..keys import IndexKeys
-from .benchmark import Bench, _Events, run_header
+from .benchio import run_header
+from .benchmark import Bench, _Events
 from .workload import Workload
 
 __all__ = ["run_storm", "storm_markdown"]
