@@ -223,6 +223,26 @@ def test_the_alerts_command_shows_the_text_of_a_text_incident() -> None:
     )
 
 
+def test_the_alerts_command_says_an_incomplete_alert_counts_at_least_its_matches() -> None:
+    from worker.commands.alerts import alert_line
+
+    fields = {
+        "incident_id": "9",
+        "fingerprint": "0" * 16,
+        "matches": '[{"incident_id":"1","distance":2},{"incident_id":"2","distance":3}]',
+        "match_count": "3000",
+        "max_distance": "7",
+        "source_entry": "1-0",
+        "op": "add",
+    }
+    exact = alert_line("1-0", Alert.from_fields(fields))
+    assert ": 3,000 matches within 7: 1 (distance 2), 2 (distance 3) and 2,998 more" in exact
+    assert "at least" not in exact and "incomplete" not in exact
+    cut = alert_line("1-0", Alert.from_fields({**fields, "incomplete": "1"}))
+    assert ": at least 3,000 matches within 7: " in cut
+    assert cut.endswith("(incomplete: the search stopped at the per-event budget)")
+
+
 @pytest.mark.timeout(60)
 def test_a_text_of_a_megabyte_of_slashes_is_dead_lettered_and_the_worker_goes_on(redis_client: redis.Redis) -> None:
     """Once, such a text held each worker that took it for hours (the tokenizer was quadratic in its slashes)."""

@@ -48,11 +48,14 @@ _SINCE = re.compile(r"^\d+(-\d+)?$")
 
 
 def alert_line(entry_id: str, alert: Alert) -> str:
-    """An alert as one line for people: when, which incident, and its closest matches."""
+    """An alert as one line for people: when, which incident, and its closest matches (an incomplete alert's count
+    as the lower bound it is, and why)."""
+    at_least = "at least " if alert.incomplete else ""
     return (
         f"{entry_time_text(entry_id)}  {entry_id}  incident {shown(alert.incident_id)} ({alert.op}, "
-        f"fp {format_fingerprint(alert.fingerprint)}): {plural(alert.match_count, 'match', 'matches')} within "
-        f"{alert.max_distance}: {matches_text(alert.matches, alert.match_count)}"
+        f"fp {format_fingerprint(alert.fingerprint)}): {at_least}{plural(alert.match_count, 'match', 'matches')} "
+        f"within {alert.max_distance}: {matches_text(alert.matches, alert.match_count)}"
+        + ("  (incomplete: the search stopped at the per-event budget)" if alert.incomplete else "")
         + (f"  text: {alert.text!r}" if alert.text is not None else "")
     )
 
