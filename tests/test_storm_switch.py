@@ -135,7 +135,6 @@ def test_an_event_cut_at_the_budget_is_a_storm_whatever_the_mean(redis_client: r
     [
         ("distinct", {}),  # the synthetic workload: a few candidates an event
         ("storm", {"snapshot_storm_candidates": 0}),  # switched off
-        ("storm", {"read_path": "primary"}),  # a worker told to search on the primary does
     ],
 )
 def test_nothing_else_moves_the_search(redis_client: redis.Redis, events: str, overrides: dict[str, Any]) -> None:
@@ -150,3 +149,19 @@ def test_nothing_else_moves_the_search(redis_client: redis.Redis, events: str, o
     assert worker.processor.snapshot is None and not worker.processor.storm.seen
     assert not [w for w in log.warnings if w[0].startswith("storm on the primary")]
     assert_pairs_reported_once(fingerprints(items), alerts(redis_client))
+
+
+def test_a_worker_told_to_search_the_primary_stays_there_and_says_once_what_auto_would_do(
+    redis_client: redis.Redis,
+) -> None:
+    items = _storm(300)
+    publish(redis_client, items)
+    worker, log = _worker(redis_client, read_path="primary")
+    worker.run(until_idle=True)
+    assert worker.processor.snapshot is None and worker.processor.storm.seen
+    assert not [w for w in log.warnings if w[0].startswith("storm on the primary:")]  # (it did not move)
+    [(event, fields)] = [w for w in log.warnings if w[0].startswith("storm on the primary")]
+    assert "READ_PATH=primary keeps its searches there" in event and "READ_PATH=auto" in fields["hint"]
+    assert 2 * fields["matches_per_event"] >= fields["candidates_per_event"] >= 4
+    assert_pairs_reported_once(fingerprints(items), alerts(redis_client))
+    assert redis_client.hlen(FP) == 300 and pending_count(redis_client) == 0

@@ -140,7 +140,7 @@ class Processor:
         self._tokenizer = str(TOKENIZER_VERSION)
         self._snapshot_off_until = 0.0
         # whether the primary's searches met a storm (read_path=auto: choose_read_path)
-        self.storm = StormWatch(settings.snapshot_storm_candidates if settings.read_path == "auto" else 0)
+        self.storm = StormWatch(settings.snapshot_storm_candidates if settings.read_path != "snapshot" else 0)
         self.replica = replica  # where the snapshot path reads its copy, when not the primary (readpath.py)
         self._layout_seen: tuple[str, str] | None = None
         self._inbox_due = True  # move the inbox before the next read
@@ -752,15 +752,25 @@ class Processor:
 
     def _record_batch(self, started: float) -> None:
         """A batch is settled: count it, and see whether its searches on the primary met a storm (`StormWatch`:
-        the worker then searches its own copy from its next batch on, `choose_read_path`)."""
+        with auto, the worker then searches its own copy from its next batch on, `choose_read_path`; told to search
+        on the primary, it says once what that costs and what would not)."""
         self.outcomes.batch_done(time.perf_counter() - started)
         storm = self.storm.batch_done() if self.snapshot is None else None
-        if storm is not None:
+        if storm is None:
+            return
+        if self.settings.read_path == "primary":
             self.log.warning(
-                "storm on the primary: searching this worker's copy of the index from now on",
+                "storm on the primary, and READ_PATH=primary keeps its searches there: each event may verify up to "
+                "MAX_CANDIDATES candidates in Redis's one thread, and is cut there (its alert incomplete)",
                 **storm,
-                hint="SNAPSHOT_STORM_CANDIDATES sets the candidates an event that make a storm (0: none does)",
+                hint="READ_PATH=auto would search this worker's copy of the index from now on, exactly",
             )
+            return
+        self.log.warning(
+            "storm on the primary: searching this worker's copy of the index from now on",
+            **storm,
+            hint="SNAPSHOT_STORM_CANDIDATES sets the candidates an event that make a storm (0: none does)",
+        )
 
 
 def _entry_of(entry_id: Any, fields: Mapping[Any, Any] | None) -> Entry:
