@@ -165,3 +165,44 @@ def test_a_worker_told_to_search_the_primary_stays_there_and_says_once_what_auto
     assert 2 * fields["matches_per_event"] >= fields["candidates_per_event"] >= 4
     assert_pairs_reported_once(fingerprints(items), alerts(redis_client))
     assert redis_client.hlen(FP) == 300 and pending_count(redis_client) == 0
+
+
+@pytest.mark.parametrize("read_path", ["primary", "snapshot"])
+@pytest.mark.parametrize("level", ["info", "warning"])
+def test_the_replies_repeat_the_matches_an_alerts_log_line_names_only_when_it_is_written(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch, read_path: str, level: str
+) -> None:
+    """A reply repeats the closest matches for the alert's INFO line; with that line not written, none (a near storm's
+    reply made and parsed them event after event for nobody), and the alerts and groups are the same."""
+    import io
+    import json
+
+    from worker.index import FingerprintIndex
+    from worker.logs import configure_logging
+    from worker.outcomes import CLOSEST_LOGGED
+
+    asked: list[int | None] = []
+    for name in ("apply_command", "snapshot_adds"):
+        inner = getattr(FingerprintIndex, name)
+
+        def spy(self: Any, *args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+            asked.append(kwargs.get("max_replied"))
+            return _inner(self, *args, **kwargs)
+
+        monkeypatch.setattr(FingerprintIndex, name, spy)
+    items = _storm(120)
+    publish(redis_client, items)
+    out = io.StringIO()
+    configure_logging("json", level, stream=out)
+    worker, _ = _worker(redis_client, read_path=read_path, max_matches=100)
+    worker.run(until_idle=True)
+    assert asked and set(asked) == {CLOSEST_LOGGED if level == "info" else 0}
+    lines = [json.loads(line) for line in out.getvalue().splitlines() if '"event": "alert"' in line]
+    kept = alerts(redis_client)
+    assert len(lines) == (len(kept) if level == "info" else 0)
+    by_id = {alert.incident_id: alert for alert in kept}
+    for line in lines:  # (the closest the alert lists, as the line names them)
+        listed = by_id[line["incident_id"]].matches[:CLOSEST_LOGGED]
+        assert line["closest"] == [f"{m.incident_id}@{m.distance}" for m in listed]
+    assert_pairs_reported_once(fingerprints(items), kept)
+    assert redis_client.hlen(FP) == 120 and pending_count(redis_client) == 0

@@ -26,12 +26,12 @@ FAILED = "failed"
 NOT_PENDING = "not_pending"
 
 _CUT_LOG_S = 10.0
+"""Seconds between two log lines about searches cut at the per-event budget."""
 
 CLOSEST_LOGGED = 5
 """The closest matches an alert's log line names: all of its matches a stream worker reads from the apply call's
-reply (`max_replied`); the alert itself lists the cap (MAX_MATCHES). A near storm's replies repeated 100 matches
-each, for the worker to parse and drop."""
-"""Seconds between two log lines about searches cut at the per-event budget."""
+reply (`max_replied`), and only when that line is written (`Outcomes.replied`); the alert itself lists the cap
+(MAX_MATCHES). A near storm's replies repeated 100 matches each, for the worker to parse and drop."""
 
 
 @dataclass
@@ -209,6 +209,12 @@ class Outcomes:
         """Count one batch and how long it took."""
         self.stats.batches += 1
         self.metrics.batch_seconds.observe(seconds)
+
+    def replied(self) -> int:
+        """Matches an apply call's reply should repeat: those the alert's log line names, none when INFO lines are
+        not written (the alert lists its own; nothing else here reads them, and a near storm's reply would make and
+        send them event after event for nobody)."""
+        return CLOSEST_LOGGED if self._logs(logging.INFO) else 0
 
     def _logs(self, level: int) -> bool:
         """Whether the logger writes lines of `level` (structlog's filtering loggers say so; others: assume)."""

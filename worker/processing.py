@@ -55,7 +55,7 @@ from .library import (
     pack_alert_extra,
     parse_apply,
 )
-from .outcomes import CLOSEST_LOGGED, DEAD, FAILED, NOT_PENDING, Outcomes
+from .outcomes import DEAD, FAILED, NOT_PENDING, Outcomes
 from .readpath import SNAPSHOT_SEND, SnapshotLostError, SnapshotReader
 from .replies import text
 from .settings import ALERT_EVENT_FIELD_CHARS, Settings
@@ -459,7 +459,7 @@ class Processor:
             max_matches=settings.max_matches,
             max_candidates=settings.max_candidates,
             alert_extra=pack_alert_extra(settings.group_open_alerts),
-            max_replied=CLOSEST_LOGGED,  # (the alert lists max_matches; the worker reads only its log line's)
+            max_replied=self.outcomes.replied(),  # (the alert lists max_matches; the worker reads only its log's)
         )
 
     def _claims(self, items: list[_Item]) -> list[SnapshotClaim | None]:
@@ -522,7 +522,7 @@ class Processor:
             snapshot=claim,
             open_alerts=self.settings.group_open_alerts,
             alert_fields=self._alert_fields(item),
-            max_replied=CLOSEST_LOGGED,
+            max_replied=self.outcomes.replied(),
         )
 
     def _alert_fields(self, item: _Item) -> list[tuple[str, str]]:
