@@ -165,6 +165,10 @@ def test_a_worker_told_to_search_the_primary_stays_there_and_says_once_what_auto
     assert 2 * fields["matches_per_event"] >= fields["candidates_per_event"] >= 4
     assert_pairs_reported_once(fingerprints(items), alerts(redis_client))
     assert redis_client.hlen(FP) == 300 and pending_count(redis_client) == 0
+    # and goes on as before the storm: batches read ahead and sent one ahead, many in a round (a first version took
+    # the storm it had met as a move to make, for good: a batch a round, each waiting for the one before)
+    publish(redis_client, [{"incident_id": i, "features": bag} for i, bag in Workload(seed=5).take(640)])
+    assert worker.read_and_process() > 4 * 32
 
 
 @pytest.mark.parametrize("read_path", ["primary", "snapshot"])

@@ -139,7 +139,7 @@ class Processor:
         self._reader = _reader()
         self._tokenizer = str(TOKENIZER_VERSION)
         self._snapshot_off_until = 0.0
-        # whether the primary's searches met a storm (read_path=auto: choose_read_path)
+        # whether the primary's searches met a storm (auto: choose_read_path moves to the copy; primary: said once)
         self.storm = StormWatch(settings.snapshot_storm_candidates if settings.read_path != "snapshot" else 0)
         self.replica = replica  # where the snapshot path reads its copy, when not the primary (readpath.py)
         self._layout_seen: tuple[str, str] | None = None
@@ -177,6 +177,11 @@ class Processor:
         except (DamagedMetaError, SnapshotLostError) as error:
             self._snapshot_off(error)
 
+    def _storm_moves(self) -> bool:
+        """Whether a storm met on the primary is to move this worker's search to its copy, which it has not yet (a
+        worker told to search on the primary only says it met one: `_record_batch`)."""
+        return self.storm.seen and self.snapshot is None and self.settings.read_path != "primary"
+
     def _snapshot_off(self, error: DamagedMetaError | SnapshotLostError) -> None:
         """Search on the primary for a while: the copy cannot be validated (its change log's floor is damaged), or
         could not be loaded (each load lost its position to a trim: CHANGES_KEEP shorter than a load takes)."""
@@ -201,7 +206,7 @@ class Processor:
         pending.
         """
         self._inbox_due = True
-        if self.storm.seen and self.snapshot is None:
+        if self._storm_moves():
             self.choose_read_path()
         entries = self._read()
         if not entries:
@@ -213,7 +218,7 @@ class Processor:
         flight: Flight | None = None
         with self.index.transport() as calls:
             while items:
-                if self.storm.seen and self.snapshot is None:
+                if self._storm_moves():
                     # a storm met by a batch settled in this round: the batches in flight settle, and those read
                     # but not sent yet search the copy (choose_read_path), not the primary
                     while sent:
@@ -221,7 +226,7 @@ class Processor:
                     self.choose_read_path()
                 ahead = None
                 # (a storm met on the primary while the copy cannot be had ends the round: choose_read_path)
-                if not self._stop.is_set() and time.monotonic() < until and (self.snapshot or not self.storm.seen):
+                if not self._stop.is_set() and time.monotonic() < until and not self._storm_moves():
                     ahead = self._reader.submit(self._read_ahead)
                 # a snapshot is validated from the moment it is sent: no batch goes out with a copy one batch behind
                 flies = self._flies(items)
@@ -761,7 +766,7 @@ class Processor:
         if self.settings.read_path == "primary":
             self.log.warning(
                 "storm on the primary, and READ_PATH=primary keeps its searches there: each event may verify up to "
-                "MAX_CANDIDATES candidates in Redis's one thread, and is cut there (its alert incomplete)",
+                "MAX_CANDIDATES candidates in Redis's one thread (past them its search is cut, its alert incomplete)",
                 **storm,
                 hint="READ_PATH=auto would search this worker's copy of the index from now on, exactly",
             )

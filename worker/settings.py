@@ -245,7 +245,8 @@ class Settings(BaseSettings):
         "each on average, or a tenth of that of which at least half matched, or any event cut at max_candidates (a "
         "near-duplicate storm, or bags crafted to share band values), has the worker search its own copy from then "
         "on, whatever the index's size: the storm's cost then "
-        "falls on the worker, not on the primary's one thread. 0: only snapshot_min_incidents decides.",
+        "falls on the worker, not on the primary's one thread (with read_path=primary the worker stays, and says "
+        "once that it met one). 0: only snapshot_min_incidents decides, and nothing is said.",
     )
     snapshot_max_candidates: int = Field(
         DEFAULT_SNAPSHOT_MAX_CANDIDATES,

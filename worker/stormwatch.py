@@ -1,10 +1,11 @@
-"""Whether a worker's searches on the primary met a storm (`READ_PATH=auto`, `SNAPSHOT_STORM_CANDIDATES`: see
+"""Whether a worker's searches on the primary met a storm (`SNAPSHOT_STORM_CANDIDATES`: see
 docs/contract.md, "Snapshot reads"): a batch whose indexed events verified that many candidates each on average, or
 a tenth of that of which at least half matched (a near-duplicate storm, known so in its first few hundred events
 rather than once each event verifies hundreds), or had one cut at the per-event budget. A near-duplicate storm, or
 bags crafted to share band values, would cost the primary's one thread milliseconds an event; on the worker's own
 copy the primary only validates them. `Processor` notes each indexed event's search here and, when a batch ends,
-moves its search to the copy once this says so."""
+moves its search to the copy once this says so (`READ_PATH=auto`; with `READ_PATH=primary` it stays, and says once
+that it met one)."""
 
 from __future__ import annotations
 

@@ -58,11 +58,14 @@ def duration(seconds: float) -> str:
     return f"{seconds / 86400:.1f} days"
 
 
-def matches_text(matches: Sequence[Match], match_count: int, limit: int = SHOWN_MATCHES) -> str:
-    """`47 (distance 0), 90 (distance 2) and 3 more`: the closest `limit` matches of an alert, the rest counted."""
+def matches_text(
+    matches: Sequence[Match], match_count: int, limit: int = SHOWN_MATCHES, *, at_least: bool = False
+) -> str:
+    """`47 (distance 0), 90 (distance 2) and 3 more`: the closest `limit` matches of an alert, the rest counted
+    (`at_least`: an incomplete alert's count, a lower bound)."""
     text = ", ".join(f"{shown(m.incident_id)} (distance {m.distance})" for m in matches[:limit])
     more = match_count - min(limit, len(matches))
-    return text + (f" and {more:,} more" if more > 0 else "")
+    return text + (f" and {'at least ' if at_least else ''}{more:,} more" if more > 0 else "")
 
 
 def print_table(

@@ -54,7 +54,7 @@ def alert_line(entry_id: str, alert: Alert) -> str:
     return (
         f"{entry_time_text(entry_id)}  {entry_id}  incident {shown(alert.incident_id)} ({alert.op}, "
         f"fp {format_fingerprint(alert.fingerprint)}): {at_least}{plural(alert.match_count, 'match', 'matches')} "
-        f"within {alert.max_distance}: {matches_text(alert.matches, alert.match_count)}"
+        f"within {alert.max_distance}: {matches_text(alert.matches, alert.match_count, at_least=alert.incomplete)}"
         + ("  (incomplete: the search stopped at the per-event budget)" if alert.incomplete else "")
         + (f"  text: {alert.text!r}" if alert.text is not None else "")
     )
