@@ -85,16 +85,22 @@ def test_a_text_too_large_for_the_limits_is_refused() -> None:
     assert event_error(caught.value)[0] == "too_many_tokens"
 
 
-def test_an_alert_reads_back_with_and_without_text() -> None:
-    fields = {
-        "incident_id": "2",
+def _alert_fields(incident_id: str, matches: list[tuple[str, int]], match_count: int) -> dict[str, str]:
+    """An alert's stream fields, as the worker writes them."""
+    listed = ",".join(f'{{"incident_id":"{i}","distance":{d}}}' for i, d in matches)
+    return {
+        "incident_id": incident_id,
         "fingerprint": "0" * 16,
-        "matches": '[{"incident_id":"1","distance":0}]',
-        "match_count": "1",
+        "matches": f"[{listed}]",
+        "match_count": str(match_count),
         "max_distance": "7",
         "source_entry": "1-0",
         "op": "add",
     }
+
+
+def test_an_alert_reads_back_with_and_without_text() -> None:
+    fields = _alert_fields("2", [("1", 0)], 1)
     assert Alert.from_fields(fields).text is None
     alert = Alert.from_fields({**fields, "text": "Disk full"})
     assert alert.text == "Disk full" and alert.to_fields() == {**fields, "text": "Disk full"}
@@ -208,15 +214,7 @@ def test_query_of_a_text_refuses_an_index_made_by_another_tokenizer(redis_client
 def test_the_alerts_command_shows_the_text_of_a_text_incident() -> None:
     from worker.commands.alerts import alert_line
 
-    fields = {
-        "incident_id": "3",
-        "fingerprint": "0" * 16,
-        "matches": '[{"incident_id":"1","distance":2}]',
-        "match_count": "1",
-        "max_distance": "7",
-        "source_entry": "1-0",
-        "op": "add",
-    }
+    fields = _alert_fields("3", [("1", 2)], 1)
     assert "text:" not in alert_line("1-0", Alert.from_fields(fields))
     assert "text: 'Disk full on db-12'" in alert_line(
         "1-0", Alert.from_fields({**fields, "text": "Disk full on db-12"})
@@ -226,15 +224,7 @@ def test_the_alerts_command_shows_the_text_of_a_text_incident() -> None:
 def test_the_alerts_command_says_an_incomplete_alert_counts_at_least_its_matches() -> None:
     from worker.commands.alerts import alert_line
 
-    fields = {
-        "incident_id": "9",
-        "fingerprint": "0" * 16,
-        "matches": '[{"incident_id":"1","distance":2},{"incident_id":"2","distance":3}]',
-        "match_count": "3000",
-        "max_distance": "7",
-        "source_entry": "1-0",
-        "op": "add",
-    }
+    fields = _alert_fields("9", [("1", 2), ("2", 3)], 3000)
     exact = alert_line("1-0", Alert.from_fields(fields))
     assert ": 3,000 matches within 7: 1 (distance 2), 2 (distance 3) and 2,998 more" in exact
     assert "at least" not in exact and "incomplete" not in exact
