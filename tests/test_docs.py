@@ -100,7 +100,7 @@ def test_meta_fields_are_documented() -> None:
 
 def test_heartbeat_fields_are_documented() -> None:
     beat = Heartbeat(
-        consumer="c", at=1.0, started=1.0, processed=1, host="h", read_path="snapshot", snapshot_position="1-0"
+        consumer="c", at=1.0, started=1.0, processed=1, cut=1, host="h", read_path="snapshot", snapshot_position="1-0"
     )
     written = set(json.loads(beat.to_value()))
     assert first_column("heartbeat-fields") == written

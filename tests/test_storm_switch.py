@@ -130,6 +130,30 @@ def test_an_event_cut_at_the_budget_is_a_storm_whatever_the_mean(redis_client: r
     assert redis_client.hlen(FP) == 200 and pending_count(redis_client) == 0
 
 
+def test_a_workers_cut_searches_are_in_its_heartbeat_and_stats_says_how_many(
+    redis_client: redis.Redis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On the primary, a budget smaller than the storm cuts its later searches: the worker's beat counts them, and
+    `incident-worker stats` prints the count beside what it processed (an operator without Prometheus sees it)."""
+    from worker.commands.stats import _print_workers, collect_stats
+    from worker.formats import Heartbeat
+
+    publish(redis_client, _storm(200))
+    worker, _ = _worker(redis_client, read_path="primary", max_candidates=20)
+    worker.run(until_idle=True)
+    cut = worker.processor.outcomes.stats.budget_exceeded
+    assert cut > 0
+    worker.heartbeat()  # (as a running worker beats; run() took its beat away as it stopped)
+    settings = worker.settings
+    beat = Heartbeat.from_value("k", "w1", redis_client.get(settings.keys.heartbeat("w1")))
+    assert beat.cut == cut and beat.read_path == "primary"
+    _print_workers(collect_stats(redis_client, settings))
+    assert (
+        f"processed 200, {cut:,} searches cut at the per-event budget, searches on the primary"
+        in capsys.readouterr().out
+    )
+
+
 @pytest.mark.parametrize(
     "events, overrides",
     [

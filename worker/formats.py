@@ -600,6 +600,10 @@ class Heartbeat(BaseModel):
     processed: int | None = Field(
         None, description="entries the worker processed since it started, as of its last round of batches"
     )
+    cut: int | None = Field(
+        None,
+        description="events whose search stopped at the per-event budget since it started (their alerts incomplete)",
+    )
     read_path: str | None = Field(None, description="where its searches run: primary, or snapshot (its own copy)")
     snapshot_position: str | None = Field(None, description="the change-log entry its copy reflects (snapshot)")
     host: str | None = Field(

@@ -92,6 +92,7 @@ class Presence:
             at=round(time.time(), 3),
             started=round(self.started, 3),
             processed=self.stats.processed,
+            cut=self.stats.budget_exceeded,
             read_path="primary" if snapshot is None else "snapshot",
             snapshot_position=None if snapshot is None else snapshot.index.position,
         ).to_value()

@@ -447,12 +447,13 @@ def _print_workers(stats: Stats) -> None:
         ago = f"last beat {duration(max(0.0, stats.now - beat.at))} ago" if beat.at is not None else "beating"
         up = f", up {duration(max(0.0, stats.now - beat.started))}" if beat.started is not None else ""
         processed = "?" if beat.processed is None else beat.processed
+        cut = f", {plural(beat.cut, 'search', 'searches')} cut at the per-event budget" if beat.cut else ""
         path = ""
         if beat.read_path == "snapshot":
             path = f", searches its own copy (snapshot at {beat.snapshot_position})"
         elif beat.read_path is not None:
             path = ", searches on the primary"
-        print(f"  {shown(beat.consumer)}: {ago}{up}, processed {processed}{path}")
+        print(f"  {shown(beat.consumer)}: {ago}{up}, processed {processed}{cut}{path}")
 
 
 def _print_dead(stats: Stats) -> None:
