@@ -164,6 +164,7 @@ class Presence:
             processed=self.stats.processed,
             alerts=self.stats.alerts,
             dead_letters=self.stats.dead_letters,
+            searches_cut=self.stats.budget_exceeded,
             lag=lag,
             pending=pending,
             indexed=size,
