@@ -262,12 +262,31 @@ def _write_listings(
     usable: np.ndarray,
     as_json: bool,
     shown: int,
-    room: int,
-    out: np.ndarray,
-    out_bounds: np.ndarray,
-    out_counts: np.ndarray,
-    out_json: np.ndarray,
-) -> int:  # pragma: no cover (as _before)
+) -> tuple[np.ndarray, int, np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover (as _before)
+    n_queries = bounds.shape[0] - 1
+    # the IDs each usable query takes at most (the sort's room) and the longest of them: a bound of the bytes written
+    # (an entry writes its ID and at most 47 more: an offset, its JSON's text, digits and a comma; a query at most 31)
+    room, total, longest = 1, 0, 0
+    for k in range(n_queries):
+        if not usable[k]:
+            continue
+        cap, wanted, reach = last[k], need[k], 0
+        for j in range(bounds[k], bounds[k + 1]):
+            d = distances[j]
+            if d > cap:
+                continue
+            taken = count[j]
+            if d == cap and taken > wanted + 1:
+                taken = wanted + 1
+            reach += taken
+            for i in range(first[j], first[j] + taken):
+                longest = max(longest, item_length[i])
+        total += reach
+        room = max(room, reach)
+    out = np.empty(total * (48 + longest) + 32 * n_queries + 1, dtype=np.uint8)
+    out_bounds = np.empty(n_queries + 1, dtype=np.int64)
+    out_counts = np.empty(n_queries, dtype=np.int64)
+    out_json = np.empty(n_queries, dtype=np.int64)
     item = np.empty(room, dtype=np.int64)
     distance = np.empty(room, dtype=np.int64)
     key = np.empty(room, dtype=np.uint64)
@@ -461,7 +480,7 @@ def _write_listings(
             out[o + 1] = 10
             o += 2
     out_bounds[bounds.shape[0] - 1] = o
-    return o
+    return out, o, out_bounds, out_counts, out_json
 
 
 def write_listings(
@@ -498,17 +517,7 @@ def write_listings(
     two arguments a match (`$<length>\r\n<ID>\r\n` and the distance's likewise,
     as `snapshotadds._listing` writes them). Returns them all, where each query's start (n + 1), how many each listed,
     and whether each was written as JSON."""
-    n = len(bounds) - 1
-    spans = np.diff(bounds)
-    # the IDs each query takes, at most (its buffers' room), and the bytes they may write
-    taken = np.where(distances < last.repeat(spans), count, np.minimum(count, need.repeat(spans) + 1))
-    within = np.concatenate(([0], taken.cumsum()))
-    room = int((within[bounds[1:]] - within[bounds[:-1]]).max(initial=0))
-    out = np.empty(int(within[-1]) * (48 + int(item_length.max(initial=0))) + 32 * n + 1, dtype=np.uint8)
-    out_bounds = np.empty(n + 1, dtype=np.int64)
-    out_counts = np.empty(n, dtype=np.int64)
-    out_json = np.empty(n, dtype=np.int64)
-    end = _write_listings(
+    out, end, out_bounds, out_counts, out_json = _write_listings(
         arena,
         item_start,
         item_length,
@@ -528,11 +537,6 @@ def write_listings(
         usable,
         as_json,
         shown,
-        max(room, 1),
-        out,
-        out_bounds,
-        out_counts,
-        out_json,
     )
     return out[:end].tobytes().decode("ascii"), out_bounds.tolist(), out_counts.tolist(), out_json.tolist()
 
