@@ -59,7 +59,7 @@ from .outcomes import DEAD, FAILED, NOT_PENDING, Outcomes
 from .readpath import SNAPSHOT_SEND, SnapshotLostError, SnapshotReader
 from .replies import text
 from .settings import ALERT_EVENT_FIELD_CHARS, Settings
-from .stormwatch import StormWatch
+from .stormwatch import StormWatch, tell
 from .text import TOKENIZER_VERSION
 from .transport import Command, Packed, Transport
 from .upkeep import Upkeep
@@ -761,21 +761,8 @@ class Processor:
         on the primary, it says once what that costs and what would not)."""
         self.outcomes.batch_done(time.perf_counter() - started)
         storm = self.storm.batch_done() if self.snapshot is None else None
-        if storm is None:
-            return
-        if self.settings.read_path == "primary":
-            self.log.warning(
-                "storm on the primary, and READ_PATH=primary keeps its searches there: each event may verify up to "
-                "MAX_CANDIDATES candidates in Redis's one thread (past them its search is cut, its alert incomplete)",
-                **storm,
-                hint="READ_PATH=auto would search this worker's copy of the index from now on, exactly",
-            )
-            return
-        self.log.warning(
-            "storm on the primary: searching this worker's copy of the index from now on",
-            **storm,
-            hint="SNAPSHOT_STORM_CANDIDATES sets the candidates an event that make a storm (0: none does)",
-        )
+        if storm is not None:
+            tell(self.log, self.settings.read_path, storm)
 
 
 def _entry_of(entry_id: Any, fields: Mapping[Any, Any] | None) -> Entry:

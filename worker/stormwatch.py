@@ -13,7 +13,7 @@ from typing import Any
 
 from .library import ApplyResult
 
-__all__ = ["StormWatch"]
+__all__ = ["StormWatch", "tell"]
 
 
 class StormWatch:
@@ -56,3 +56,21 @@ class StormWatch:
             "cut_at_the_budget": cut,
             "events": indexed,
         }
+
+
+def tell(log: Any, read_path: str, storm: dict[str, Any]) -> None:
+    """Say, once, that a batch on the primary met a storm (`storm`: `StormWatch.batch_done`'s figures): with auto, that
+    the worker searches its own copy from now on; told to search on the primary, what that costs and what would not."""
+    if read_path == "primary":
+        log.warning(
+            "storm on the primary, and READ_PATH=primary keeps its searches there: each event may verify up to "
+            "MAX_CANDIDATES candidates in Redis's one thread (past them its search is cut, its alert incomplete)",
+            **storm,
+            hint="READ_PATH=auto would search this worker's copy of the index from now on, exactly",
+        )
+        return
+    log.warning(
+        "storm on the primary: searching this worker's copy of the index from now on",
+        **storm,
+        hint="SNAPSHOT_STORM_CANDIDATES sets the candidates an event that make a storm (0: none does)",
+    )
