@@ -179,7 +179,7 @@ class Processor:
 
     def _storm_moves(self) -> bool:
         """Whether a storm met on the primary is to move this worker's search to its copy, which it has not yet (a
-        worker told to search on the primary only says it met one: `_record_batch`)."""
+        worker told to search on the primary only says it met one: `stormwatch.tell`)."""
         return self.storm.seen and self.snapshot is None and self.settings.read_path != "primary"
 
     def _snapshot_off(self, error: DamagedMetaError | SnapshotLostError) -> None:
