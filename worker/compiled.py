@@ -294,7 +294,7 @@ def _write_listings(
     spare = np.empty(room, dtype=np.int64)
     spare_key = np.empty(room, dtype=np.uint64)
     o = 0
-    for k in range(bounds.shape[0] - 1):
+    for k in range(n_queries):
         out_bounds[k] = o
         out_counts[k] = 0
         out_json[k] = 0
@@ -479,7 +479,7 @@ def _write_listings(
             out[o] = 13
             out[o + 1] = 10
             o += 2
-    out_bounds[bounds.shape[0] - 1] = o
+    out_bounds[n_queries] = o
     return out, o, out_bounds, out_counts, out_json
 
 
