@@ -114,8 +114,11 @@ class GroupOracle(Oracle):
 
     An incident with matches joins the group of its closest match (smallest distance, then the smaller ID in byte
     order: `matches`'s first); without, it opens a group labelled with its ID, or, when that ID labels a live group
-    or a merged one already, `<ID>#<n>` with n from a counter (the first n free of labels and IDs).
+    or a merged one already, `<ID>#<n>` with n from a counter (the first n free of labels and IDs, of at most
+    LABEL_TRIES tried; past them the next n, with zeros before it to make the label longer than any ID).
     """
+
+    LABEL_TRIES = 8
 
     def __init__(self, max_distance: int) -> None:
         super().__init__(max_distance)
@@ -142,11 +145,14 @@ class GroupOracle(Oracle):
             return
         label = incident_id
         if self._live(label) or label in self.merged:
-            while True:
+            for _ in range(self.LABEL_TRIES):
                 self.seq += 1
                 label = f"{incident_id}#{self.seq}"
                 if not self._live(label) and label not in self.merged and label not in self.fps:
                     break
+            else:  # a number padded past any incident ID's length (256 characters): free without looking
+                self.seq += 1
+                label = f"{incident_id}#{str(self.seq).zfill(256 - len(incident_id))}"
         self.raw[incident_id] = label
 
     def add(self, incident_id: str, fp: int) -> list[tuple[str, int]] | str:

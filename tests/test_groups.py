@@ -188,6 +188,38 @@ def test_a_group_keeps_its_label_when_its_opener_leaves_and_ends_with_its_last_m
         assert redis_client.exists(key) == 0
 
 
+@pytest.mark.parametrize("opener", ["a", "é" * 250])
+def test_incidents_named_like_the_next_labels_cannot_make_one_event_walk_them_all(redis_client, opener) -> None:
+    """A producer that indexes `a#1` ... `a#40` ahead makes the next group opened under `a` meet those numbers in use:
+    after 8 of them the label is the next number padded with zeros past any ID's 256 characters (counted as
+    characters, not bytes), so one event reads 9 numbers, not 41; the oracle gives the same labels."""
+    redis_client.flushall()
+    index = FingerprintIndex(redis_client, "g", bands=4, max_distance=7)
+    index.open()
+    oracle = GroupOracle(7)
+    rng = random.Random(5)
+    base = 0x0123456789ABCDEF
+
+    def add(incident_id: str, fp: int) -> None:
+        index.add_fingerprint(incident_id, fp)
+        oracle.add(incident_id, fp)
+
+    add(opener, base)
+    add("b", base ^ 0b11)  # keeps the group `opener` live once its opener leaves
+    for n in range(1, 41):
+        add(f"{opener}#{n}", rng.getrandbits(64))
+    index.delete(opener)
+    oracle.delete(opener)
+    add(opener, ~base & (2**64 - 1))  # far from everything: it opens a group, and its own ID names a live one
+    label = index.group_of(opener).label
+    assert label == opener + "#" + "9".zfill(256 - len(opener))
+    assert len(label) == 257
+    assert int(redis_client.hget(index.keys.meta, "group_seq")) == 9
+    add(f"{opener}x", ~base & (2**64 - 1))  # a twin joins it
+    assert index.group_of(f"{opener}x") == Group(label, 2)
+    _assert_groups(index, oracle)
+
+
 def test_a_merge_folds_one_group_into_the_other_for_later_incidents_too(redis_client) -> None:
     redis_client.flushall()
     index = FingerprintIndex(redis_client, "g", bands=4, max_distance=3)

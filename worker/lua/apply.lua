@@ -318,6 +318,33 @@ local function apply(keys, args)
   return apply_at(keys, 0, #keys, args, 0, #args, {})
 end
 
+-- The number of calls of a batch and its keys' and arguments' counts; nil and an error reply when the counts do not
+-- describe the call's keys and arguments. Checked before any loop: every loop of apply_batch is then bounded by the
+-- call's own length (an FCALL of a few bytes, say `1e15` calls, may not spin the server's one thread).
+local function batch_shape(keys, args)
+  local n, n_keys, n_args = tonumber(args[1]), #keys, #args
+  local problem
+  if not n or n < 1 or n % 1 ~= 0 or 1 + 2 * n > n_args then
+    problem = 'args[1] must be the number of calls, followed by each call\'s count of keys and of arguments'
+  else
+    local k, a = 0, 1 + 2 * n
+    for i = 1, n do
+      local nk, na = tonumber(args[2 * i]), tonumber(args[2 * i + 1])
+      if not nk or not na or nk < 0 or na < 0 or nk % 1 ~= 0 or na % 1 ~= 0 then
+        problem = 'call ' .. i .. '\'s counts of keys and arguments must be whole numbers'
+        break
+      end
+      k, a = k + nk, a + na
+    end
+    if not problem and (k ~= n_keys or a ~= n_args) then
+      problem = 'the calls\' counts add up to ' .. k .. ' keys and ' .. a .. ' arguments; the call has ' .. n_keys ..
+        ' and ' .. n_args
+    end
+  end
+  if problem then return nil, redis.error_reply('ERR apply_batch: ' .. problem) end
+  return n, n_keys, n_args
+end
+
 -- Several apply calls in one FCALL, run in order, each exactly as the apply function runs it; for the snapshot path,
 -- whose calls of one send share their position in {N}:changes: the changes after it are read from the log once, and
 -- each call's own change is added to what the later calls validate (see changes_after).
@@ -329,11 +356,11 @@ end
 -- Returns one reply per call, in order: what apply returns, or the error it met (as an error reply in the array;
 -- the calls after it still run, as separate calls would).
 local function apply_batch(keys, args)
-  local n = tonumber(args[1])
+  local n, n_keys, n_args = batch_shape(keys, args)
+  if not n then return n_keys end
   local context = {}
   local replies = {}
   if n > 1 then prefetch(context, keys, args, n) end
-  local n_keys, n_args = #keys, #args
   local k, a = 0, 1 + 2 * n
   -- each call's fingerprint (its third argument), for the validation's window (register_queries)
   local queries = {}

@@ -114,15 +114,31 @@ local function group_join(gk, id, match)
   return label, size
 end
 
+-- A label's number is met in use only where incidents were named like labels (`INC-4#7`); past LABEL_TRIES such
+-- numbers in one call, the label's number is padded with zeros to make it longer than any incident ID
+-- (formats.MAX_INCIDENT_ID_LENGTH characters), so that incidents placed ahead under the next numbers cannot make one
+-- event walk them all.
+local LABEL_TRIES, MAX_ID_CHARS = 8, 256
+
 -- `id` opens a group. Its label is its ID, unless that names a live group already (one `id` opened before and left,
 -- or a label merged away): then `id`, '#' and a number from {N}:meta's `group_seq`, free of every label and ID.
 local function group_open(gk, meta_key, fp_key, id)
   if redis.call('HEXISTS', gk.size, id) == 0 and redis.call('HEXISTS', gk.merged, id) == 0 then return id, 1 end
   local label
-  repeat
-    label = id .. '#' .. redis.call('HINCRBY', meta_key, 'group_seq', 1)
-  until redis.call('HEXISTS', gk.size, label) == 0 and redis.call('HEXISTS', gk.merged, label) == 0 and
-        redis.call('HEXISTS', fp_key, label) == 0
+  for _ = 1, LABEL_TRIES do
+    local tried = id .. '#' .. redis.call('HINCRBY', meta_key, 'group_seq', 1)
+    if redis.call('HEXISTS', gk.size, tried) == 0 and redis.call('HEXISTS', gk.merged, tried) == 0 and
+       redis.call('HEXISTS', fp_key, tried) == 0 then
+      label = tried
+      break
+    end
+  end
+  if not label then
+    -- free without looking: no ID is this long, and no earlier label ends in this number (each is given once)
+    local number = tostring(redis.call('HINCRBY', meta_key, 'group_seq', 1))
+    local chars = #id - select(2, string.gsub(id, '[\128-\191]', ''))  -- UTF-8 bytes that start a character
+    label = id .. '#' .. string.rep('0', MAX_ID_CHARS - chars - #number) .. number
+  end
   redis.call('HSET', gk.member, id, label)
   redis.call('HSET', gk.size, label, 1)
   return label, 1
