@@ -1,5 +1,5 @@
-"""The second attack on reliability and security, one test a finding, each on a real redis-server loaded with the
-shipped ACL (deploy/redis/users.acl) and, where it matters, the shipped redis.conf's limits.
+"""The second and third attacks on reliability and security, one test a finding, each on a real redis-server loaded
+with the shipped ACL (deploy/redis/users.acl) and, where it matters, the shipped redis.conf's limits.
 
 Every test here failed on the build the attack was made against; each is bounded in time. Run them alone against any
 build with `pytest tests/test_attacks.py`.
@@ -7,7 +7,9 @@ build with `pytest tests/test_attacks.py`.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -320,13 +322,13 @@ def test_the_worker_user_deletes_dead_letters_only(acl_redis: RedisServer, strea
 # -- 5. one huge producer entry: refused by the shipped redis.conf's request limits ----------------------------------
 
 
-def _conf_limits() -> list[str]:
-    """The shipped redis.conf's request limits, as redis-server arguments."""
+def _conf_limits(*names: str) -> list[str]:
+    """The shipped redis.conf's request limits (or the directives `names`), as redis-server arguments."""
     from tests.test_deploy import REDIS_CONF, _conf_directives
 
     directives = _conf_directives(REDIS_CONF.read_text())
     arguments = []
-    for name in ("proto-max-bulk-len", "client-query-buffer-limit"):
+    for name in names or ("proto-max-bulk-len", "client-query-buffer-limit"):
         arguments += [f"--{name}", directives[name]]
     return arguments
 
@@ -750,3 +752,125 @@ def test_a_worker_puts_back_an_inbox_entry_the_full_stream_refused_and_processes
     assert worker.wait(timeout=60) == 0, log.read_text()[-3000:]
     assert admin.hkeys(FP) == [b"x"] and admin.lrange(INBOX, 0, -1) == [element]
     assert "inbox not moved" in log.read_text() and "XSETID" in log.read_text()
+
+
+# -- the third attack ------------------------------------------------------------------------------------------------
+
+
+def test_no_function_spins_for_a_producer_that_names_huge_counts(acl_redis: RedisServer) -> None:
+    """The producer may FCALL (its submit function's name changes with each version), and a function's commands are
+    checked only when it runs them: a call of a few bytes that names 1e15 calls must be refused at once, never loop
+    before its first command. apply_batch looped 1e15 times there, and every client got BUSY until an admin's
+    FUNCTION KILL. Every function of the library is tried; a spin would time the producer's call out."""
+    producer = user_of(acl_redis, PRODUCER_USER, socket_timeout=10)
+    shapes = (([], ["1e15", "0"]), ([], ["1e15", "1e15", "0"]), ([INBOX], ["1e15"] * 4), ([], ["3", "-1", "0.5"]))
+    for name, function in sorted(library.FUNCTIONS.items()):
+        for keys, args in shapes:
+            try:
+                producer.fcall(function, len(keys), *keys, *args)
+            except redis.exceptions.ResponseError as refused:
+                if name == "apply_batch":
+                    assert "apply_batch: " in str(refused), str(refused)
+    with pytest.raises(
+        redis.exceptions.ResponseError, match="add up to 8 keys and 21 arguments; the call has 8 and 22"
+    ):
+        producer.fcall(library.FUNCTIONS["apply_batch"], 8, *[INBOX] * 8, "1", "8", "18", *["0"] * 19)
+    assert admin_of(acl_redis, socket_timeout=10).ping()
+
+
+def _raw_connection(server: RedisServer, user: str) -> socket.socket:
+    """A socket logged in as `user`, for commands sent by hand (a client library would read every reply)."""
+    connection = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    password = PASSWORDS[USER_PASSWORDS[user]]
+    connection.sendall(f"AUTH {user} {password}\r\n".encode())
+    assert connection.recv(64).startswith(b"+OK")
+    return connection
+
+
+@pytest.mark.parametrize("attack", ["unread replies", "half-sent commands"])
+def test_client_buffers_cannot_fill_memory_and_refuse_every_write(tmp_path: Path, attack: str) -> None:
+    """A subscriber that pipelines XRANGE of the whole alerts stream and never reads the replies, or producer
+    connections each part-way through a 2 MB command, held 1.3 GB of client buffers against a 1gb maxmemory, and
+    every write was refused with OOM. With the shipped redis.conf's client limits (here against 128mb) the
+    attacker's connections are closed and the producer's appends go on."""
+    require_redis_server()
+    assert render_acl(tmp_path / "users.acl").returncode == 0
+    limits = _conf_limits(
+        "proto-max-bulk-len", "client-query-buffer-limit", "client-output-buffer-limit", "maxmemory-clients"
+    )
+    server = RedisServer(
+        tmp_path,
+        extra=[
+            "--aclfile",
+            str(tmp_path / "users.acl"),
+            "--maxmemory",
+            "128mb",
+            "--maxmemory-policy",
+            "noeviction",
+            *limits,
+        ],
+    )
+    server.start()
+    sockets: list[socket.socket] = []
+    try:
+        admin = admin_of(server, socket_timeout=10)
+        producer = user_of(server, PRODUCER_USER, socket_timeout=10)
+        if attack == "unread replies":
+            pipe = admin.pipeline(transaction=False)
+            for n in range(16_000):  # about 16 MB of alerts
+                pipe.xadd("{incidents}:alerts", {"incident_id": f"i{n}", "matches": "x" * 1000})
+            pipe.execute()
+            reader = _raw_connection(server, SUBSCRIBER_USER)
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            reader.sendall(b"XRANGE {incidents}:alerts - +\r\n" * 12)  # 190 MB of replies, none read
+            sockets.append(reader)
+        else:
+            head = b"*3\r\n$5\r\nRPUSH\r\n$" + str(len(INBOX)).encode() + b"\r\n" + INBOX.encode() + b"\r\n"
+            for _ in range(80):  # 160 MB of arguments announced and mostly sent, none finished
+                connection = _raw_connection(server, PRODUCER_USER)
+                sockets.append(connection)
+                with contextlib.suppress(OSError):  # closed by the server: what the limits are for
+                    connection.sendall(head + b"$2000000\r\n" + b"x" * 1_990_000)
+        time.sleep(0.5)
+        producer.rpush(INBOX, inbox.encode({"incident_id": "after", "features": json.dumps({"dock": 3})}))
+        memory = admin.info("memory")
+        assert memory["used_memory"] < memory["maxmemory"]
+        assert admin.llen(INBOX) == 1
+    finally:
+        for connection in sockets:
+            connection.close()
+        server.stop()
+
+
+def test_consumer_names_a_subscriber_chose_do_not_make_the_memory_budget_trim_the_alerts(
+    acl_redis: RedisServer,
+) -> None:
+    """MEMORY USAGE counts a stream's consumers, whose names a subscriber chooses (up to proto-max-bulk-len each), and
+    trimming cannot free them: eight consumers of 1 MB names, nothing pending, put the alerts 2x over their budget,
+    and every pass trimmed them until none was left. The trim now stops at one probe (a node) once it has measured
+    that removing every entry would not meet the budget, and says why, once; alerts of their own size past the
+    budget are still trimmed."""
+    admin = admin_of(acl_redis)
+    subscriber = user_of(acl_redis, SUBSCRIBER_USER)
+    _add_alerts(admin, 0, 4000)
+    subscriber.xgroup_create(ALERTS, "team", id="0")
+    for n in range(8):
+        name = f"c{n}-" + "x" * 1_000_000
+        [[_, [(entry_id, _)]]] = subscriber.xreadgroup("team", name, {ALERTS: ">"}, count=1)
+        subscriber.xack(ALERTS, "team", entry_id)
+    budget = 4 * 1024**2
+    assert int(admin.memory_usage(ALERTS, samples=0)) > 2 * budget
+    job = Upkeep(FingerprintIndex(user_of(acl_redis, WORKER_USER)), Settings(alerts_max_memory=str(budget)), _Log())
+    for _ in range(5):
+        job.trim_memory()
+    assert admin.xlen(ALERTS) >= 4000 - upkeep.PROBE_ENTRIES, "alerts were trimmed for the consumers' names"
+    [warned] = [fields for level, event, fields in job.log.lines if "outside its entries" in event]
+    assert warned["outside_bytes"] > budget and "XGROUP DELCONSUMER" in warned["hint"]
+    # the names gone, alerts of their own size past the budget go down to it
+    for n in range(8):
+        admin.xgroup_delconsumer(ALERTS, "team", f"c{n}-" + "x" * 1_000_000)
+    _add_alerts(admin, 4000, 36_000)
+    for _ in range(6):
+        job.trim_memory()
+    used = int(admin.memory_usage(ALERTS, samples=0))
+    assert budget * 0.8 < used <= budget + 2 * 300 * 100, f"the alerts take {used:,} bytes for a budget of {budget:,}"

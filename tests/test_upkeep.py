@@ -299,6 +299,35 @@ def test_a_storm_of_alerts_is_trimmed_to_the_memory_budget_oldest_first(client: 
     assert 5000 < storm_alert < 7000, f"a storm alert takes {storm_alert:.0f} bytes of Redis memory"
 
 
+def test_the_alerts_consumer_groups_are_listed_each_pass_only_while_the_stream_is_over_its_budget(
+    client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """XINFO GROUPS returns every group's name, which a subscriber chooses (100 groups of 1.9 MB names: 190 MB a
+    reply, every 2 s). Within the budget the upkeep lists the groups once a GROUPS_INTERVAL_S; over it, every pass
+    (their pending lists are left out of the budget)."""
+    alerts = "{incidents}:alerts"
+    for n in range(300):
+        client.xadd(alerts, {"incident_id": f"i{n}", "matches": "x" * 200})
+    client.xgroup_create(alerts, "team", id="0")
+    listed: list[str] = []
+    real = upkeep.pending_by_group
+    monkeypatch.setattr(upkeep, "pending_by_group", lambda c, stream: listed.append(stream) or real(c, stream))
+    job = upkeep.Upkeep(FingerprintIndex(client), _settings(alerts_max_memory="1mb", dead_max_memory="off"), _Log())
+    for _ in range(5):
+        job.trim_memory()
+    assert listed == [alerts], "within the budget: listed once"
+    for n in range(6000):
+        client.xadd(alerts, {"incident_id": f"j{n}", "matches": "x" * 200})
+    # (no trim, so that the stream stays over its budget)
+    monkeypatch.setattr(upkeep, "trim_to_memory", lambda *a, **k: upkeep.MemoryTrim(k["measured"], 0, 0.0, 0))
+    for _ in range(3):
+        job.trim_memory()
+    assert listed == [alerts] * 4, "over the budget: listed each pass"
+    monkeypatch.setattr(upkeep, "GROUPS_INTERVAL_S", 0.0)
+    job.trim_memory()
+    assert len(listed) == 5
+
+
 def test_workers_keep_the_alerts_of_a_storm_within_budget(client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(upkeep, "UPKEEP_INTERVAL_S", 0.0)
     monkeypatch.setattr(upkeep, "MEMORY_INTERVAL_S", 0.0)

@@ -225,6 +225,25 @@ that never acknowledges must not make the budget trim everyone's entries."""
 PENDING_WARN_SHARE = 0.1
 """The upkeep names the consumer groups whose pending lists take more than this share of a stream's budget."""
 
+ENTRY_SKEW = 4
+"""How much larger than the entries a cut last removed the stream's other entries may be, on average, before the
+budget's trim concludes that its excess lies outside the entries: when removing every entry, each ENTRY_SKEW times
+that size, would still leave the stream over budget, it stops. What MEMORY USAGE counts beside the entries and their
+pending lists (consumer and group names, which a subscriber chooses, each up to proto-max-bulk-len) is then not the
+alerts' to pay for: before, 21 consumers of 1.9 MB names made every pass trim every alert."""
+
+PROBE_ENTRIES = 100
+"""The first cut of a stream whose entries' size is not known yet (one node): a cut sized by the excess alone would
+remove a share of the entries as large as the excess's share of the memory, even where the excess is not theirs."""
+
+MIN_ENTRY_BYTES = 64
+"""The least an entry is taken to free when a cut is measured to free less (an alert takes 150 bytes and more)."""
+
+GROUPS_INTERVAL_S = 60.0
+"""How often the lease holder lists a stream's consumer groups (XINFO GROUPS, to leave their pending lists out of its
+budget and name the heavy ones) while the stream is within its budget; over it, every pass. A reply that holds
+every group's name is the subscribers' to size: the listing is kept off the 2 s path."""
+
 
 def pending_by_group(client: Any, stream: str) -> dict[str, int]:
     """The entries pending in each consumer group of `stream` (none when it does not exist)."""
@@ -239,45 +258,74 @@ def pending_by_group(client: Any, stream: str) -> dict[str, int]:
     return pending
 
 
+@dataclass(frozen=True)
+class MemoryTrim:
+    """What one memory trim of a stream did: the stream's memory before (bytes, less what it held outside its
+    budget), the entries removed, the bytes an entry of the last cut freed (0 when none was measured), and the bytes
+    found to lie outside the entries (0 unless the trim stopped short for them: see ENTRY_SKEW)."""
+
+    used: int
+    removed: int
+    entry_bytes: float
+    outside: int
+
+
 def trim_to_memory(
-    client: Any, stream: str, max_bytes: int, limit: int = TRIM_LIMIT, *, held_bytes: int = 0
-) -> tuple[int, int]:
-    """Trim the oldest entries of `stream` while its entries take more than `max_bytes` of Redis memory; returns
-    (their memory before, in bytes, entries removed). `held_bytes` is what its consumer groups' pending lists take,
-    which trimming cannot free: it is left out of the measure.
+    client: Any,
+    stream: str,
+    max_bytes: int,
+    limit: int = TRIM_LIMIT,
+    *,
+    held_bytes: int = 0,
+    entry_bytes: float = 0.0,
+    measured: int | None = None,
+) -> MemoryTrim:
+    """Trim the oldest entries of `stream` while its entries take more than `max_bytes` of Redis memory. `held_bytes`
+    is what its consumer groups' pending lists take, which trimming cannot free: it is left out of the measure.
+    `entry_bytes` is what an entry freed in an earlier trim (MemoryTrim.entry_bytes); `measured`, the stream's
+    MEMORY USAGE if the caller has just read it.
 
     The memory is MEMORY USAGE with every stream node counted (SAMPLES 0: Redis's default samples only the oldest
     nodes, which underestimates a stream whose newest entries are larger, as a storm's alerts are); it costs about
     0.1 us a node, 10 ms for 100,000 alerts of 5 KB. The first cut assumes the excess is spread evenly over the
-    entries; each later cut divides the excess left by the bytes an entry of the previous cut freed (the oldest
-    entries, cut first, are often smaller than the average), up to twice the previous cut. Cuts are in whole nodes
-    (XTRIM MAXLEN ~), at most `limit` entries each and `MEMORY_ROUNDS` of them a call: a stream far over budget
-    shrinks over several calls.
+    entries (the first ever, PROBE_ENTRIES at most); each later cut divides the excess left by the bytes an entry of
+    the previous cut freed (the oldest entries, cut first, are often smaller than the average), up to twice the
+    previous cut. Cuts are in whole nodes (XTRIM MAXLEN ~), at most `limit` entries each and `MEMORY_ROUNDS` of them a
+    call: a stream far over budget shrinks over several calls. No cut is made where removing every entry, each
+    ENTRY_SKEW times the size an entry last freed, would still leave the stream over budget: the excess is then
+    outside the entries (MemoryTrim.outside).
     """
     if max_bytes <= 0:
-        return 0, 0
-    before, removed, per_entry = 0, 0, 0.0
+        return MemoryTrim(0, 0, entry_bytes, 0)
+    before, removed, per_entry, outside = 0, 0, entry_bytes, 0
     last_used, removed_last = 0, 0
     for _ in range(MEMORY_ROUNDS):
-        used = max(0, _measure(client, stream) - held_bytes)
-        if removed_last and last_used > used:
-            per_entry = (last_used - used) / removed_last
+        used = max(0, (_measure(client, stream) if measured is None else measured) - held_bytes)
+        measured = None
+        if removed_last:
+            per_entry = max(MIN_ENTRY_BYTES, (last_used - used) / removed_last)
         before = before or used
         if used <= max_bytes:
             break
         length = int(client.xlen(stream))
+        if per_entry > 0 and used - ENTRY_SKEW * per_entry * length > max_bytes:
+            outside = int(used - per_entry * length)
+            break
         excess = used - max_bytes
         even = length * excess / used
         # at most twice the last cut: where the small oldest entries give way to large ones, a cut sized by the
         # small ones would remove far more bytes than the excess
-        cut = max(even, min(excess / per_entry, 2 * removed_last)) if per_entry > 0 else even
+        if removed_last:
+            cut = max(even, min(excess / per_entry, 2 * removed_last))
+        else:
+            cut = even if per_entry > 0 else min(even, PROBE_ENTRIES)
         keep = max(0, length - max(1, math.ceil(cut)))
         removed_last = int(client.xtrim(stream, maxlen=keep, approximate=True, limit=limit) or 0)
         last_used = used
         removed += removed_last
         if not removed_last:
             break
-    return before, removed
+    return MemoryTrim(before, removed, per_entry, outside)
 
 
 def _measure(client: Any, stream: str) -> int:
@@ -365,6 +413,9 @@ class Upkeep:
         self._ignored: set[str] = set()
         self._unmeasured: set[str] = set()
         self._silent: dict[str, set[str]] = {}
+        self._groups: dict[str, tuple[float, dict[str, int]]] = {}
+        self._entry_bytes: dict[str, float] = {}
+        self._outside: set[str] = set()
 
     def tick(self) -> None:
         """Called between event batches: renew or take the lease, then one bounded step of each job that is due."""
@@ -392,13 +443,21 @@ class Upkeep:
         ):
             if not budget or stream in self._unmeasured:
                 continue
-            pending = pending_by_group(self.index.redis, stream)
-            self._warn_unacknowledged(kind, stream, budget, pending)
             try:
-                used, removed = trim_to_memory(
-                    self.index.redis, stream, budget, held_bytes=sum(pending.values()) * PENDING_ENTRY_BYTES
+                measured = _measure(self.index.redis, stream)
+                pending = self._pending(stream, budget, measured)
+                self._warn_unacknowledged(kind, stream, budget, pending)
+                trimmed = trim_to_memory(
+                    self.index.redis,
+                    stream,
+                    budget,
+                    held_bytes=sum(pending.values()) * PENDING_ENTRY_BYTES,
+                    entry_bytes=self._entry_bytes.get(stream, 0.0),
+                    measured=measured,
                 )
-                self._report_memory(kind, used, budget)
+                self._entry_bytes[stream] = trimmed.entry_bytes
+                self._report_memory(kind, trimmed.used, budget)
+                self._warn_outside(kind, stream, setting, trimmed.outside)
             except MeasureRefusedError as error:
                 # asked once per worker: each refusal would land in Redis's ACL log
                 self._unmeasured.add(stream)
@@ -415,15 +474,45 @@ class Upkeep:
                     ),
                 )
                 continue
-            if removed:
+            if trimmed.removed:
                 log = self.log.info if kind == "alerts" else self.log.warning
                 log(
                     f"{kind} stream over its memory budget; removed the oldest",
                     stream=stream,
-                    removed=removed,
-                    used_bytes=used,
+                    removed=trimmed.removed,
+                    used_bytes=trimmed.used,
                     **{setting: getattr(settings, setting)},
                 )
+
+    def _pending(self, stream: str, budget: int, measured: int) -> dict[str, int]:
+        """The entries pending in each consumer group of `stream` (whose MEMORY USAGE is `measured`): listed every
+        pass while the stream measures over its budget, else at most every GROUPS_INTERVAL_S (the last listing
+        meanwhile)."""
+        now = time.monotonic()
+        listed_at, pending = self._groups.get(stream, (None, {}))
+        due = listed_at is None or now - listed_at >= GROUPS_INTERVAL_S
+        if not due and measured - sum(pending.values()) * PENDING_ENTRY_BYTES <= budget:
+            return pending
+        pending = pending_by_group(self.index.redis, stream)
+        self._groups[stream] = (now, pending)
+        return pending
+
+    def _warn_outside(self, kind: str, stream: str, setting: str, outside: int) -> None:
+        """Say, once until it passes, that a stream's excess lies outside its entries (see ENTRY_SKEW)."""
+        if not outside:
+            self._outside.discard(stream)
+            return
+        if stream in self._outside:
+            return
+        self._outside.add(stream)
+        self.log.warning(
+            f"the {kind} stream is over its memory budget by what lies outside its entries; none of them removed",
+            stream=stream,
+            outside_bytes=outside,
+            hint=f"its consumer groups' or consumers' names are the likely holders (XINFO GROUPS {stream}; XINFO "
+            f"CONSUMERS {stream} <group>): remove the ones nothing reads (XGROUP DELCONSUMER, XGROUP DESTROY), or "
+            f"raise {setting}",
+        )
 
     def _report_memory(self, kind: str, used: int, budget: int) -> None:
         if self.metrics is not None:
