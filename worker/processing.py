@@ -61,7 +61,7 @@ from .replies import text
 from .settings import ALERT_EVENT_FIELD_CHARS, Settings
 from .stormwatch import StormWatch, tell
 from .text import TOKENIZER_VERSION
-from .transport import Command, Packed, Transport
+from .transport import Command, Packed, Transport, reply_code
 from .upkeep import Upkeep
 
 __all__ = ["Processor", "read_sizes", "waits_out"]
@@ -78,7 +78,7 @@ def waits_out(error: BaseException) -> bool:
     """Whether an error reply means "not now" rather than "this call failed" (see _WAIT_OUT_CODES)."""
     if isinstance(error, ReadOnlyError | TryAgainError | ClusterDownError | redis_lib.BusyLoadingError):
         return True  # redis-py strips the code from these
-    return isinstance(error, ResponseError) and str(error).split(" ", 1)[0] in _WAIT_OUT_CODES
+    return isinstance(error, ResponseError) and reply_code(error) in _WAIT_OUT_CODES  # a pipeline's error too
 
 
 def read_sizes(settings: Settings) -> list[int]:

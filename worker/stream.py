@@ -41,6 +41,7 @@ from .readpath import SnapshotReader
 from .recovery import Recovery
 from .replies import group_info
 from .settings import Settings
+from .transport import reply_code
 from .upkeep import Upkeep
 from .watchdog import Watchdog
 
@@ -219,7 +220,7 @@ class StreamWorker:
                     ready = False
                     self._reconnect_pause(error, failures, "redis cannot serve for now; waiting")
                     continue
-                lost = "NOGROUP" in str(error) or str(error).startswith("UNBLOCKED")
+                lost = "NOGROUP" in str(error) or reply_code(error) == "UNBLOCKED"
                 if lost or self.index.handle_error(error):
                     # the stream, the group or the functions went away (deleted, or a server restarted without
                     # persistence): set up again, without spinning should it keep happening

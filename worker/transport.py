@@ -227,6 +227,18 @@ def round_trip(client: Redis, commands: Sequence[Command], *, raise_on_error: bo
     return replies
 
 
+_ANNOTATION = " of pipeline caused error: "
+
+
+def reply_code(error: BaseException) -> str:
+    """The code an error reply starts with (BUSY, NOGROUP, ...), also when a pipeline (redis-py's, or `round_trip`)
+    has named it "Command # 1 (...) of pipeline caused error: BUSY ..."; '' for an error that is no reply."""
+    message = str(error)
+    if message.startswith("Command # ") and _ANNOTATION in message:
+        message = message.split(_ANNOTATION, 1)[1]
+    return message.split(" ", 1)[0]
+
+
 def scan_slot(client: Any, home_key: str, cursor: int, match: str, count: int) -> tuple[int, list[Any]]:
     """One SCAN page of the keys matching `match` on the server that holds `home_key` (an index's keys share one
     slot): (next cursor, keys). A `RedisCluster` would scan every master and answer a cursor per node, which no
