@@ -199,8 +199,8 @@ class Settings(BaseSettings):
     max_matches: int = Field(
         100,
         ge=0,
-        description="Most matches listed in one alert, closest first; all (or 0) lists every match, without a "
-        "cap. match_count counts all of them either way.",
+        description="Most matches listed in one alert, closest first; all (or 0) removes the cap. Either way the "
+        "list stops before its JSON passes 8 KiB, and match_count counts every match.",
         json_schema_extra={"flag_takes_words": True},
     )
     max_candidates: int = Field(
