@@ -319,7 +319,7 @@ def test_the_alerts_consumer_groups_are_listed_each_pass_only_while_the_stream_i
     for n in range(6000):
         client.xadd(alerts, {"incident_id": f"j{n}", "matches": "x" * 200})
     # (no trim, so that the stream stays over its budget)
-    monkeypatch.setattr(upkeep, "trim_to_memory", lambda *a, **k: upkeep.MemoryTrim(k["measured"], 0, 0.0, 0))
+    monkeypatch.setattr(upkeep, "trim_to_memory", lambda *a, **k: upkeep.MemoryTrim(k["measured"], 0, 0))
     for _ in range(3):
         job.trim_memory()
     assert listed == [alerts] * 4, "over the budget: listed each pass"

@@ -226,18 +226,16 @@ PENDING_WARN_SHARE = 0.1
 """The upkeep names the consumer groups whose pending lists take more than this share of a stream's budget."""
 
 ENTRY_SKEW = 4
-"""How much larger than the entries a cut last removed the stream's other entries may be, on average, before the
-budget's trim concludes that its excess lies outside the entries: when removing every entry, each ENTRY_SKEW times
-that size, would still leave the stream over budget, it stops. What MEMORY USAGE counts beside the entries and their
-pending lists (consumer and group names, which a subscriber chooses, each up to proto-max-bulk-len) is then not the
-alerts' to pay for: before, 21 consumers of 1.9 MB names made every pass trim every alert."""
+"""How much larger than the sampled entries (the oldest and the newest few) the stream's entries may be, on average,
+before the budget's trim concludes that its excess lies outside the entries: when removing every entry, each
+ENTRY_SKEW times the sampled size, would still leave the stream over budget, it removes none. What MEMORY USAGE
+counts beside the entries and their pending lists (consumer and group names, which a subscriber chooses, each up to
+proto-max-bulk-len) is not the alerts' to pay for: before, 21 consumers of 1.9 MB names made every pass trim every
+alert."""
 
-PROBE_ENTRIES = 100
-"""The first cut of a stream whose entries' size is not known yet (one node): a cut sized by the excess alone would
-remove a share of the entries as large as the excess's share of the memory, even where the excess is not theirs."""
-
-MIN_ENTRY_BYTES = 64
-"""The least an entry is taken to free when a cut is measured to free less (an alert takes 150 bytes and more)."""
+ENTRY_SAMPLE = 8
+"""Entries read at each end of an over-budget stream to size an entry (their fields' and values' bytes: a little
+more than the entry takes in a stream node, whose field names are shared)."""
 
 GROUPS_INTERVAL_S = 60.0
 """How often the lease holder lists a stream's consumer groups (XINFO GROUPS, to leave their pending lists out of its
@@ -260,14 +258,22 @@ def pending_by_group(client: Any, stream: str) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class MemoryTrim:
-    """What one memory trim of a stream did: the stream's memory before (bytes, less what it held outside its
-    budget), the entries removed, the bytes an entry of the last cut freed (0 when none was measured), and the bytes
-    found to lie outside the entries (0 unless the trim stopped short for them: see ENTRY_SKEW)."""
+    """What one memory trim of a stream did: the stream's memory before (bytes, less what its groups' pending lists
+    hold), the entries removed, and the bytes found to lie outside the entries (0 unless the trim removed none for
+    them: see ENTRY_SKEW)."""
 
     used: int
     removed: int
-    entry_bytes: float
     outside: int
+
+
+def entry_size(client: Any, stream: str) -> float:
+    """The bytes of an entry of `stream`, sampled: the fields and values of ENTRY_SAMPLE entries at each end."""
+    sampled = list(client.xrange(stream, count=ENTRY_SAMPLE)) + list(client.xrevrange(stream, count=ENTRY_SAMPLE))
+    if not sampled:
+        return 0.0
+    sizes = [sum(len(k) + len(v) for k, v in fields.items()) for _, fields in sampled]
+    return sum(sizes) / len(sizes)
 
 
 def trim_to_memory(
@@ -277,55 +283,50 @@ def trim_to_memory(
     limit: int = TRIM_LIMIT,
     *,
     held_bytes: int = 0,
-    entry_bytes: float = 0.0,
     measured: int | None = None,
 ) -> MemoryTrim:
     """Trim the oldest entries of `stream` while its entries take more than `max_bytes` of Redis memory. `held_bytes`
     is what its consumer groups' pending lists take, which trimming cannot free: it is left out of the measure.
-    `entry_bytes` is what an entry freed in an earlier trim (MemoryTrim.entry_bytes); `measured`, the stream's
-    MEMORY USAGE if the caller has just read it.
+    `measured` is the stream's MEMORY USAGE if the caller has just read it.
 
     The memory is MEMORY USAGE with every stream node counted (SAMPLES 0: Redis's default samples only the oldest
     nodes, which underestimates a stream whose newest entries are larger, as a storm's alerts are); it costs about
     0.1 us a node, 10 ms for 100,000 alerts of 5 KB. The first cut assumes the excess is spread evenly over the
-    entries (the first ever, PROBE_ENTRIES at most); each later cut divides the excess left by the bytes an entry of
-    the previous cut freed (the oldest entries, cut first, are often smaller than the average), up to twice the
-    previous cut. Cuts are in whole nodes (XTRIM MAXLEN ~), at most `limit` entries each and `MEMORY_ROUNDS` of them a
-    call: a stream far over budget shrinks over several calls. No cut is made where removing every entry, each
-    ENTRY_SKEW times the size an entry last freed, would still leave the stream over budget: the excess is then
-    outside the entries (MemoryTrim.outside).
+    entries; each later cut divides the excess left by the bytes an entry of the previous cut freed (the oldest
+    entries, cut first, are often smaller than the average), up to twice the previous cut. Cuts are in whole nodes
+    (XTRIM MAXLEN ~), at most `limit` entries each and `MEMORY_ROUNDS` of them a call: a stream far over budget
+    shrinks over several calls. None is made where removing every entry, each ENTRY_SKEW times the size of those
+    sampled (entry_size), would still leave the stream over budget: the excess is then outside the entries.
     """
     if max_bytes <= 0:
-        return MemoryTrim(0, 0, entry_bytes, 0)
-    before, removed, per_entry, outside = 0, 0, entry_bytes, 0
+        return MemoryTrim(0, 0, 0)
+    before, removed, per_entry = 0, 0, 0.0
     last_used, removed_last = 0, 0
     for _ in range(MEMORY_ROUNDS):
         used = max(0, (_measure(client, stream) if measured is None else measured) - held_bytes)
         measured = None
-        if removed_last:
-            per_entry = max(MIN_ENTRY_BYTES, (last_used - used) / removed_last)
+        if removed_last and last_used > used:
+            per_entry = (last_used - used) / removed_last
         before = before or used
         if used <= max_bytes:
             break
         length = int(client.xlen(stream))
-        if per_entry > 0 and used - ENTRY_SKEW * per_entry * length > max_bytes:
-            outside = int(used - per_entry * length)
-            break
+        if not removed:
+            sampled = entry_size(client, stream)
+            if used - ENTRY_SKEW * sampled * length > max_bytes:
+                return MemoryTrim(before, 0, int(used - sampled * length))
         excess = used - max_bytes
         even = length * excess / used
         # at most twice the last cut: where the small oldest entries give way to large ones, a cut sized by the
         # small ones would remove far more bytes than the excess
-        if removed_last:
-            cut = max(even, min(excess / per_entry, 2 * removed_last))
-        else:
-            cut = even if per_entry > 0 else min(even, PROBE_ENTRIES)
+        cut = max(even, min(excess / per_entry, 2 * removed_last)) if per_entry > 0 else even
         keep = max(0, length - max(1, math.ceil(cut)))
         removed_last = int(client.xtrim(stream, maxlen=keep, approximate=True, limit=limit) or 0)
         last_used = used
         removed += removed_last
         if not removed_last:
             break
-    return MemoryTrim(before, removed, per_entry, outside)
+    return MemoryTrim(before, removed, 0)
 
 
 def _measure(client: Any, stream: str) -> int:
@@ -414,7 +415,6 @@ class Upkeep:
         self._unmeasured: set[str] = set()
         self._silent: dict[str, set[str]] = {}
         self._groups: dict[str, tuple[float, dict[str, int]]] = {}
-        self._entry_bytes: dict[str, float] = {}
         self._outside: set[str] = set()
 
     def tick(self) -> None:
@@ -452,10 +452,8 @@ class Upkeep:
                     stream,
                     budget,
                     held_bytes=sum(pending.values()) * PENDING_ENTRY_BYTES,
-                    entry_bytes=self._entry_bytes.get(stream, 0.0),
                     measured=measured,
                 )
-                self._entry_bytes[stream] = trimmed.entry_bytes
                 self._report_memory(kind, trimmed.used, budget)
                 self._warn_outside(kind, stream, setting, trimmed.outside)
             except MeasureRefusedError as error:
