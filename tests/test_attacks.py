@@ -847,9 +847,9 @@ def test_consumer_names_a_subscriber_chose_do_not_make_the_memory_budget_trim_th
 ) -> None:
     """MEMORY USAGE counts a stream's consumers, whose names a subscriber chooses (up to proto-max-bulk-len each), and
     trimming cannot free them: eight consumers of 1 MB names, nothing pending, put the alerts 2x over their budget,
-    and every pass trimmed them until none was left. The trim now samples what an entry takes, removes none where
-    removing every one would not meet the budget, and says why, once; alerts of their own size past the budget are
-    still trimmed."""
+    and every pass trimmed them until none was left. The trim now removes none where the stream is over budget by
+    more than its nodes of alerts could take, and says why, once; alerts of their own size past the budget are still
+    trimmed."""
     admin = admin_of(acl_redis)
     subscriber = user_of(acl_redis, SUBSCRIBER_USER)
     _add_alerts(admin, 0, 4000)

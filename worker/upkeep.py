@@ -225,17 +225,14 @@ that never acknowledges must not make the budget trim everyone's entries."""
 PENDING_WARN_SHARE = 0.1
 """The upkeep names the consumer groups whose pending lists take more than this share of a stream's budget."""
 
-ENTRY_SKEW = 4
-"""How much larger than the sampled entries (the oldest and the newest few) the stream's entries may be, on average,
-before the budget's trim concludes that its excess lies outside the entries: when removing every entry, each
-ENTRY_SKEW times the sampled size, would still leave the stream over budget, it removes none. What MEMORY USAGE
-counts beside the entries and their pending lists (consumer and group names, which a subscriber chooses, each up to
-proto-max-bulk-len) is not the alerts' to pay for: before, 21 consumers of 1.9 MB names made every pass trim every
-alert."""
-
-ENTRY_SAMPLE = 8
-"""Entries read at each end of an over-budget stream to size an entry (their fields' and values' bytes: a little
-more than the entry takes in a stream node, whose field names are shared)."""
+NODE_BYTES = 10 * 1024 + 512
+"""The most a node of alerts takes in Redis: a stream node holds entries up to stream-node-max-bytes (4096, Redis's
+default, which deploy/redis/redis.conf keeps), or one larger entry alone, and an alert is under 10 KiB (8 KiB of
+matches at most; tests/test_attacks.py), plus the node's master entry and place in the tree. So the alerts' entries
+take at most their node count (XINFO STREAM's radix-tree-keys) times this, and where the stream is over budget by
+more than that, the excess is not the entries': it is what MEMORY USAGE counts beside them and their pending lists
+(consumer and group names, which a subscriber chooses, each up to proto-max-bulk-len). Before, 21 consumers of
+1.9 MB names made every pass trim every alert."""
 
 GROUPS_INTERVAL_S = 60.0
 """How often the lease holder lists a stream's consumer groups (XINFO GROUPS, to leave their pending lists out of its
@@ -259,21 +256,19 @@ def pending_by_group(client: Any, stream: str) -> dict[str, int]:
 @dataclass(frozen=True)
 class MemoryTrim:
     """What one memory trim of a stream did: the stream's memory before (bytes, less what its groups' pending lists
-    hold), the entries removed, and the bytes found to lie outside the entries (0 unless the trim removed none for
-    them: see ENTRY_SKEW)."""
+    hold), the entries removed, and the bytes found to lie outside the entries, at least (0 unless the trim removed
+    none for them: see NODE_BYTES)."""
 
     used: int
     removed: int
     outside: int
 
 
-def entry_size(client: Any, stream: str) -> float:
-    """The bytes of an entry of `stream`, sampled: the fields and values of ENTRY_SAMPLE entries at each end."""
-    sampled = list(client.xrange(stream, count=ENTRY_SAMPLE)) + list(client.xrevrange(stream, count=ENTRY_SAMPLE))
-    if not sampled:
-        return 0.0
-    sizes = [sum(len(k) + len(v) for k, v in fields.items()) for _, fields in sampled]
-    return sum(sizes) / len(sizes)
+def entries_bound(client: Any, stream: str) -> int | None:
+    """The most the entries of `stream` can take, were each node full (NODE_BYTES a node); None when the server does
+    not say how many nodes it has."""
+    nodes = replies.info(client.xinfo_stream(stream)).get("radix-tree-keys")
+    return None if nodes is None else int(nodes) * NODE_BYTES
 
 
 def trim_to_memory(
@@ -284,10 +279,12 @@ def trim_to_memory(
     *,
     held_bytes: int = 0,
     measured: int | None = None,
+    bounded: bool = False,
 ) -> MemoryTrim:
     """Trim the oldest entries of `stream` while its entries take more than `max_bytes` of Redis memory. `held_bytes`
     is what its consumer groups' pending lists take, which trimming cannot free: it is left out of the measure.
-    `measured` is the stream's MEMORY USAGE if the caller has just read it.
+    `measured` is the stream's MEMORY USAGE if the caller has just read it; `bounded`, whether its entries are
+    alerts, whose nodes take at most NODE_BYTES.
 
     The memory is MEMORY USAGE with every stream node counted (SAMPLES 0: Redis's default samples only the oldest
     nodes, which underestimates a stream whose newest entries are larger, as a storm's alerts are); it costs about
@@ -295,8 +292,8 @@ def trim_to_memory(
     entries; each later cut divides the excess left by the bytes an entry of the previous cut freed (the oldest
     entries, cut first, are often smaller than the average), up to twice the previous cut. Cuts are in whole nodes
     (XTRIM MAXLEN ~), at most `limit` entries each and `MEMORY_ROUNDS` of them a call: a stream far over budget
-    shrinks over several calls. None is made where removing every entry, each ENTRY_SKEW times the size of those
-    sampled (entry_size), would still leave the stream over budget: the excess is then outside the entries.
+    shrinks over several calls. Of a `bounded` stream, none is removed where removing every entry would still leave
+    it over budget (entries_bound): the excess is then outside the entries.
     """
     if max_bytes <= 0:
         return MemoryTrim(0, 0, 0)
@@ -311,10 +308,10 @@ def trim_to_memory(
         if used <= max_bytes:
             break
         length = int(client.xlen(stream))
-        if not removed:
-            sampled = entry_size(client, stream)
-            if used - ENTRY_SKEW * sampled * length > max_bytes:
-                return MemoryTrim(before, 0, int(used - sampled * length))
+        if bounded and not removed:
+            most = entries_bound(client, stream)
+            if most is not None and used - most > max_bytes:
+                return MemoryTrim(before, 0, used - most)
         excess = used - max_bytes
         even = length * excess / used
         # at most twice the last cut: where the small oldest entries give way to large ones, a cut sized by the
@@ -453,6 +450,7 @@ class Upkeep:
                     budget,
                     held_bytes=sum(pending.values()) * PENDING_ENTRY_BYTES,
                     measured=measured,
+                    bounded=kind == "alerts",
                 )
                 self._report_memory(kind, trimmed.used, budget)
                 self._warn_outside(kind, stream, setting, trimmed.outside)
@@ -496,7 +494,7 @@ class Upkeep:
         return pending
 
     def _warn_outside(self, kind: str, stream: str, setting: str, outside: int) -> None:
-        """Say, once until it passes, that a stream's excess lies outside its entries (see ENTRY_SKEW)."""
+        """Say, once until it passes, that a stream's excess lies outside its entries (see NODE_BYTES)."""
         if not outside:
             self._outside.discard(stream)
             return
