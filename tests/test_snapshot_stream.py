@@ -132,6 +132,45 @@ def test_a_change_log_trimmed_under_a_reader_falls_back_to_the_full_search(clien
     assert pending_count(client) == 0
 
 
+@pytest.mark.parametrize("sends_alone", [1, 4])
+def test_a_fallback_is_applied_in_stream_order_before_the_rest_of_its_send(
+    client: redis.Redis, sends_alone: int
+) -> None:
+    """Every claim of a copy held behind a trimmed change log falls back. A send of [delete, add, delete, add, ...]
+    used to apply its deletes first and each add after them, searched in full: an add's alert missed the incidents
+    deleted after it in the stream. The rest of a send waits (`deferred`) until the fallback is applied, so every
+    alert is the one stream order gives, against the oracle replayed in that order."""
+    rng = random.Random(3)
+    base = {f"tok{k}": rng.randint(1, 12) for k in range(12)}  # near one another: most pairs within 7
+    bags = [dict(base, **{f"v{n}": rng.choice([1, 2, 3])}) for n in range(80)]
+    first = [{"incident_id": f"i{n:02d}", "features": bags[n]} for n in range(40)]
+    w = worker(client, batch_size=10, snapshot_sends_alone=sends_alone)
+    publish(client, first)
+    w.run(until_idle=True)
+    assert w.snapshot is not None
+    w.snapshot.refresh = lambda: None  # type: ignore[method-assign]
+    client.hset("{incidents}:meta", CHANGES_FLOOR_FIELD, "99999999999999-0")
+    then: list[dict[str, Any]] = []
+    for n in range(40):
+        then += [{"incident_id": f"i{n:02d}", "op": "delete"}, {"incident_id": f"j{n:02d}", "features": bags[40 + n]}]
+    publish(client, then)
+    w.run(until_idle=True)
+    assert w.snapshot.fallbacks >= 4
+    oracle = Oracle(7)
+    for event in first:
+        oracle.add(event["incident_id"], fingerprint(event["features"]))
+    expected = {}
+    for event in then:
+        if event.get("op") == "delete":
+            oracle.delete(event["incident_id"])
+        else:
+            expected[event["incident_id"]] = oracle.add(event["incident_id"], fingerprint(event["features"]))
+    got = {a.incident_id: (a.match_count, [(m.incident_id, m.distance) for m in a.matches]) for a in alerts(client)}
+    for incident_id, matches in expected.items():
+        assert got.get(incident_id, (0, [])) == (len(matches), matches), incident_id
+    assert pending_count(client) == 0
+
+
 def _rewind(client: redis.Redis, saved: dict[bytes, bytes], reset: bool) -> None:
     """Take every key back to `saved` (DUMPs of an earlier moment), as a restart from an older save does; or, with
     `reset`, delete every key, as a FLUSHALL or a deleted namespace does."""

@@ -286,11 +286,12 @@ class SnapshotClaim:
 class ApplyResult:
     """What one atomic index step did.
 
-    `status` is one of indexed, repeat, duplicate, stale, deleted, absent, not_pending, unvalidated (`found` for a
-    search); `candidates` counts the representatives verified (never their twins), or on the snapshot path the
-    changes validated; `matches` lists the matches (at most max_matches of them when that is set), closest first,
-    while `match_count` counts them all, unless `incomplete`: the search was cut at the per-event budget, the
-    matches listed are real ones but not necessarily the closest, and `match_count` is a lower bound.
+    `status` is one of indexed, repeat, duplicate, stale, deleted, absent, not_pending, unvalidated, deferred (an
+    apply_batch call after an unvalidated or stale one: not run) (`found` for a search); `candidates` counts the
+    representatives verified (never their twins), or on the snapshot path the changes validated; `matches` lists the
+    matches (at most max_matches of them when that is set), closest first, while `match_count` counts them all,
+    unless `incomplete`: the search was cut at the per-event budget, the matches listed are real ones but not
+    necessarily the closest, and `match_count` is a lower bound.
     """
 
     status: str

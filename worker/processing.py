@@ -611,7 +611,11 @@ class Processor:
         event = item.event
         assert event is not None
         result = parse_apply(reply)
-        if result.status == "stale":
+        if result.status == "stale" or result.status == "deferred":
+            # (deferred: an earlier call of its send changed nothing and is applied again just before, in order; this
+            # one goes after it, searched in full as that one is: a fallback of the copy too)
+            if result.status == "deferred" and self.snapshot is not None and event.op != "delete":
+                self.snapshot.fallbacks += 1
             self._retry_stale(item)
             return
         if result.status == "unvalidated":  # the copy could not be validated: nothing happened, search in full

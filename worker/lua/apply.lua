@@ -81,8 +81,8 @@ end
 --                       listing as its alert's JSON with where each match starts (claim_json.lua)
 --
 -- Returns {status, match_count, candidates_verified, alert_entry_id_or_'', id1, d1, id2, d2, ...} where status is
--- indexed | repeat | duplicate | stale | deleted | absent | not_pending | unvalidated; indexed and repeat put the
--- incident's group after the alert entry: {status, match_count, candidates, alert, group ID, group size, id1, d1,
+-- indexed | repeat | duplicate | stale | deleted | absent | not_pending | unvalidated (| deferred: see apply_batch);
+-- indexed and repeat put the incident's group after the alert entry: {status, match_count, candidates, alert, group ID, group size, id1, d1,
 -- ...}, so that a caller of the Python API needs no group_of (the alert's group_id and group_size). Only indexed, repeat,
 -- deleted and absent acknowledge the entry; duplicate, stale, not_pending and unvalidated change nothing.
 -- candidates_verified counts the representatives read, never their twins (on the snapshot path: the changes
@@ -318,9 +318,8 @@ local function apply(keys, args)
   return apply_at(keys, 0, #keys, args, 0, #args, {})
 end
 
--- The number of calls of a batch and its keys' and arguments' counts; nil and an error reply when the counts do not
--- describe the call's keys and arguments. Checked before any loop: every loop of apply_batch is then bounded by the
--- call's own length (an FCALL of a few bytes, say `1e15` calls, may not spin the server's one thread).
+-- The number of calls of a batch and its keys' and arguments' counts, or nil and an error reply: checked before any
+-- loop, so that each is bounded by the call's length (an FCALL of a few bytes, `1e15` calls, may not spin Redis).
 local function batch_shape(keys, args)
   local n, n_keys, n_args = tonumber(args[1]), #keys, #args
   local problem
@@ -342,7 +341,7 @@ local function batch_shape(keys, args)
     end
   end
   if problem then return nil, redis.error_reply('ERR apply_batch: ' .. problem) end
-  return n, n_keys, n_args
+  return n
 end
 
 -- Several apply calls in one FCALL, run in order, each exactly as the apply function runs it; for the snapshot path,
@@ -354,10 +353,12 @@ end
 -- args[2n+2 ..] = the arguments of every call, one call's after the other's
 --
 -- Returns one reply per call, in order: what apply returns, or the error it met (as an error reply in the array;
--- the calls after it still run, as separate calls would).
+-- the calls after it still run, as separate calls would). After a call that changed nothing to be applied again
+-- (unvalidated, stale), the later calls answer `deferred` and change nothing: the worker applies them after it, in
+-- stream order.
 local function apply_batch(keys, args)
-  local n, n_keys, n_args = batch_shape(keys, args)
-  if not n then return n_keys end
+  local n, refused = batch_shape(keys, args)
+  if not n then return refused end
   local context = {}
   local replies = {}
   if n > 1 then prefetch(context, keys, args, n) end
@@ -370,24 +371,22 @@ local function apply_batch(keys, args)
   end
   register_queries(context, queries)
   a = 1 + 2 * n
+  local deferring = false
   for i = 1, n do
     local nk, na = tonumber(args[2 * i]), tonumber(args[2 * i + 1])
     local ok, reply
-    if nk >= 8 and na >= ARGS and nk % 1 == 0 and na % 1 == 0 and k + nk <= n_keys and a + na <= n_args then
+    if deferring then
+      ok, reply = true, {'deferred', 0, 0, ''}
+    elseif nk >= 8 and na >= ARGS then  -- (batch_shape checked that the counts fit)
       -- the call's keys and arguments read in place (every one it reads is its own: see apply_at, call_keys)
       ok, reply = pcall(apply_at, keys, k, nk, args, a, na, context)
     else
       local call_keys_of, call_args_of = slice(keys, k + 1, k + nk), slice(args, a + 1, a + na)
       ok, reply = pcall(apply_at, call_keys_of, 0, #call_keys_of, call_args_of, 0, #call_args_of, context)
     end
-    if not ok then
-      if type(reply) == 'table' and reply.err then
-        reply = {err = reply.err}
-      else
-        reply = {err = 'ERR ' .. tostring(reply)}
-      end
-    end
+    if not ok then reply = {err = type(reply) == 'table' and reply.err or 'ERR ' .. tostring(reply)} end
     replies[i] = reply
+    deferring = deferring or reply[1] == 'unvalidated' or reply[1] == 'stale'
     k, a = k + nk, a + na
   end
   flush_acks(context)
