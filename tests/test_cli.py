@@ -460,11 +460,21 @@ def test_alerts_prints_the_newest_or_those_after_an_id(server: RedisServer, clie
     assert empty.returncode == 0 and empty.stdout == "" and "no alerts" in empty.stderr
 
 
+def _interruptible() -> None:
+    """In the follower, before it starts: SIGINT as a terminal delivers it. A suite started in the background (`make
+    test &`, `setsid ... &`) has SIGINT ignored, which its children inherit, and the follower then never stopped."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_alerts_follow_prints_a_new_alert_and_exits_0_on_sigint(server: RedisServer, client: redis.Redis) -> None:
     add_alert(client, "old", [("a", 1)])
     command = [*worker_command(), "alerts", "--follow", "--json", "--count", "1"]
     with subprocess.Popen(
-        command, env=clean_env(redis_url=server.url), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        command,
+        env=clean_env(redis_url=server.url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_interruptible,
     ) as follower:
         reader = LineReader(follower)
         try:
@@ -502,6 +512,7 @@ def test_alerts_follow_resumes_after_a_redis_restart(tmp_path: Path, grouped: bo
             env=clean_env(redis_url=server.url),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            preexec_fn=_interruptible,
         )
         reader = LineReader(follower)
         assert json.loads(reader.next())["incident_id"] == "before"
