@@ -611,18 +611,14 @@ class Processor:
         event = item.event
         assert event is not None
         result = parse_apply(reply)
-        if result.status == "stale" or result.status == "deferred":
-            # (deferred: an earlier call of its send changed nothing and is applied again just before, in order; this
-            # one goes after it, searched in full as that one is: a fallback of the copy too)
-            if result.status == "deferred" and self.snapshot is not None and event.op != "delete":
+        if result.status == "stale" or result.status == "unvalidated" or result.status == "deferred":
+            # nothing happened: applied again, alone. Unvalidated, the copy's claim could not be validated; deferred, an
+            # earlier call of its send is applied again just before it, in stream order. Both are searched in full:
+            # fallbacks of the copy.
+            if result.status != "stale" and self.snapshot is not None and event.op != "delete":
                 self.snapshot.fallbacks += 1
-            self._retry_stale(item)
-            return
-        if result.status == "unvalidated":  # the copy could not be validated: nothing happened, search in full
-            assert self.snapshot is not None
-            self.snapshot.fallbacks += 1
-            item.full_search = True
-            self._retry_stale(item)
+                item.full_search = True
+            self._apply_again(item)
             return
         if result.status == "duplicate":
             assert result.stored is not None and event.fingerprint is not None
@@ -638,8 +634,10 @@ class Processor:
         if self.snapshot is None:
             self.storm.note(result)
 
-    def _retry_stale(self, item: _Item) -> None:
-        """An upsert or delete raced with another consumer changing the same incident: read again, apply again."""
+    def _apply_again(self, item: _Item) -> None:
+        """Apply an item again, alone, searched in full, with what `{N}:fp` holds now: its call changed nothing (an
+        upsert or delete raced with another consumer changing the same incident, a claim not validated, or a call
+        deferred behind one of those)."""
         event = item.event
         assert event is not None
 
