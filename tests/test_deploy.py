@@ -31,6 +31,7 @@ from redis.retry import Retry
 from tests.conftest import FAST, require_redis_server
 from tests.redis_server import RedisServer, free_port
 from tests.streams import (
+    ALERTS,
     EVENTS,
     FP,
     GROUP,
@@ -1338,17 +1339,23 @@ class ConfiguredRedis(RedisServer):
         return ["redis-server", str(self.conf), "--port", str(self.port), "--bind", "127.0.0.1", "--logfile", str(log)]
 
 
-def test_redis_conf_is_accepted_by_redis_7_with_aof_and_the_acl(tmp_path: Path) -> None:
+def shipped_redis(directory: Path) -> ConfiguredRedis:
+    """A redis-server (not started) on the shipped redis.conf and the rendered users.acl, its data in `directory`."""
     require_redis_server()
-    acl = tmp_path / "users.acl"
+    acl = directory / "users.acl"
     assert render_acl(acl).returncode == 0
     text = REDIS_CONF.read_text()
-    text, dirs = re.subn(r"(?m)^dir .*$", f"dir {tmp_path}", text)
+    text, dirs = re.subn(r"(?m)^dir .*$", f"dir {directory}", text)
     text, aclfiles = re.subn(r"(?m)^aclfile .*$", f"aclfile {acl}", text)
     assert (dirs, aclfiles) == (1, 1), "redis.conf should name its data directory and its ACL file once each"
-    conf = tmp_path / "redis.conf"
+    conf = directory / "redis.conf"
     conf.write_text(text)
-    server = ConfiguredRedis(tmp_path, conf)
+    return ConfiguredRedis(directory, conf)
+
+
+def test_redis_conf_is_accepted_by_redis_7_with_aof_and_the_acl(tmp_path: Path) -> None:
+    acl = tmp_path / "users.acl"
+    server = shipped_redis(tmp_path)
     server.start()
     try:
         with server.client(username="admin", password=PASSWORDS["REDIS_ADMIN_PASSWORD"], decode_responses=True) as c:
@@ -1370,6 +1377,41 @@ def test_redis_conf_is_accepted_by_redis_7_with_aof_and_the_acl(tmp_path: Path) 
         with server.client(retry=Retry(NoBackoff(), 0)) as anonymous, pytest.raises(AuthenticationError):
             anonymous.ping()
         assert (tmp_path / "appendonlydir").is_dir(), "no append-only file was started"
+    finally:
+        server.stop()
+
+
+def test_a_restart_of_the_shipped_redis_keeps_what_the_worker_wrote(tmp_path: Path) -> None:
+    """The append-only file holds each function call as MULTI/EXEC, and Redis 7.0 to 7.4 check an EXEC read back
+    from it against the default user's rights (redis/redis#14541): with no rights there, every call of the worker
+    was refused at load and a restart came back with an empty index and no alerts."""
+    server = shipped_redis(tmp_path)
+    server.start()
+    admin_login = {"username": "admin", "password": PASSWORDS["REDIS_ADMIN_PASSWORD"], "decode_responses": True}
+    try:
+        with server.client(**admin_login) as c:
+            library.load(c)
+        worker = start_worker(worker_url(server), "--until-idle", log=tmp_path / "worker.log", **FAST)
+        with server.client(username=WORKER_USER, password=PASSWORDS["REDIS_WORKER_PASSWORD"]) as client:
+            publish(client, SPEC_EVENTS)
+        assert worker.wait(timeout=60) == 0, (tmp_path / "worker.log").read_text()[-3000:]
+        with server.client(**admin_login) as c:
+            before = (c.hgetall(FP), c.xlen(ALERTS), c.xlen("{incidents}:changes"), pending_count(c))
+        assert before[0] and before[1] == 2 and before[3] == 0
+    finally:
+        server.stop()  # SIGTERM: Redis syncs its append-only file and exits
+    server.start()
+    try:
+        with server.client(**admin_login) as c:
+            after = (c.hgetall(FP), c.xlen(ALERTS), c.xlen("{incidents}:changes"), pending_count(c))
+        assert after == before
+        log = (tmp_path / "redis.log").read_text()
+        assert "NOPERM" not in log, log[-2000:]
+        with server.client(**admin_login) as c:  # and the default user still lets nobody in
+            acl = {entry.split()[1]: entry for entry in c.acl_list()}
+            assert " off " in acl["default"] and "nopass" not in acl["default"]
+        with server.client(retry=Retry(NoBackoff(), 0)) as anonymous, pytest.raises(AuthenticationError):
+            anonymous.ping()
     finally:
         server.stop()
 
