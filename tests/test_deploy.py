@@ -43,6 +43,7 @@ from tests.streams import (
     run_in_process,
     start_worker,
     stop,
+    wait_until,
     worker_command,
 )
 from worker import inbox, library
@@ -810,6 +811,50 @@ def test_worker_process_does_its_whole_job_as_the_acl_user(
     assert pending_count(admin) == 0
     assert admin.get("{incidents}:heartbeat:acl-worker") is None, "the heartbeat was not removed at the stop"
     assert refusals(admin) == [], "the worker was refused something it swallowed"
+
+
+def test_a_right_taken_away_while_the_worker_runs_changes_nothing_until_it_is_given_back(
+    acl_server: RedisServer, admin: redis.Redis, worker_client: redis.Redis, tmp_path: Path
+) -> None:
+    """`ACL SETUSER incident-worker -xadd` (an edited ACL loaded) while a worker ran: its next call indexed a twin and
+    then was refused its XADD to the change log, so the incident stayed indexed without its change or its alert, and
+    the retry, once the right was back, took it for a repeat. Each stream call now checks its rights before its first
+    write (fitness.lua); the worker names the grant and waits, and the entry gets its alert once it is given back."""
+    publish(worker_client, [SPEC_EVENTS[0]])
+    log = tmp_path / "worker.log"
+    worker = start_worker(worker_url(acl_server), log=log, consumer="acl-worker", **FAST, reconnect_max_backoff_s=0.2)
+    try:
+        wait_until(lambda: admin.hexists(FP, "47"), 30, "the first incident indexed")
+        admin.execute_command("ACL", "SETUSER", WORKER_USER, "-xadd")
+        try:
+            publish(admin, [SPEC_EVENTS[2]])  # 90, the twin of 47
+            wait_until(lambda: "waiting for the repair" in log.read_text(), 30, "the worker to name the gap")
+            time.sleep(0.5)  # more rounds: still nothing written
+            assert worker.poll() is None, log.read_text()[-3000:]
+            assert not admin.hexists(FP, "90") and admin.xlen(ALERTS) == 0 and admin.xlen("{incidents}:changes") == 1
+            assert "+xadd" in log.read_text()
+        finally:
+            admin.execute_command("ACL", "SETUSER", WORKER_USER, "+xadd")
+        wait_until(lambda: admin.xlen(ALERTS) == 1 and pending_count(admin) == 0, 30, "the alert once given back")
+    finally:
+        assert stop(worker) == 0, log.read_text()[-3000:]
+    assert [(a.incident_id, [(m.incident_id, m.distance) for m in a.matches]) for a in alerts(admin)] == [
+        ("90", [("47", 0)])
+    ]
+    assert sorted(admin.hkeys(FP)) == ["47", "90"] and admin.xlen("{incidents}:changes") == 2
+
+
+def test_check_capacity_says_when_its_user_may_not_read_the_memory(
+    acl_server: RedisServer, admin: redis.Redis, worker_client: redis.Redis
+) -> None:
+    """`check --capacity` as the worker's user (whose ACL refuses INFO) printed `healthy` and no word of memory."""
+    env = clean_env(redis_url=worker_url(acl_server))
+    done = run_in_process(["check", "--capacity", "--redis-only"], env)
+    assert "memory not checked" not in done.stderr.decode(), "--redis-only asks nothing of memory"
+    done = run_in_process(["check", "--capacity"], env)
+    assert "warning: memory not checked: Redis refused INFO to this user" in done.stderr.decode()
+    admin_env = clean_env(redis_url=f"redis://admin:{PASSWORDS['REDIS_ADMIN_PASSWORD']}@127.0.0.1:{acl_server.port}/0")
+    assert "memory not checked" not in run_in_process(["check", "--capacity"], admin_env).stderr.decode()
 
 
 def test_library_api_works_as_the_acl_user(admin: redis.Redis, worker_client: redis.Redis) -> None:

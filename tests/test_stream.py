@@ -375,7 +375,11 @@ def test_poison_entries_are_dead_lettered_after_max_deliveries(redis_client: red
 
     def then_break() -> None:  # (a worker refuses to start on such a key: it is broken once the worker runs)
         checked()
-        redis_client.set(FP, "not a hash")  # every apply now fails with WRONGTYPE: the entry can never be processed
+        # a posting set of the entry's fingerprint of another type: its apply fails with WRONGTYPE (before it writes
+        # anything), entry after entry, so the entry can never be processed. (A key every call writes, such as
+        # {N}:fp, replaced while workers run refuses every call whole instead, and the workers wait for the repair:
+        # tests/test_wrong_types.py.)
+        redis_client.set(FingerprintIndex(redis_client).posting_keys(fingerprint(DOCK))[0], "not a set")
 
     worker.preflight = then_break  # type: ignore[method-assign]
     worker.run(until_idle=True)

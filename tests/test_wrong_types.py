@@ -308,3 +308,70 @@ def test_a_worker_stops_naming_a_registry_of_another_type(cli_admin: redis.Redis
     worker = StreamWorker(client, Settings(consumer="w1", block_ms=50, read_path="primary"))
     with pytest.raises(KeyTypeError, match=r"\{incidents\}:workers holds a string, not the sorted set"):
         worker.run(until_idle=True)
+
+
+@pytest.mark.parametrize("read_path", ["primary", "snapshot"])
+def test_a_key_replaced_while_workers_run_refuses_their_calls_whole_and_they_go_on_in_order_once_repaired(
+    cli_admin: redis.Redis, read_path: str
+) -> None:
+    """The start's check cannot see a key replaced later. A call that met the alerts stream replaced by a string kept
+    what it wrote before its XADD (an incident indexed, its alert lost, its retry a repeat) and the worker went on to
+    the next entries (the delete of the same incident applied first, then the add again). Each stream call now checks
+    before its first write (fitness.lua): refused whole, the worker names the key and waits for the repair, its
+    entries pending, and then applies them in stream order."""
+    import io
+    import threading
+
+    from worker.logs import configure_logging
+    from worker.settings import Settings
+    from worker.stream import StreamWorker
+
+    out = io.StringIO()
+    configure_logging("json", "info", stream=out)
+    client = redis.Redis(connection_pool=cli_admin.connection_pool)
+    settings = Settings(
+        consumer="w1", block_ms=50, claim_interval_ms=100, read_path=read_path, reconnect_max_backoff_s=0.1
+    )
+    worker = StreamWorker(client, settings)
+    cli_admin.xadd(KEYS.events_stream, {"incident_id": "INC-1", "features": json.dumps(DOCK)})
+    thread = threading.Thread(target=worker.run, name="worker", daemon=True)
+    thread.start()
+    saved = "{incidents}:alerts-kept-aside"
+    try:
+        deadline = time.monotonic() + 20
+        while cli_admin.hget(KEYS.fingerprints, "INC-1") is None:
+            assert time.monotonic() < deadline, out.getvalue()[-2000:]
+            time.sleep(0.02)
+        if cli_admin.exists(KEYS.alerts_stream):
+            cli_admin.rename(KEYS.alerts_stream, saved)
+        cli_admin.set(KEYS.alerts_stream, "by hand")
+        cli_admin.xadd(KEYS.events_stream, {"incident_id": "INC-2", "features": json.dumps(DOCK)})
+        cli_admin.xadd(KEYS.events_stream, {"incident_id": "INC-2", "op": "delete"})
+        while "a call could not finish" not in out.getvalue():
+            assert time.monotonic() < deadline, out.getvalue()[-2000:]
+            time.sleep(0.02)
+        time.sleep(0.3)  # a few more rounds of waiting: still nothing written, nothing acknowledged
+        assert thread.is_alive()
+        assert cli_admin.hget(KEYS.fingerprints, "INC-2") is None
+        assert cli_admin.xlen(KEYS.changes) == 1
+        assert cli_admin.xpending(KEYS.events_stream, "incident-workers")["pending"] == 2
+        waiting = [json.loads(line) for line in out.getvalue().splitlines() if "a call could not finish" in line]
+        assert "{incidents}:alerts holds a string, not the stream the index keeps there" in waiting[0]["problem"]
+        cli_admin.delete(KEYS.alerts_stream)
+        if cli_admin.exists(saved):
+            cli_admin.rename(saved, KEYS.alerts_stream)
+        while cli_admin.xpending(KEYS.events_stream, "incident-workers")["pending"] or not cli_admin.exists(
+            KEYS.alerts_stream
+        ):
+            assert time.monotonic() < deadline + 20, out.getvalue()[-2000:]
+            time.sleep(0.02)
+    finally:
+        worker.stop()
+        thread.join(timeout=20)
+    assert not thread.is_alive()
+    # in stream order: INC-2 added (its alert names its twin INC-1), then deleted
+    changes = [next(iter(fields.items())) for _, fields in cli_admin.xrange(KEYS.changes)]
+    assert changes == [(b"add", b"INC-1"), (b"add", b"INC-2"), (b"delete", b"INC-2")]
+    assert cli_admin.hkeys(KEYS.fingerprints) == [b"INC-1"]
+    [(_, alert)] = [entry for entry in cli_admin.xrange(KEYS.alerts_stream) if entry[1][b"incident_id"] == b"INC-2"]
+    assert json.loads(alert[b"matches"]) == [{"incident_id": "INC-1", "distance": 0}], alert

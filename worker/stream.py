@@ -28,7 +28,13 @@ from redis.exceptions import OutOfMemoryError, ResponseError
 
 from . import startup
 from .connection import RedisClient
-from .errors import CredentialsRefusedError, DamagedMetaError, LayoutMismatchError, TlsUnverifiedError
+from .errors import (
+    CredentialsRefusedError,
+    DamagedMetaError,
+    LayoutMismatchError,
+    PreflightError,
+    TlsUnverifiedError,
+)
 from .index import FingerprintIndex
 from .keytypes import diagnose, is_wrong_type
 from .library import StreamTarget
@@ -182,6 +188,15 @@ class StreamWorker:
                 self._stop.wait(self._idle_wait)
             except LayoutMismatchError:
                 raise
+            except PreflightError as error:
+                if not started:
+                    raise  # at the start: exit 2 with what to do (docs/contract.md)
+                # a right taken away, or a key replaced, while the worker ran: its calls refuse themselves whole
+                # (UNFIT) and its entries stay pending; it waits for the repair, then goes on in stream order
+                failures += 1
+                ready = False
+                self.log.error("a call could not finish; waiting for the repair", problem=str(error))
+                self._reconnect_pause(error, failures, "waiting for the user's rights or the keys to be repaired")
             except DamagedMetaError as error:
                 # a hand edit the worker cannot work around (the message says what to run): every worker waits for
                 # the repair rather than exit, which would only restart it into the same refusal

@@ -656,17 +656,23 @@ def _ago(ms: int) -> str:
 
 
 def warnings(
-    client: Any, settings: Any, positions: Sequence[GroupPosition] | None = None, *, memory: bool = True
+    client: Any, settings: Any, positions: Sequence[GroupPosition] | None = None, *, memory: bool | str = True
 ) -> list[str]:
     """What an operator should act on before the namespace fills Redis: for `stats` and `check`.
 
-    `memory` reads INFO (refused to the least-privilege worker user, and every refusal lands in the ACL log)."""
+    `memory` reads INFO (refused to the least-privilege worker user, and every refusal lands in the ACL log);
+    "asked" (`check --capacity`) also says so when INFO is refused."""
     found: list[str] = []
     if memory:
         try:
             info = client.info("memory")
-        except ResponseError:
+        except ResponseError as error:
             info = {}
+            if memory == "asked":  # `check --capacity`: the one question it was asked, not answered, is said so
+                found.append(
+                    f"memory not checked: Redis refused INFO to this user ({str(error)[:80]}); run it with an "
+                    "administrator's REDIS_URL, or `redis-cli INFO memory`"
+                )
         used, limit = int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
         if limit and used >= MEMORY_WARN_FRACTION * limit:
             try:

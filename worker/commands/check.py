@@ -221,7 +221,7 @@ def _warnings(client: RedisClient, settings: Settings, *, memory: bool) -> list[
     from ..upkeep import warnings  # the probe imports the index's code only when it gets this far
 
     try:
-        return warnings(client, settings, memory=memory)
+        return warnings(client, settings, memory="asked" if memory else False)
     except redis.RedisError:
         return []  # a user without XINFO or INFO still gets its liveness verdict
 

@@ -9,6 +9,7 @@
 --- @include "apply_context"
 --- @include "groups"
 --- @include "alert_json"
+--- @include "fitness"
 
 -- Append to `out` the keys of a call numbered first .. last that it has (1 .. nk), keys[ko + i] for its key i: the
 -- keys of a call of apply_batch are read in place, in the FCALL's keys (ko = the keys of the calls before it), not
@@ -315,33 +316,8 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
 end
 
 local function apply(keys, args)
-  return apply_at(keys, 0, #keys, args, 0, #args, {})
-end
-
--- The number of calls of a batch and its keys' and arguments' counts, or nil and an error reply: checked before any
--- loop, so that each is bounded by the call's length (an FCALL of a few bytes, `1e15` calls, may not spin Redis).
-local function batch_shape(keys, args)
-  local n, n_keys, n_args = tonumber(args[1]), #keys, #args
-  local problem
-  if not n or n < 1 or n % 1 ~= 0 or 1 + 2 * n > n_args then
-    problem = 'args[1] must be the number of calls, followed by each call\'s count of keys and of arguments'
-  else
-    local k, a = 0, 1 + 2 * n
-    for i = 1, n do
-      local nk, na = tonumber(args[2 * i]), tonumber(args[2 * i + 1])
-      if not nk or not na or nk < 0 or na < 0 or nk % 1 ~= 0 or na % 1 ~= 0 then
-        problem = 'call ' .. i .. '\'s counts of keys and arguments must be whole numbers'
-        break
-      end
-      k, a = k + nk, a + na
-    end
-    if not problem and (k ~= n_keys or a ~= n_args) then
-      problem = 'the calls\' counts add up to ' .. k .. ' keys and ' .. a .. ' arguments; the call has ' .. n_keys ..
-        ' and ' .. n_args
-    end
-  end
-  if problem then return nil, redis.error_reply('ERR apply_batch: ' .. problem) end
-  return n
+  local refused = #keys >= 8 and (args[9] or '') ~= '' and unfit(keys, 0, #keys, args[9])  -- (a stream call)
+  return refused or apply_at(keys, 0, #keys, args, 0, #args, {})
 end
 
 -- Several apply calls in one FCALL, run in order, each exactly as the apply function runs it; for the snapshot path,
@@ -355,10 +331,13 @@ end
 -- Returns one reply per call, in order: what apply returns, or the error it met (as an error reply in the array;
 -- the calls after it still run, as separate calls would). After a call that changed nothing to be applied again
 -- (unvalidated, stale), the later calls answer `deferred` and change nothing: the worker applies them after it, in
--- stream order.
+-- stream order. A batch of stream calls its user could not finish (fitness.lua) is refused whole, with UNFIT.
 local function apply_batch(keys, args)
-  local n, refused = batch_shape(keys, args)
-  if not n then return refused end
+  local n, refused = batch_shape(keys, args)  -- then, for stream calls, the first call's keys and group (fitness.lua)
+  if n and tonumber(args[2]) >= 8 and (args[2 * n + 10] or '') ~= '' then
+    refused = unfit(keys, 0, tonumber(args[2]), args[2 * n + 10])
+  end
+  if refused then return refused end
   local context = {}
   local replies = {}
   if n > 1 then prefetch(context, keys, args, n) end

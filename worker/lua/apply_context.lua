@@ -1,6 +1,6 @@
 -- apply_context.lua: what the apply calls of one FCALL share (their `context`): whether their entries are
 -- pending and what {N}:fp holds for their incidents, read for all of them at once (prefetch), and their
--- acknowledgements, sent with one XACK at the end.
+-- acknowledgements, sent with one XACK at the end; and the check that a batch's counts describe its calls.
 
 --- @include "base"
 
@@ -104,4 +104,30 @@ local function prefetch(context, keys, args, n)
   for i = 1, #rows do pending[rows[i][1]] = true end
   context.pending_stream, context.pending_group, context.pending = events_key, group, pending
   context.acks, context.acked = {}, {}
+end
+
+-- The number of calls of a batch and its keys' and arguments' counts, or nil and an error reply: checked before any
+-- loop, so that each is bounded by the call's length (an FCALL of a few bytes, `1e15` calls, may not spin Redis).
+local function batch_shape(keys, args)
+  local n, n_keys, n_args = tonumber(args[1]), #keys, #args
+  local problem
+  if not n or n < 1 or n % 1 ~= 0 or 1 + 2 * n > n_args then
+    problem = 'args[1] must be the number of calls, followed by each call\'s count of keys and of arguments'
+  else
+    local k, a = 0, 1 + 2 * n
+    for i = 1, n do
+      local nk, na = tonumber(args[2 * i]), tonumber(args[2 * i + 1])
+      if not nk or not na or nk < 0 or na < 0 or nk % 1 ~= 0 or na % 1 ~= 0 then
+        problem = 'call ' .. i .. '\'s counts of keys and arguments must be whole numbers'
+        break
+      end
+      k, a = k + nk, a + na
+    end
+    if not problem and (k ~= n_keys or a ~= n_args) then
+      problem = 'the calls\' counts add up to ' .. k .. ' keys and ' .. a .. ' arguments; the call has ' .. n_keys ..
+        ' and ' .. n_args
+    end
+  end
+  if problem then return nil, redis.error_reply('ERR apply_batch: ' .. problem) end
+  return n
 end

@@ -35,6 +35,7 @@
 --   apply_context.lua      what the apply calls of one FCALL share
 --   groups.lua             the group of each incident, decided by the apply step: `group_merge`, `group_of`
 --   alert_json.lua         an alert's `matches` as JSON within its byte cap
+--   fitness.lua            whether a call can finish: the user's rights and the keys' types, before any write
 --   apply.lua              the apply step: `apply`, `apply_batch`
 --   streams.lua            reading entries, dead letters, consumers: `read_new`, `read_pending`, `claim`, ...
 --   inbox.lua              the producers' fenced way in: `submit`, and `intake` into the events stream

@@ -2,12 +2,10 @@
 -- the types of the keys it writes, and which run of the server this is.
 
 --- @include "base"
+--- @include "fitness"
 
--- What the calling user may not do among the commands the apply, apply_batch and dead_letter functions send, and
--- which of the keys they write hold another type: checked once, when a worker starts. A function stops at the first
--- command refused and keeps what it wrote before it (Redis rolls nothing back), so a call refused its XADD to the
--- change log or the alerts, or its XACK, after indexing left an entry indexed without its change or its alert, and
--- its retry found the incident indexed already: a repeat, acknowledged without an alert.
+-- The check of the worker's rights and keys at its start (fitness.lua's `unfit_for`, which every stream call of
+-- apply and apply_batch repeats before its first write).
 --
 -- keys[1] = {N}:meta   keys[2] = {N}:fp   keys[3] = {N}:changes   keys[4] = events stream   keys[5] = alerts stream
 -- keys[6] = dead-letter stream   keys[7] = a posting set key   keys[8] = a twin group key   keys[9] = {N}:expiry
@@ -15,45 +13,7 @@
 --
 -- Returns a flat list: 'denied', command, key (or ''), ... and 'type', key, the type it must be, ...
 local function preflight(keys, args)
-  local out = {}
-  if redis.acl_check_cmd then  -- (Redis 7; fakeredis has no ACL)
-    local g = args[1]
-    local checks = {
-      {'HGET', keys[1], 'f'}, {'HSET', keys[1], 'f', 'v'}, {'HGETALL', keys[1]}, {'EXISTS', keys[1]},
-      {'HGET', keys[2], 'i'}, {'HMGET', keys[2], 'i'}, {'HSET', keys[2], 'i', 'v'}, {'HDEL', keys[2], 'i'},
-      {'XADD', keys[3], '*', 'f', 'v'}, {'XRANGE', keys[3], '-', '+'},
-      {'XACK', keys[4], g, '0-1'}, {'XPENDING', keys[4], g, '-', '+', '1'},
-      {'XADD', keys[5], 'MAXLEN', '~', '1', '*', 'f', 'v'}, {'XADD', keys[6], 'MAXLEN', '~', '1', '*', 'f', 'v'},
-      {'SADD', keys[7], 'i'}, {'SREM', keys[7], 'i'}, {'SMEMBERS', keys[7]}, {'SUNION', keys[7], keys[7]},
-      {'SINTER', keys[7], keys[7]},
-      {'ZADD', keys[8], '0', 'i'}, {'ZREM', keys[8], 'i'}, {'ZRANGE', keys[8], '0', '0'}, {'ZCARD', keys[8]},
-      {'DEL', keys[8]},
-      {'ZADD', keys[9], '0', 'i'}, {'ZREM', keys[9], 'i'}, {'ZSCORE', keys[9], 'i'},
-      {'TIME'},
-    }
-    for i = 1, #checks do
-      local check = checks[i]
-      if not redis.acl_check_cmd(unpack(check)) then
-        out[#out + 1] = 'denied'
-        out[#out + 1] = check[1]
-        out[#out + 1] = check[2] or ''
-      end
-    end
-  end
-  -- The keys written after a call's first write (probed with commands a worker's user has: TYPE is not among them),
-  -- and {N}:fp: read before anything is written, so a call fails whole, but every call does, and each entry of the
-  -- stream would end as poison.
-  local probes = {{'XLEN', keys[3], 'stream'}, {'XLEN', keys[5], 'stream'}, {'XLEN', keys[6], 'stream'},
-                  {'ZCARD', keys[9], 'sorted set'}, {'HLEN', keys[2], 'hash'}}
-  for i = 1, #probes do
-    local reply = redis.pcall(probes[i][1], probes[i][2])
-    if type(reply) == 'table' and reply.err and string.find(tostring(reply.err), 'WRONGTYPE', 1, true) then
-      out[#out + 1] = 'type'
-      out[#out + 1] = probes[i][2]
-      out[#out + 1] = probes[i][3]
-    end
-  end
-  return out
+  return unfit_for(keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7], keys[8], keys[9], args[1])
 end
 
 -- Write the index's meta on first use; report what is there.
