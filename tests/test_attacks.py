@@ -30,6 +30,7 @@ from tests.streams import (
     fingerprints,
     pending_count,
     publish,
+    run_in_process,
     start_worker,
     worker_command,
 )
@@ -203,7 +204,9 @@ def _repair_from(message: str) -> list[str]:
     return message.rsplit(": ", 1)[1].split()
 
 
-@pytest.mark.parametrize(("field", "value"), [("changes_trimmed_to", "garbage"), ("building", "oops")])
+@pytest.mark.parametrize(
+    ("field", "value"), [("changes_trimmed_to", "garbage"), ("building", "oops"), ("layout", "garbage")]
+)
 @pytest.mark.parametrize("read_path", ["primary", "snapshot"])
 def test_a_damaged_meta_field_is_named_and_takes_no_worker_down(
     acl_redis: RedisServer, tmp_path: Path, field: str, value: str, read_path: str
@@ -228,14 +231,18 @@ def test_a_damaged_meta_field_is_named_and_takes_no_worker_down(
     ]
     try:
         # the upkeep's first trim of the change log comes within a second of a worker's start
-        _wait_for(lambda: field in logged() or any(w.poll() is not None for w in workers), 20, "the finding")
+        _wait_for(
+            lambda: f"field {field} holds" in logged() or any(w.poll() is not None for w in workers), 20, "the finding"
+        )
         time.sleep(2)
         assert [w.poll() for w in workers] == [None, None], logged()[-3000:]
-        lines = [json.loads(line) for line in logged().splitlines() if field in line]
+        lines = [json.loads(line) for line in logged().splitlines() if f"field {field} holds" in line]
         message = lines[0]["error"]
         assert f"{META} field {field} holds {value!r}" in message
         if field == "building":
             assert admin.hlen(FP) == 200, "an incident was indexed while the migration's target was unreadable"
+        if field == "layout":
+            assert admin.hlen(FP) == 200, "an incident was indexed while the layout was unreadable"
         admin.execute_command(*_repair_from(message))
         _wait_for(lambda: admin.hlen(FP) == 400 and pending_count(admin) == 0, 60, "the events after the repair")
         for worker in workers:
@@ -247,6 +254,27 @@ def test_a_damaged_meta_field_is_named_and_takes_no_worker_down(
     fps = fingerprints(events)
     assert {k.decode(): int(v, 16) for k, v in admin.hgetall(FP).items()} == fps
     assert_pairs_reported_once(fps, alerts(admin))
+
+
+def test_the_operator_commands_name_a_damaged_layout_instead_of_a_traceback(acl_redis: RedisServer) -> None:
+    """`HSET {N}:meta layout garbage`: stats, inspect, query, groups, expire and migrate printed KeyError 'bands'."""
+    admin = admin_of(acl_redis)
+    FingerprintIndex(user_of(acl_redis, WORKER_USER)).add("INC-1", {"dock": 3, "scanner": 2})
+    admin.hset(META, "layout", "garbage")
+    env = clean_env(redis_url=worker_url(acl_redis))
+    for argv in (
+        ["stats"],
+        ["inspect", "INC-1"],
+        ["query", "--features", '{"dock": 3}'],
+        ["groups"],
+        ["expire", "--dry-run"],
+        ["migrate", "--bands", "3"],
+    ):
+        done = run_in_process(argv, env)
+        err = done.stderr.decode()
+        assert done.returncode == 2 and "Traceback" not in err, (argv, err)
+        assert f"{META} field layout holds 'garbage', not a layout tag" in err, (argv, err)
+        assert f"HSET {META} layout simhash64-blake2b8le/bands=4/max_distance=7/format=" in err, (argv, err)
 
 
 # -- 10. suspected, settled by test --------------------------------------------------------------------------------

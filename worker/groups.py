@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import library
+from .errors import FingerprintIndexError
 from .replies import text
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ class GroupReads:
     def largest_groups(self, count: int = 20) -> list[Group]:
         """The `count` largest groups of more than one incident, largest first (then by label); reads every group's
         size (HSCAN), so its cost follows the number of groups."""
-        sizes = [Group(text(k), int(v)) for k, v in self.redis.hscan_iter(self.keys.group_sizes, count=1000)]
+        sizes = [Group(text(k), self._size(k, v)) for k, v in self.redis.hscan_iter(self.keys.group_sizes, count=1000)]
         return sorted(sizes, key=lambda g: (-g.size, g.label))[:count]
 
     def active_groups(self, count: int = 20) -> list[tuple[Group, int]]:
@@ -85,8 +86,19 @@ class GroupReads:
         labels = [text(row[0]) for row in rows]
         sizes = self.redis.hmget(self.keys.group_sizes, labels) if labels else []
         return [
-            (Group(label, int(size or 1)), int(row[1])) for label, row, size in zip(labels, rows, sizes, strict=True)
+            (Group(label, self._size(label, size or 1)), int(row[1]))
+            for label, row, size in zip(labels, rows, sizes, strict=True)
         ]
+
+    def _size(self, label: Any, raw: Any) -> int:
+        """A group's size as `{N}:groupsize` holds it; a value no version writes there (a hand edit) is named."""
+        try:
+            return int(raw)
+        except ValueError:
+            raise FingerprintIndexError(
+                f"{self.keys.group_sizes} field {text(label)!r} holds {text(raw)[:40]!r}, not a number of incidents "
+                "(a hand edit?): run `incident-worker verify --repair`, which counts the group's members again"
+            ) from None
 
     def group_members(self, label: str) -> list[str]:
         """The incidents of a group, in byte order (a merged-away label names the group it was merged into). Reads

@@ -33,7 +33,16 @@ from .groups import Group, GroupReads, Matches
 from .keys import DEFAULT_NAMESPACE, IndexKeys
 from .library import ApplyResult, SnapshotClaim, StreamTarget, parse_apply, stored_value
 from .limits import DEFAULT_MAX_CANDIDATES
-from .metafields import FORMAT_VERSION, SCHEME, base_tag, building_damaged, is_layout_tag, layout_tag, parse_layout_tag
+from .metafields import (
+    FORMAT_VERSION,
+    SCHEME,
+    base_tag,
+    building_damaged,
+    is_layout_tag,
+    layout_damaged,
+    layout_tag,
+    parse_layout_tag,
+)
 from .replies import pairs, text
 from .snapshotadds import SnapshotAdd, pack_adds
 from .text import TOKENIZER_VERSION
@@ -157,13 +166,16 @@ class FingerprintIndex(GroupReads):
         meta = cls.read_meta(redis, namespace)
         if not meta:
             return None
-        try:
-            bands, max_distance = int(meta["bands"]), int(meta["max_distance"])
-            generation = int(meta.get("generation", "0"))
-        except (KeyError, ValueError):
-            raise LayoutMismatchError(
-                f"{IndexKeys(namespace).meta} holds no band layout, so it is not the meta of an incident index"
-            ) from None
+        keys = IndexKeys(namespace)
+        # the layout tag, which every call checks, is the layout; the fields beside it (bands, max_distance,
+        # generation) are for people, and `verify --repair` rewrites them from it
+        tag = meta.get("layout", "")
+        if not tag:
+            raise LayoutMismatchError(f"{keys.meta} holds no band layout, so it is not the meta of an incident index")
+        if not is_layout_tag(tag):
+            raise layout_damaged(keys, tag, meta)
+        parts = parse_layout_tag(tag)
+        bands, max_distance, generation = int(parts["bands"]), int(parts["max_distance"]), int(parts["generation"])
         index = cls(redis, namespace, bands, max_distance, generation)
         index._follow(meta)
         return index
@@ -215,6 +227,8 @@ class FingerprintIndex(GroupReads):
         its configured one, or one the index moved to from it or is moving to from it."""
         meta = self.read_meta(self.redis, self.keys.namespace)
         tag = meta.get("layout", stored or "")
+        if tag and not is_layout_tag(tag):
+            raise layout_damaged(self.keys, tag, meta)
         if base_tag(tag) != self.configured_tag:
             history = {base_tag(t) for t in meta.get("previous_layouts", "").split()}
             history.add(base_tag(meta.get("building", "")))
@@ -227,6 +241,8 @@ class FingerprintIndex(GroupReads):
         before = (self.layout_tag, self.building.tag if self.building else "")
         tag = meta.get("layout", "")
         if tag and tag != self.layout_tag:
+            if not is_layout_tag(tag):
+                raise layout_damaged(self.keys, tag, meta)
             parts = parse_layout_tag(tag)
             self._use(BandLayout(int(parts["bands"]), int(parts["max_distance"])), int(parts["generation"]))
         self.adopted = self.layout_tag if base_tag(self.layout_tag) != self.configured_tag else None

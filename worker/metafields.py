@@ -11,6 +11,7 @@ and the change log's trimming off), and says so in its log until someone repairs
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from .errors import DamagedMetaError
@@ -59,6 +60,7 @@ __all__ = [
     "floor_ahead",
     "is_entry_id",
     "is_layout_tag",
+    "layout_damaged",
     "layout_tag",
     "parse_layout_tag",
 ]
@@ -119,6 +121,28 @@ def floor_ahead(client: Any, keys: IndexKeys, floor: str, last: str | None) -> D
         "fall below it, unseen by any snapshot copy, so none is used until it is repaired. Set it to the first "
         f"entry of the change log, as an administrator: HSET {keys.meta} changes_trimmed_to {safe}",
         "changes_trimmed_to",
+    )
+
+
+def layout_damaged(keys: IndexKeys, value: str, meta: Mapping[str, str]) -> DamagedMetaError:
+    """The error for a `layout` field that is not a layout tag (a hand edit): every call checks it, so no worker can
+    index anything; the tag to restore is rebuilt from the meta's other fields where they are whole."""
+    try:
+        tag = layout_tag(int(meta["bands"]), int(meta["max_distance"]), int(meta.get("generation") or 0))
+        repair = (
+            "restore it (rebuilt from its bands, max_distance and generation) as an administrator: "
+            f"HSET {keys.meta} layout {tag}"
+        )
+    except (KeyError, ValueError):
+        tag = layout_tag(4, 7)
+        repair = (
+            "restore the layout the index was built with (the workers' settings say it; bands=4, max_distance=7 "
+            f"by default) as an administrator: HSET {keys.meta} layout {tag}"
+        )
+    return DamagedMetaError(
+        f"{keys.meta} field layout holds {value[:60]!r}, not a layout tag (a hand edit?): every call of the index "
+        f"checks it, so no worker can index an incident and the workers wait; {repair}",
+        "layout",
     )
 
 

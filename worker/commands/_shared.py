@@ -25,6 +25,8 @@ from redis.retry import Retry
 from ..connection import connect
 from ..errors import (
     CommandError,
+    DamagedMetaError,
+    FingerprintIndexError,
     FunctionsMissingError,
     KeyTypeError,
     LayoutError,
@@ -325,11 +327,11 @@ def with_settings(
                 return run(args, settings)
             except LayoutError as error:
                 raise UsageError(str(error)) from None
-            except (LayoutMismatchError, KeyTypeError) as error:
+            except (LayoutMismatchError, KeyTypeError, DamagedMetaError) as error:
                 say(command, str(error))
                 return EXIT_USAGE
-            except (CommandError, FunctionsMissingError) as error:
-                say(command, str(error))
+            except (CommandError, FunctionsMissingError, FingerprintIndexError) as error:
+                say(command, str(error))  # (the index's other errors: what was found, and what to run)
                 return EXIT_FAILURE
             except (redis.ConnectionError, redis.TimeoutError) as error:
                 say(

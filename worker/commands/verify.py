@@ -52,8 +52,8 @@ def print_verify(report: VerifyReport, examples: int = SHOWN_EXAMPLES) -> None:
     scanned = report.scanned
     print(
         f"verified {{{report.namespace}}} ({report.layout or 'no layout'}) in {duration(report.elapsed_s)}: "
-        f"{plural(scanned['incidents'], 'incident')}, {plural(scanned['posting_keys'], 'posting set')} "
-        f"({scanned['posting_members']:,} members), {plural(scanned['groups'], 'twin group')}"
+        f"{plural(scanned['incidents'], 'incident')}, {plural(scanned['posting_keys'], 'posting set')}, "
+        f"{plural(scanned['groups'], 'twin group')}"
         + (f", {scanned['expiry_entries']:,} expiry entries" if scanned["expiry_entries"] else "")
         + (f", {scanned['group_entries']:,} group entries" if scanned["group_entries"] else "")
     )
