@@ -46,6 +46,7 @@ def forms(port: int, socket: Path) -> dict[str, str]:
         "user and password": f"redis://default:{ENCODED}@127.0.0.1:{port}/0",
         "?password=": f"redis://127.0.0.1:{port}/0?password={ENCODED}",
         "?username=&password=": f"redis://127.0.0.1:{port}/0?username=default&password={ENCODED}",
+        "user before the host, ?password=": f"redis://default@127.0.0.1:{port}/0?password={ENCODED}",
         "unix socket, password before the path": f"unix://:{ENCODED}@{socket}",
         "unix socket, ?password=": f"unix://{socket}?password={ENCODED}&db=0",
     }
@@ -215,7 +216,7 @@ REFUSED = {
     "unencoded ? in the password": ("redis://:hunter2?secret@db:6379/0", "%3F"),
     "unencoded : in the password makes a port": ("redis://hunter2:secret:6379/0", "port"),
     "a bare % in the password": ("redis://u:hunter2%secret@db:6379/0", "%25"),
-    "a password without its ':'": ("redis://hunter2secret@db:6379/0", "redis://:password@host"),
+    "a password without its ':'": ("redis://hunter2secret@db:6379/0", "between the user name and the '@'"),
     "a + in ?password=": ("redis://db:6379/0?password=hunter2+secret", "%2B"),
     "a space": ("redis://u:hunter2 secret@db:6379/0", "%20"),
     "password twice": ("redis://:hunter2secret@db/0?password=hunter2secret", "once"),

@@ -100,7 +100,12 @@ def intake(client: RedisClient, inbox: str, target: StreamTarget, settings: Sett
 def _refused(error: ResponseError) -> bool:
     """Whether an error reply is an ACL refusal (of the command itself, or of one a function sent)."""
     message = str(error)
-    return isinstance(error, redis_lib.exceptions.NoPermissionError) or "can't run this command" in message
+    return (
+        isinstance(error, redis_lib.exceptions.NoPermissionError)
+        or "can't run this command" in message
+        or "NOPERM" in message
+        or "no permissions to" in message
+    )
 
 
 _OFF_S = 60.0
@@ -152,24 +157,25 @@ class InboxMover:
                 self._off_until = time.monotonic() + _OFF_S
                 self.log.error("inbox not moved", error=str(diagnose(self.redis, self.keys, only=[inbox])))
                 return False
-            if str(error).startswith("NOTMOVED"):
-                # a stream refused an entry's XADD (its last ID the largest, XADDed by hand): the entry went back to
-                # the inbox's head, the stream's own entries go on
+            if _refused(error):  # (also inside NOTMOVED: the XADD of an entry refused by the ACL)
                 self._off_until = time.monotonic() + _OFF_S
                 self.log.error(
-                    "inbox not moved",
+                    "inbox not moved: the worker's user may not",
                     error=str(error),
-                    hint="a stream whose last ID is the largest takes no XADD *: delete that entry and set the "
-                    "stream's ID back (XDEL, XSETID; then XGROUP SETID, as `check` says)",
+                    hint=f"grant +lpop +llen +lpush on {inbox} and +xadd on the events stream, whichever the error "
+                    "names (deploy/redis/users.acl); events XADDed to the stream go on",
                 )
                 return False
-            if not _refused(error):
+            if not str(error).startswith("NOTMOVED"):
                 raise
+            # a stream refused an entry's XADD (its last ID the largest, XADDed by hand): the entry went back to the
+            # inbox's head, the stream's own entries go on
             self._off_until = time.monotonic() + _OFF_S
             self.log.error(
-                "inbox not moved: the worker's user may not",
+                "inbox not moved",
                 error=str(error),
-                hint=f"grant +lpop +llen +lpush on {inbox} (deploy/redis/users.acl); events XADDed to the stream go on",
+                hint="a stream whose last ID is the largest takes no XADD *: delete that entry and set the "
+                "stream's ID back (XDEL, XSETID; then XGROUP SETID, as `check` says)",
             )
             return False
         self.outcomes.record_intake(inbox, {"too_large": done.too_large, "bad_inbox_entry": done.bad})

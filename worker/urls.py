@@ -104,10 +104,11 @@ def check_url(url: str) -> None:
             f"and the URL would name another host; {_ENCODING_ADVICE}"
         )
     userinfo, _, host = authority.rpartition("@")
-    if "@" in authority and ":" not in userinfo:
+    if "@" in authority and ":" not in userinfo and not re.search(r"[?&]password=", tail):
         raise RedisUrlError(
-            "the Redis URL names a user but no password (no ':' before the '@'); write redis://user:password@host, "
-            "or redis://:password@host for a password alone, or redis://user:@host for a user without one"
+            "the Redis URL names a user but no password (no ':' before the '@', no ?password=): write a ':' and the "
+            "password between the user name and the '@' (nothing before the ':' for a password alone, nothing after "
+            "it for a user without one), or give the password as ?password="
         )
     path = tail.split("?", 1)[0]
     if scheme == "unix":
