@@ -15,32 +15,57 @@ local function unfit_for(meta, fp, changes, events, alerts, dead, posting, twins
   local prefix = string.sub(meta, 1, -5)  -- '{N}:' of '{N}:meta': the group keys (groups.lua)
   local member, size, merged, active = prefix .. 'group', prefix .. 'groupsize', prefix .. 'groupmerged',
                                        prefix .. 'groupactive'
-  if redis.acl_check_cmd then  -- (Redis 7; fakeredis has no ACL)
-    local checks = {
-      {'HGET', meta, 'f'}, {'HSET', meta, 'f', 'v'}, {'HGETALL', meta}, {'EXISTS', meta}, {'HINCRBY', meta, 'f', '1'},
-      {'HGET', fp, 'i'}, {'HMGET', fp, 'i'}, {'HSET', fp, 'i', 'v'}, {'HDEL', fp, 'i'}, {'HEXISTS', fp, 'i'},
-      {'XADD', changes, '*', 'f', 'v'}, {'XRANGE', changes, '-', '+'},
-      {'XACK', events, group, '0-1'}, {'XPENDING', events, group, '-', '+', '1'},
-      {'XADD', alerts, 'MAXLEN', '~', '1', '*', 'f', 'v'},
-      {'HSET', member, 'i', 'v'}, {'HDEL', member, 'i'}, {'HINCRBY', size, 'i', '1'}, {'HEXISTS', merged, 'i'},
-      {'ZADD', active, '0', 'i'}, {'ZREM', active, 'i'}, {'ZREMRANGEBYRANK', active, '0', '0'},
-      {'ZADD', expiry, '0', 'i'}, {'ZREM', expiry, 'i'}, {'ZSCORE', expiry, 'i'},
-      {'TIME'},
-    }
-    if dead then checks[#checks + 1] = {'XADD', dead, 'MAXLEN', '~', '1', '*', 'f', 'v'} end
-    local more = {{'SADD', posting, 'i'}, {'SREM', posting, 'i'}, {'SMEMBERS', posting}, {'SUNION', posting, posting},
-                  {'SINTER', posting, posting}, {'ZADD', twins, '0', 'i'}, {'ZREM', twins, 'i'},
-                  {'ZRANGE', twins, '0', '0'}, {'ZCARD', twins}, {'DEL', twins}}
-    for i = 1, #more do
-      if more[i][2] then checks[#checks + 1] = more[i] end
-    end
-    for i = 1, #checks do
-      local check = checks[i]
-      if not redis.acl_check_cmd(unpack(check)) then
+  local acl = redis.acl_check_cmd
+  if acl then  -- (Redis 7; fakeredis has no ACL)
+    -- each check a call of its own, not a table of arguments unpacked: this runs before every stream FCALL (36
+    -- checks: about 10 us, against 18 with a table each; the type probes below about 9 more)
+    local function need(allowed, command, key)
+      if not allowed then
         out[#out + 1] = 'denied'
-        out[#out + 1] = check[1]
-        out[#out + 1] = check[2] or ''
+        out[#out + 1] = command
+        out[#out + 1] = key or ''
       end
+    end
+    need(acl('HGET', meta, 'f'), 'HGET', meta)
+    need(acl('HSET', meta, 'f', 'v'), 'HSET', meta)
+    need(acl('HGETALL', meta), 'HGETALL', meta)
+    need(acl('EXISTS', meta), 'EXISTS', meta)
+    need(acl('HINCRBY', meta, 'f', '1'), 'HINCRBY', meta)
+    need(acl('HGET', fp, 'i'), 'HGET', fp)
+    need(acl('HMGET', fp, 'i'), 'HMGET', fp)
+    need(acl('HSET', fp, 'i', 'v'), 'HSET', fp)
+    need(acl('HDEL', fp, 'i'), 'HDEL', fp)
+    need(acl('HEXISTS', fp, 'i'), 'HEXISTS', fp)
+    need(acl('XADD', changes, '*', 'f', 'v'), 'XADD', changes)
+    need(acl('XRANGE', changes, '-', '+'), 'XRANGE', changes)
+    need(acl('XACK', events, group, '0-1'), 'XACK', events)
+    need(acl('XPENDING', events, group, '-', '+', '1'), 'XPENDING', events)
+    need(acl('XADD', alerts, 'MAXLEN', '~', '1', '*', 'f', 'v'), 'XADD', alerts)
+    need(acl('HSET', member, 'i', 'v'), 'HSET', member)
+    need(acl('HDEL', member, 'i'), 'HDEL', member)
+    need(acl('HINCRBY', size, 'i', '1'), 'HINCRBY', size)
+    need(acl('HEXISTS', merged, 'i'), 'HEXISTS', merged)
+    need(acl('ZADD', active, '0', 'i'), 'ZADD', active)
+    need(acl('ZREM', active, 'i'), 'ZREM', active)
+    need(acl('ZREMRANGEBYRANK', active, '0', '0'), 'ZREMRANGEBYRANK', active)
+    need(acl('ZADD', expiry, '0', 'i'), 'ZADD', expiry)
+    need(acl('ZREM', expiry, 'i'), 'ZREM', expiry)
+    need(acl('ZSCORE', expiry, 'i'), 'ZSCORE', expiry)
+    need(acl('TIME'), 'TIME')
+    if dead then need(acl('XADD', dead, 'MAXLEN', '~', '1', '*', 'f', 'v'), 'XADD', dead) end
+    if posting then
+      need(acl('SADD', posting, 'i'), 'SADD', posting)
+      need(acl('SREM', posting, 'i'), 'SREM', posting)
+      need(acl('SMEMBERS', posting), 'SMEMBERS', posting)
+      need(acl('SUNION', posting, posting), 'SUNION', posting)
+      need(acl('SINTER', posting, posting), 'SINTER', posting)
+    end
+    if twins then
+      need(acl('ZADD', twins, '0', 'i'), 'ZADD', twins)
+      need(acl('ZREM', twins, 'i'), 'ZREM', twins)
+      need(acl('ZRANGE', twins, '0', '0'), 'ZRANGE', twins)
+      need(acl('ZCARD', twins), 'ZCARD', twins)
+      need(acl('DEL', twins), 'DEL', twins)
     end
   end
   -- the keys written after a call's first write, and {N}:fp: read before anything is written, so a call fails whole,
