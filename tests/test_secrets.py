@@ -564,3 +564,21 @@ def test_a_mistyped_variable_is_refused_by_name_and_never_shown(
     assert "INCIDENT_WORKER_REDIS_UR is not a setting; did you mean INCIDENT_WORKER_REDIS_URL?" in shown, shown
     assert "INCIDENT_WORKER_NO_SUCH_THING is not a setting" in shown, shown
     assert_hidden(shown)
+
+
+def test_a_rediss_url_on_a_port_that_does_not_speak_tls_says_so() -> None:
+    """A rediss:// URL pointed at a port whose server never answers the TLS handshake (a plain Redis port reads it as
+    a command and waits for the rest) said only that it timed out, after the timeout; it now names the likely cause."""
+    import socket
+
+    from tests.streams import run_in_process
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        env = clean_env(redis_url=f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=none", socket_timeout_s=0.5)
+        done = run_in_process(["stats"], env)
+    err = done.stderr.decode()
+    assert done.returncode == 1, err
+    assert "cannot reach Redis" in err and "the server's TLS port (tls-port)" in err, err

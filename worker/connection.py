@@ -25,7 +25,7 @@ from .errors import UsageError
 from .logs import error_message, hide_secrets, redact
 from .settings import ENV_PREFIX, Settings
 
-__all__ = ["RedisClient", "connect", "connect_replica"]
+__all__ = ["RedisClient", "connect", "connect_replica", "tls_port_hint"]
 
 RedisClient: TypeAlias = "redis.Redis | RedisCluster"
 """A standalone or cluster redis-py client, decoding responses or not."""
@@ -104,6 +104,19 @@ def connect_replica(settings: Settings) -> redis.Redis | None:
 
 class _NoPassphraseError(Exception):
     """An encrypted key, and no ssl_password to open it."""
+
+
+def tls_port_hint(url: str, error: BaseException) -> str | None:
+    """What to check when a `rediss://` URL's connection timed out: a port that does not speak TLS never answers the
+    handshake, so the client waits out its connect timeout and says only that it timed out."""
+    if not url.startswith("rediss://") or not (
+        isinstance(error, redis.TimeoutError) or "timed out" in str(error).lower() or "timeout" in str(error).lower()
+    ):
+        return None
+    return (
+        "the URL asks for TLS (rediss://), and a port that does not speak TLS leaves the handshake unanswered until "
+        "the timeout: check that the port is the server's TLS port (tls-port), or use redis:// for a plain one"
+    )
 
 
 def _no_passphrase() -> str:

@@ -27,7 +27,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import OutOfMemoryError, ResponseError
 
 from . import startup
-from .connection import RedisClient
+from .connection import RedisClient, tls_port_hint
 from .errors import (
     CredentialsRefusedError,
     DamagedMetaError,
@@ -55,6 +55,9 @@ __all__ = ["StreamWorker", "WorkerStats"]
 
 _LAST_ID = f"{2**64 - 1}-{2**64 - 1}"
 """The largest entry ID a stream can hold: no entry can follow it."""
+
+
+RETRYING = "redis unavailable; retrying"
 
 
 def tls_unverified(error: BaseException) -> bool:
@@ -228,7 +231,8 @@ class StreamWorker:
                     ) from None
                 failures += 1
                 ready = False
-                self._reconnect_pause(error, failures)
+                tls = tls_port_hint(self.settings.redis_url.get_secret_value(), error)
+                self._reconnect_pause(error, failures, f"redis unavailable; retrying ({tls})" if tls else RETRYING)
             except ResponseError as error:
                 if waits_out(error):
                     failures += 1
@@ -278,7 +282,7 @@ class StreamWorker:
         except ResponseError:
             return False
 
-    def _reconnect_pause(self, error: Exception, failures: int, message: str = "redis unavailable; retrying") -> None:
+    def _reconnect_pause(self, error: Exception, failures: int, message: str = RETRYING) -> None:
         delay = self._backoff.compute(failures)
         self.stats.reconnects += 1
         self.metrics.reconnects.inc()

@@ -22,7 +22,7 @@ from pydantic import SecretStr, ValidationError
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..connection import connect
+from ..connection import connect, tls_port_hint
 from ..errors import (
     CommandError,
     DamagedMetaError,
@@ -334,10 +334,11 @@ def with_settings(
                 say(command, str(error))  # (the index's other errors: what was found, and what to run)
                 return EXIT_FAILURE
             except (redis.ConnectionError, redis.TimeoutError) as error:
+                tls = tls_port_hint(settings.redis_url.get_secret_value(), error)
                 say(
                     command,
                     f"cannot reach Redis at {url}: {error_text(error)}; is it running, and is the URL "
-                    f"right (--redis-url or {ENV_PREFIX}REDIS_URL)?",
+                    f"right (--redis-url or {ENV_PREFIX}REDIS_URL)?" + (f" ({tls})" if tls else ""),
                 )
                 return EXIT_FAILURE
             except redis.exceptions.NoPermissionError as error:
