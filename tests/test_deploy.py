@@ -813,28 +813,31 @@ def test_worker_process_does_its_whole_job_as_the_acl_user(
     assert refusals(admin) == [], "the worker was refused something it swallowed"
 
 
+@pytest.mark.parametrize("taken", ["xadd", "xack", "scard", "fcall"])
 def test_a_right_taken_away_while_the_worker_runs_changes_nothing_until_it_is_given_back(
-    acl_server: RedisServer, admin: redis.Redis, worker_client: redis.Redis, tmp_path: Path
+    acl_server: RedisServer, admin: redis.Redis, worker_client: redis.Redis, tmp_path: Path, taken: str
 ) -> None:
     """`ACL SETUSER incident-worker -xadd` (an edited ACL loaded) while a worker ran: its next call indexed a twin and
     then was refused its XADD to the change log, so the incident stayed indexed without its change or its alert, and
-    the retry, once the right was back, took it for a repeat. Each stream call now checks its rights before its first
-    write (fitness.lua); the worker names the grant and waits, and the entry gets its alert once it is given back."""
+    the retry, once the right was back, took it for a repeat; without XACK a bad entry was dead-lettered again at each
+    retry; without SCARD (sent after the first write) a twin was left half-indexed; without FCALL the worker exited.
+    Each stream call, dead letters included, now checks its rights before its first write (fitness.lua); the worker
+    names the grant and waits, and the entries are applied in order once it is given back."""
     publish(worker_client, [SPEC_EVENTS[0]])
     log = tmp_path / "worker.log"
     worker = start_worker(worker_url(acl_server), log=log, consumer="acl-worker", **FAST, reconnect_max_backoff_s=0.2)
     try:
         wait_until(lambda: admin.hexists(FP, "47"), 30, "the first incident indexed")
-        admin.execute_command("ACL", "SETUSER", WORKER_USER, "-xadd")
+        admin.execute_command("ACL", "SETUSER", WORKER_USER, f"-{taken}")
         try:
-            publish(admin, [SPEC_EVENTS[2]])  # 90, the twin of 47
+            publish(admin, [SPEC_EVENTS[3], SPEC_EVENTS[2]])  # a bad entry, then 90, the twin of 47
             wait_until(lambda: "waiting for the repair" in log.read_text(), 30, "the worker to name the gap")
             time.sleep(0.5)  # more rounds: still nothing written
             assert worker.poll() is None, log.read_text()[-3000:]
             assert not admin.hexists(FP, "90") and admin.xlen(ALERTS) == 0 and admin.xlen("{incidents}:changes") == 1
-            assert "+xadd" in log.read_text()
+            assert f"+{taken}" in log.read_text()
         finally:
-            admin.execute_command("ACL", "SETUSER", WORKER_USER, "+xadd")
+            admin.execute_command("ACL", "SETUSER", WORKER_USER, f"+{taken}")
         wait_until(lambda: admin.xlen(ALERTS) == 1 and pending_count(admin) == 0, 30, "the alert once given back")
     finally:
         assert stop(worker) == 0, log.read_text()[-3000:]
@@ -842,6 +845,7 @@ def test_a_right_taken_away_while_the_worker_runs_changes_nothing_until_it_is_gi
         ("90", [("47", 0)])
     ]
     assert sorted(admin.hkeys(FP)) == ["47", "90"] and admin.xlen("{incidents}:changes") == 2
+    assert [letter.reason for letter in dead_letters(admin)] == ["bad_json"]
 
 
 def test_check_capacity_says_when_its_user_may_not_read_the_memory(
@@ -855,6 +859,16 @@ def test_check_capacity_says_when_its_user_may_not_read_the_memory(
     assert "warning: memory not checked: Redis refused INFO to this user" in done.stderr.decode()
     admin_env = clean_env(redis_url=f"redis://admin:{PASSWORDS['REDIS_ADMIN_PASSWORD']}@127.0.0.1:{acl_server.port}/0")
     assert "memory not checked" not in run_in_process(["check", "--capacity"], admin_env).stderr.decode()
+
+
+def test_a_flooded_posting_set_is_sampled_as_the_acl_user(admin: redis.Redis, worker_client: redis.Redis) -> None:
+    """A posting set larger than the per-event budget is sampled with SRANDMEMBER, which users.acl did not grant:
+    every event probing a flooded set was refused (good events became poison once a flood passed MAX_CANDIDATES)."""
+    index = FingerprintIndex(worker_client, max_candidates=20)
+    index.bulk_load([(str(k), k << 16) for k in range(1, 60)])  # 59 incidents sharing band 0's value
+    found = index.add_fingerprint("probe", 0)  # its band 0 is that value: the set is past the budget of 20
+    assert 0 < len(found) <= 20, "cut at the budget: some of the 59 matches"
+    assert refusals(admin) == []
 
 
 def test_library_api_works_as_the_acl_user(admin: redis.Redis, worker_client: redis.Redis) -> None:

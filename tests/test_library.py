@@ -12,6 +12,7 @@ import pytest
 import redis
 from redis.exceptions import ResponseError
 
+from tests.test_deploy import ACL_TEMPLATE
 from worker import library
 from worker.index import FingerprintIndex
 from worker.library import ApplyArgs, ApplyKeys
@@ -235,3 +236,19 @@ def test_the_alerts_matches_json_is_each_match_escaped_and_capped_in_bytes(redis
         reply = redis_client.eval(script, 0, *[part for pair in flat for part in pair])
         written = reply if isinstance(reply, bytes) else reply.encode()
         assert written == _matches_json_oracle(flat)
+
+
+def test_the_fitness_check_covers_every_command_the_apply_step_sends() -> None:
+    """A command a stream call sends that the check before its first write does not ask about (SRANDMEMBER, which
+    a flooded posting set is sampled with; SCARD and SISMEMBER, sent after the first write) was refused midway, or
+    not granted at all: good events became poison, or an index was left half-written."""
+    files = ["base", "meta", "listing", "search", "window", "snapshot", "claim_json", "apply_context", "groups"]
+    files += ["alert_json", "apply"]
+    sent = set()
+    for name in files:
+        sent |= set(re.findall(r"redis\.p?call\('([A-Z]+)'", _lua(name)))
+    checked = set(re.findall(r"acl\('([A-Z]+)'", _lua("fitness")))
+    assert sent, "no command found: has the Lua's way of calling Redis changed?"
+    assert sent - {"XLEN", "HLEN"} <= checked, sorted(sent - checked)
+    granted = {line.strip()[1:].upper() for line in ACL_TEMPLATE.read_text().splitlines() if line.strip()[:1] == "+"}
+    assert checked <= granted, sorted(checked - granted)

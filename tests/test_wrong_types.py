@@ -310,15 +310,17 @@ def test_a_worker_stops_naming_a_registry_of_another_type(cli_admin: redis.Redis
         worker.run(until_idle=True)
 
 
+@pytest.mark.parametrize("replaced", [KEYS.alerts_stream, KEYS.changes])
 @pytest.mark.parametrize("read_path", ["primary", "snapshot"])
 def test_a_key_replaced_while_workers_run_refuses_their_calls_whole_and_they_go_on_in_order_once_repaired(
-    cli_admin: redis.Redis, read_path: str
+    cli_admin: redis.Redis, read_path: str, replaced: str
 ) -> None:
     """The start's check cannot see a key replaced later. A call that met the alerts stream replaced by a string kept
     what it wrote before its XADD (an incident indexed, its alert lost, its retry a repeat) and the worker went on to
     the next entries (the delete of the same incident applied first, then the add again). Each stream call now checks
     before its first write (fitness.lua): refused whole, the worker names the key and waits for the repair, its
-    entries pending, and then applies them in stream order."""
+    entries pending, and then applies them in stream order. ({N}:changes replaced made a worker on its copy exit 2:
+    the copy's read of it met the other type first.)"""
     import io
     import threading
 
@@ -336,15 +338,15 @@ def test_a_key_replaced_while_workers_run_refuses_their_calls_whole_and_they_go_
     cli_admin.xadd(KEYS.events_stream, {"incident_id": "INC-1", "features": json.dumps(DOCK)})
     thread = threading.Thread(target=worker.run, name="worker", daemon=True)
     thread.start()
-    saved = "{incidents}:alerts-kept-aside"
+    saved = replaced + "-kept-aside"
     try:
         deadline = time.monotonic() + 20
         while cli_admin.hget(KEYS.fingerprints, "INC-1") is None:
             assert time.monotonic() < deadline, out.getvalue()[-2000:]
             time.sleep(0.02)
-        if cli_admin.exists(KEYS.alerts_stream):
-            cli_admin.rename(KEYS.alerts_stream, saved)
-        cli_admin.set(KEYS.alerts_stream, "by hand")
+        if cli_admin.exists(replaced):
+            cli_admin.rename(replaced, saved)
+        cli_admin.set(replaced, "by hand")
         cli_admin.xadd(KEYS.events_stream, {"incident_id": "INC-2", "features": json.dumps(DOCK)})
         cli_admin.xadd(KEYS.events_stream, {"incident_id": "INC-2", "op": "delete"})
         while "a call could not finish" not in out.getvalue():
@@ -353,13 +355,13 @@ def test_a_key_replaced_while_workers_run_refuses_their_calls_whole_and_they_go_
         time.sleep(0.3)  # a few more rounds of waiting: still nothing written, nothing acknowledged
         assert thread.is_alive()
         assert cli_admin.hget(KEYS.fingerprints, "INC-2") is None
-        assert cli_admin.xlen(KEYS.changes) == 1
+        assert cli_admin.xlen(saved if replaced == KEYS.changes else KEYS.changes) == 1
         assert cli_admin.xpending(KEYS.events_stream, "incident-workers")["pending"] == 2
         waiting = [json.loads(line) for line in out.getvalue().splitlines() if "a call could not finish" in line]
-        assert "{incidents}:alerts holds a string, not the stream the index keeps there" in waiting[0]["problem"]
-        cli_admin.delete(KEYS.alerts_stream)
+        assert f"{replaced} holds a string, not the stream the index keeps there" in waiting[0]["problem"]
+        cli_admin.delete(replaced)
         if cli_admin.exists(saved):
-            cli_admin.rename(saved, KEYS.alerts_stream)
+            cli_admin.rename(saved, replaced)
         while cli_admin.xpending(KEYS.events_stream, "incident-workers")["pending"] or not cli_admin.exists(
             KEYS.alerts_stream
         ):

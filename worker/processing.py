@@ -670,6 +670,8 @@ class Processor:
         """The call of an entry failed: it stays pending, and the failure counts as a delivery toward poison."""
         if waits_out(error):
             raise error
+        if reply_code(error) == "UNFIT":  # (a dead letter's call): named by the start's check; the worker waits
+            raise startup.refused_midway(self.redis, self.settings, self.index, self.target, error)
         item.deliveries += 1
         # XCLAIM JUSTID RETRYCOUNT sets the count without sending the entry; re-reading it later adds nothing
         self.redis.xclaim(

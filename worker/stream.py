@@ -18,6 +18,7 @@ One loop, one thread, in this module; each part it drives lives in a module of i
 from __future__ import annotations
 
 import contextlib
+import re
 import ssl
 import threading
 import time
@@ -198,8 +199,7 @@ class StreamWorker:
                 # (UNFIT) and its entries stay pending; it waits for the repair, then goes on in stream order
                 failures += 1
                 ready = False
-                self.log.error("a call could not finish; waiting for the repair", problem=str(error))
-                self._reconnect_pause(error, failures, "waiting for the user's rights or the keys to be repaired")
+                self._wait_for_repair(error, failures)
             except DamagedMetaError as error:
                 # a hand edit the worker cannot work around (the message says what to run): every worker waits for
                 # the repair rather than exit, which would only restart it into the same refusal
@@ -248,6 +248,16 @@ class StreamWorker:
                     self.log.warning("redis lost state; setting up again", error=str(error), attempt=failures)
                     self._stop.wait(self._backoff.compute(failures) if failures > 1 else 0)
                     continue
+                if started and (is_wrong_type(error) or isinstance(error, redis_lib.exceptions.NoPermissionError)):
+                    # met outside the calls that check themselves (a copy's read of {N}:changes, an FCALL itself
+                    # refused): a key the functions write, or a right, is what the start's check names, and the
+                    # worker waits for its repair as for a call refused whole; anything else stops it, named
+                    found = self._still_fit(error)
+                    if found is not None:
+                        failures += 1
+                        ready = False
+                        self._wait_for_repair(found, failures)
+                        continue
                 if is_wrong_type(error):  # a key of fixed name (the lease, a stream) holds another type: name it
                     streams = [self.target.events_stream, self.target.alerts_stream, self.target.dead_stream]
                     raise diagnose(self.redis, self.index.keys, streams=streams) from None
@@ -281,6 +291,28 @@ class StreamWorker:
             return bool(self.redis.llen(self.index.keys.inbox))
         except ResponseError:
             return False
+
+    def _still_fit(self, error: ResponseError) -> PreflightError | None:
+        """The start's check of a refusal met while running: what it names (or, for a command refused that it does
+        not ask about, the refusal itself), or None when a key of another type is not one the functions write."""
+        try:
+            self.preflight()
+        except PreflightError as found:
+            return found
+        except redis_lib.RedisError:
+            pass
+        if isinstance(error, redis_lib.exceptions.NoPermissionError):
+            named = re.search(r"run the '([a-z|]+)' command", str(error))
+            grant = f" (ACL SETUSER <user> +{named.group(1)})" if named else ""
+            return PreflightError(
+                f"Redis refused the worker's user a command ({error_message(error)}): grant it{grant}, as "
+                "deploy/redis/users.acl does for incident-worker"
+            )
+        return None
+
+    def _wait_for_repair(self, error: PreflightError, failures: int) -> None:
+        self.log.error("a call could not finish; waiting for the repair", problem=str(error))
+        self._reconnect_pause(error, failures, "waiting for the user's rights or the keys to be repaired")
 
     def _reconnect_pause(self, error: Exception, failures: int, message: str = RETRYING) -> None:
         delay = self._backoff.compute(failures)

@@ -13,6 +13,13 @@
 local function dead_letter(keys, args)
   local group, entry_id, maxlen = args[1], args[2], tonumber(args[3])
   if not is_pending(keys[1], group, entry_id) then return '' end
+  -- its XACK refused after its XADD would leave the letter written and the entry pending: a second letter at its
+  -- retry. So it checks both, and the dead stream's type, first (fitness.lua: the worker waits for the repair)
+  local wrong = redis.pcall('XLEN', keys[2])
+  if (redis.acl_check_cmd and not (redis.acl_check_cmd('XADD', keys[2], '*', 'f', 'v') and
+      redis.acl_check_cmd('XACK', keys[1], group, entry_id))) or (type(wrong) == 'table' and wrong.err) then
+    return redis.error_reply('UNFIT dead_letter: XADD to ' .. keys[2] .. ' or XACK on ' .. keys[1])
+  end
   local fields = slice(args, 4, #args)
   local dead_id
   if maxlen > 0 then
