@@ -36,7 +36,6 @@ from pydantic import ValidationError
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ClusterDownError, OutOfMemoryError, ReadOnlyError, ResponseError, TryAgainError
 
-from . import startup
 from .connection import RedisClient
 from .copyarrays import compile_soon
 from .entries import Entry, parse_entries
@@ -583,15 +582,14 @@ class Processor:
         held: list[_Item] = []
         again: list[_Item] = []
         later: ResponseError | None = None
-        unfit: ResponseError | None = None
         try:
             for item, reply in zip(items, replies, strict=True):
                 if isinstance(reply, OutOfMemoryError):
                     held.append(item)
-                elif isinstance(reply, ResponseError) and waits_out(reply):
-                    later = later or reply  # nothing of this call happened; the entry stays pending, uncounted
-                elif isinstance(reply, ResponseError) and reply_code(reply) == "UNFIT":
-                    unfit = unfit or reply  # a right taken away or a key replaced: the call changed nothing
+                elif isinstance(reply, ResponseError) and (waits_out(reply) or reply_code(reply) == "UNFIT"):
+                    # nothing of this call happened; the entry stays pending, uncounted (UNFIT: a right taken away
+                    # or a key replaced, which the run loop names and waits for the repair of)
+                    later = later or reply
                 elif isinstance(reply, ResponseError):
                     if self.index.handle_error(reply) and resend:
                         again.append(item)
@@ -603,8 +601,6 @@ class Processor:
                     self._settle_reply(item, reply)
         finally:
             self.outcomes.flush()
-        if unfit is not None:  # named by the start's check; the run loop waits for the repair
-            raise startup.refused_midway(self.redis, self.settings, self.index, self.target, unfit)
         if later is not None:
             raise later  # the run loop waits it out, then finishes the entries from the pending list
         return held, again
@@ -650,8 +646,6 @@ class Processor:
         def attempt() -> Any:
             expected = self.index.stored_values([event.incident_id])
             [reply] = self.index.execute([self._command(item, expected)])
-            if isinstance(reply, ResponseError) and reply_code(reply) == "UNFIT":
-                raise startup.refused_midway(self.redis, self.settings, self.index, self.target, reply)
             if isinstance(reply, Exception):
                 raise reply
             return reply
@@ -668,10 +662,8 @@ class Processor:
 
     def _failed(self, item: _Item, error: ResponseError) -> None:
         """The call of an entry failed: it stays pending, and the failure counts as a delivery toward poison."""
-        if waits_out(error):
+        if waits_out(error) or reply_code(error) == "UNFIT":  # (the run loop waits it out, or for the repair)
             raise error
-        if reply_code(error) == "UNFIT":  # (a dead letter's call): named by the start's check; the worker waits
-            raise startup.refused_midway(self.redis, self.settings, self.index, self.target, error)
         item.deliveries += 1
         # XCLAIM JUSTID RETRYCOUNT sets the count without sending the entry; re-reading it later adds nothing
         self.redis.xclaim(

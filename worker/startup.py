@@ -20,7 +20,7 @@ from .library import FN_PREFLIGHT, StreamTarget
 from .replies import group_info, text
 from .settings import Settings
 
-__all__ = ["open_namespace", "preflight", "refused_midway"]
+__all__ = ["open_namespace", "preflight"]
 
 
 def open_namespace(
@@ -91,21 +91,6 @@ def preflight(redis: RedisClient, settings: Settings, index: FingerprintIndex, t
             "; and ".join(problems) + ". A call refused midway would keep what it wrote before (an incident "
             "indexed without its alert), so the worker does not start"
         )
-
-
-def refused_midway(
-    redis: RedisClient, settings: Settings, index: FingerprintIndex, target: StreamTarget, error: ResponseError
-) -> PreflightError:
-    """What a worker raises when a call refused itself whole (UNFIT: fitness.lua) because a right was taken away or a
-    key replaced while it ran: the start's check, which names the gap and what to do, or, when that passes by now,
-    the call's own words. The worker waits for the repair and goes on with its entries, still pending, in order."""
-    try:
-        preflight(redis, settings, index, target)
-    except PreflightError as found:
-        return found
-    return PreflightError(
-        f"a call of the worker found it could not finish ({text(str(error))}), and the check passes now; retrying"
-    )
 
 
 def _start_refused_on_another_type(

@@ -248,10 +248,12 @@ class StreamWorker:
                     self.log.warning("redis lost state; setting up again", error=str(error), attempt=failures)
                     self._stop.wait(self._backoff.compute(failures) if failures > 1 else 0)
                     continue
-                if started and (is_wrong_type(error) or isinstance(error, redis_lib.exceptions.NoPermissionError)):
-                    # met outside the calls that check themselves (a copy's read of {N}:changes, an FCALL itself
-                    # refused): a key the functions write, or a right, is what the start's check names, and the
-                    # worker waits for its repair as for a call refused whole; anything else stops it, named
+                refused = reply_code(error) == "UNFIT" or isinstance(error, redis_lib.exceptions.NoPermissionError)
+                if started and (refused or is_wrong_type(error)):
+                    # a call refused whole (UNFIT: a right taken away or a key replaced while the worker ran), or
+                    # such a refusal met outside the calls that check themselves (a copy's read of {N}:changes, an
+                    # FCALL itself refused): the start's check names it, and the worker waits for the repair, its
+                    # entries pending; a key of another type that the functions do not write stops it, named
                     found = self._still_fit(error)
                     if found is not None:
                         failures += 1
@@ -293,14 +295,17 @@ class StreamWorker:
             return False
 
     def _still_fit(self, error: ResponseError) -> PreflightError | None:
-        """The start's check of a refusal met while running: what it names (or, for a command refused that it does
-        not ask about, the refusal itself), or None when a key of another type is not one the functions write."""
+        """The start's check of a refusal met while running: what it names (or, for a call refused whole or a command
+        refused that it does not ask about, the refusal itself), or None when a key of another type is not one the
+        functions write."""
         try:
             self.preflight()
         except PreflightError as found:
             return found
         except redis_lib.RedisError:
             pass
+        if reply_code(error) == "UNFIT":  # (repaired since, or a race): the entries are tried again
+            return PreflightError(f"a call found it could not finish ({error}), and the check passes now; retrying")
         if isinstance(error, redis_lib.exceptions.NoPermissionError):
             named = re.search(r"run the '([a-z|]+)' command", str(error))
             grant = f" (ACL SETUSER <user> +{named.group(1)})" if named else ""
