@@ -316,7 +316,7 @@ local function apply_at(keys, ko, nk, args, ao, na, context)
 end
 
 local function apply(keys, args)
-  local refused = #keys >= 8 and (args[9] or '') ~= '' and unfit(keys, 0, #keys, args[9])  -- (a stream call)
+  local refused = #keys >= 8 and (args[9] or '') ~= '' and unfit(keys, 0, #keys)  -- (a stream call)
   return refused or apply_at(keys, 0, #keys, args, 0, #args, {})
 end
 
@@ -335,7 +335,7 @@ end
 local function apply_batch(keys, args)
   local n, refused = batch_shape(keys, args)  -- then, for stream calls, the first call's keys and group (fitness.lua)
   if n and tonumber(args[2]) >= 8 and (args[2 * n + 10] or '') ~= '' then
-    refused = unfit(keys, 0, tonumber(args[2]), args[2 * n + 10])
+    refused = unfit(keys, 0, tonumber(args[2]))
   end
   if refused then return refused end
   local context = {}

@@ -9,11 +9,11 @@
 --
 -- keys[1] = {N}:meta   keys[2] = {N}:fp   keys[3] = {N}:changes   keys[4] = events stream   keys[5] = alerts stream
 -- keys[6] = dead-letter stream   keys[7] = a posting set key   keys[8] = a twin group key   keys[9] = {N}:expiry
--- args[1] = consumer group
+-- args[1] = consumer group (unused: ACL checks a command's keys, not the group it names)
 --
 -- Returns a flat list: 'denied', command, key (or ''), ... and 'type', key, the type it must be, ...
 local function preflight(keys, args)
-  return unfit_for(keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7], keys[8], keys[9], args[1])
+  return unfit_for(keys[1], keys[2], keys[3], keys[4], keys[5], keys[6], keys[7], keys[8], keys[9])
 end
 
 -- Write the index's meta on first use; report what is there.
